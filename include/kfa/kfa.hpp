@@ -1,0 +1,11 @@
+#ifndef KFA_KFA_HPP
+#define KFA_KFA_HPP
+
+#include <kfa/kfa_config.hpp>
+#include <kfa/flash_attention.hpp>
+#include <kfa/options.hpp>
+#include <kfa/standard_attention.hpp>
+#include <kfa/types.hpp>
+#include <kfa/version.hpp>
+
+#endif

@@ -1,0 +1,413 @@
+#ifndef KFA_BWD_KERNEL_HPP
+#define KFA_BWD_KERNEL_HPP
+
+// FlashAttention-2 backward. P is recomputed tile by tile from q, k and the
+// saved lse, never stored:
+//   D = rowsum(dO ∘ O)                          (preprocess kernel)
+//   P = exp(Q·Kᵀ·scale - lse), dP = dO·Vᵀ, dS = P ∘ (dP - D)
+//   dV += Pᵀ·dO, dK += dSᵀ·Q·scale, dQ += dS·K·scale
+// dK and dV are accumulated in the scratch of the team that owns a key block.
+// dQ is either added with atomics by those teams, or (deterministic mode)
+// accumulated by a second kernel in which one team owns a query block.
+
+#include <kfa_fwd_kernel.hpp>
+
+namespace kfa {
+namespace Impl {
+
+/// D[b][h][i] = sum_d dO[b][i][h][d] * O[b][i][h][d], in the accumulator type.
+template <class ExecSpace, class OView, class DOView, class DeltaView>
+struct BackwardPreprocess {
+  using acc_t = typename DeltaView::non_const_value_type;
+  OView m_o;
+  DOView m_do;
+  DeltaView m_delta;
+  int m_seqlen_q, m_heads, m_head_dim;
+
+  void launch(const ExecSpace& space) const {
+    const std::size_t rows = m_o.extent(0) * m_o.extent(1) * m_o.extent(2);
+    if (rows == 0) return;
+    Kokkos::parallel_for("kfa::bwd::preprocess",
+                         Kokkos::RangePolicy<ExecSpace>(space, 0, rows), *this);
+  }
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t row) const {
+    const int h = static_cast<int>(row % m_heads);
+    const int i = static_cast<int>(row / m_heads % m_seqlen_q);
+    const int b = static_cast<int>(row / m_heads / m_seqlen_q);
+    acc_t sum = 0;
+    for (int d = 0; d < m_head_dim; ++d)
+      sum += to_acc<acc_t>(m_do(b, i, h, d)) * to_acc<acc_t>(m_o(b, i, h, d));
+    m_delta(b, h, i) = sum;
+  }
+};
+
+/// Tiles and per-row work shared by the two backward kernels.
+template <class Traits, int BlockM, int BlockN>
+struct BackwardTiles {
+  using acc_t = typename Traits::acc_type;
+  using softmax = OnlineSoftmax<acc_t>;
+  static constexpr int kHeadDim = Traits::kHeadDim;
+  static constexpr int kBlockNPad = BlockN + 1;
+
+  using TileRows = typename Traits::template Tile<BlockM, kHeadDim>;    // sQ, sdO
+  using TileKeys = typename Traits::template Tile<BlockN, kHeadDim>;    // sK, acc_dk, acc_dv
+  using TileKeysT = typename Traits::template Tile<kHeadDim, kBlockNPad>;  // sKt, sVt
+  using TileScores = typename Traits::template Tile<BlockM, kBlockNPad>;   // sP, sdS
+  using RowVec = typename Traits::template Column<BlockM>;
+
+  /// Row i of P and dS for one (query block, key block) tile:
+  /// P = exp(q·kᵀ·scale - lse), dS = P ∘ (dO·vᵀ - D). Masked entries and rows
+  /// that saw no key in the forward pass (lse = -inf) get P = dS = 0.
+  template <class Member, class Mask>
+  KOKKOS_FORCEINLINE_FUNCTION static void p_and_ds_row(
+      const Member& member, int i, const TileRows& sQ, const TileRows& sdO,
+      const TileKeysT& sKt, const TileKeysT& sVt, const RowVec& s_lse,
+      const RowVec& s_delta, const TileScores& sP, const TileScores& sdS, acc_t scale,
+      bool needs_mask, const Mask& mask, int row, int key_begin) {
+    using tag = typename Traits::backend_tag;
+    acc_t* p = &sP(i, 0);
+    acc_t* ds = &sdS(i, 0);
+    row_times_tile_t<BlockN, kHeadDim>(tag{}, member, &sQ(i, 0), &sKt(0, 0), kBlockNPad, p);
+    row_times_tile_t<BlockN, kHeadDim>(tag{}, member, &sdO(i, 0), &sVt(0, 0), kBlockNPad, ds);
+    const acc_t lse = s_lse(i), delta = s_delta(i);
+    Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, BlockN), [&](const int j) {
+      const bool off = needs_mask && mask.masked(row, key_begin + j);
+      const acc_t pj = off ? acc_t(0) : softmax::probability(p[j] * scale, lse);
+      p[j] = pj;
+      ds[j] = pj * (ds[j] - delta);
+    });
+  }
+
+  /// Loads rows [row_begin, row_begin + rows) of a [b][i][h][d] View into a
+  /// scratch tile, converted and zero-padded.
+  template <class Member, class View>
+  KOKKOS_FORCEINLINE_FUNCTION static void load_rows(const Member& member, const View& src,
+                                                    int b, int h, int row_begin, int rows,
+                                                    int head_dim, const TileRows& dst) {
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, BlockM), [&](const int i) {
+      const bool row_ok = i < rows;
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, kHeadDim), [&](const int d) {
+        dst(i, d) = row_ok && d < head_dim ? to_acc<acc_t>(src(b, row_begin + i, h, d))
+                                           : acc_t(0);
+      });
+    });
+  }
+
+  /// Loads keys [key_begin, key_begin + cols) transposed (and, if asked,
+  /// row-major too), converted and zero-padded.
+  template <class Member, class View>
+  KOKKOS_FORCEINLINE_FUNCTION static void load_keys(const Member& member, const View& src,
+                                                    int b, int h, int key_begin, int cols,
+                                                    int head_dim, const TileKeysT& dst_t,
+                                                    const TileKeys* dst) {
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, BlockN), [&](const int j) {
+      const bool col_ok = j < cols;
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, kHeadDim), [&](const int d) {
+        const acc_t x = col_ok && d < head_dim ? to_acc<acc_t>(src(b, key_begin + j, h, d))
+                                               : acc_t(0);
+        dst_t(d, j) = x;
+        if (dst) (*dst)(j, d) = x;
+      });
+    });
+  }
+
+  template <class Member, class LseView, class DeltaView>
+  KOKKOS_FORCEINLINE_FUNCTION static void load_row_stats(const Member& member,
+                                                         const LseView& lse,
+                                                         const DeltaView& delta, int b, int h,
+                                                         int row_begin, int rows,
+                                                         const RowVec& s_lse,
+                                                         const RowVec& s_delta) {
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, BlockM), [&](const int i) {
+      Kokkos::single(Kokkos::PerThread(member), [&]() {
+        s_lse(i) = i < rows ? acc_t(lse(b, h, row_begin + i)) : math::neg_inf<acc_t>();
+        s_delta(i) = i < rows ? acc_t(delta(b, h, row_begin + i)) : acc_t(0);
+      });
+    });
+  }
+};
+
+/// dK/dV kernel: one team per (batch, head, key block), looping over the
+/// query blocks that see it. With m_dq_atomic set it also adds dS·K·scale
+/// into the dQ accumulator with atomics.
+template <class ExecSpace, int HeadDim, class QView, class KView, class VView, class DOView,
+          class LseView, class DeltaView, class DQAccView, class DKView, class DVView>
+class FlashBackwardKVKernel {
+ public:
+  using value_type = typename QView::non_const_value_type;
+  using traits = KernelTraits<ExecSpace, value_type, HeadDim>;
+  using acc_t = typename traits::acc_type;
+  using policy_t = Kokkos::TeamPolicy<ExecSpace>;
+  using member_t = typename policy_t::member_type;
+  static constexpr int kHeadDim = traits::kHeadDim;
+  static constexpr int kBlockM = traits::kBwdBlockM;
+  static constexpr int kBlockN = traits::kBwdBlockN;
+  static constexpr int kLevel = traits::kScratchLevel;
+  using tiles = BackwardTiles<traits, kBlockM, kBlockN>;
+
+  FlashBackwardKVKernel(const QView& q, const KView& k, const VView& v, const DOView& d_o,
+                        const LseView& lse, const DeltaView& delta, const DQAccView& dq_acc,
+                        const DKView& dk, const DVView& dv, acc_t scale, bool causal,
+                        bool dq_atomic)
+      : m_q(q),
+        m_k(k),
+        m_v(v),
+        m_do(d_o),
+        m_lse(lse),
+        m_delta(delta),
+        m_dq_acc(dq_acc),
+        m_dk(dk),
+        m_dv(dv),
+        m_scale(scale),
+        m_dq_atomic(dq_atomic),
+        m_batch(static_cast<int>(q.extent(0))),
+        m_seqlen_q(static_cast<int>(q.extent(1))),
+        m_heads(static_cast<int>(q.extent(2))),
+        m_head_dim(static_cast<int>(q.extent(3))),
+        m_seqlen_k(static_cast<int>(k.extent(1))),
+        m_num_kv_blocks((m_seqlen_k + kBlockN - 1) / kBlockN),
+        m_mask{causal, m_seqlen_k - m_seqlen_q, m_seqlen_k} {}
+
+  void launch(const ExecSpace& space, int team_size) const {
+    const int league = m_num_kv_blocks * m_batch * m_heads;
+    if (league == 0) return;
+    policy_t probe(space, league, 1, traits::kVectorLength);
+    const int team = clamp_team_size(probe, *this, team_size > 0 ? team_size : traits::kTeamSize);
+    policy_t policy(space, league, team, traits::kVectorLength);
+    check_scratch<policy_t>("kfa::bwd::dk_dv", kLevel, scratch_bytes(), kBlockM, kBlockN,
+                            kHeadDim);
+    policy.set_scratch_size(kLevel, Kokkos::PerTeam(scratch_bytes()));
+    Kokkos::parallel_for("kfa::bwd::dk_dv", policy, *this);
+  }
+
+  static std::size_t scratch_bytes() {
+    return 2 * tiles::TileRows::shmem_size() + 2 * tiles::TileKeysT::shmem_size() +
+           2 * tiles::TileScores::shmem_size() + 2 * tiles::TileKeys::shmem_size() +
+           2 * tiles::RowVec::shmem_size();
+  }
+
+  KOKKOS_INLINE_FUNCTION void operator()(const member_t& member) const {
+    using tag = typename traits::backend_tag;
+    // Causal: the first key blocks are seen by the most query rows; start them first.
+    const int league = member.league_rank();
+    const int bh = league % (m_batch * m_heads);
+    const int kv_block = league / (m_batch * m_heads);
+    const int b = bh / m_heads, h = bh % m_heads;
+    const int key_begin = kv_block * kBlockN;
+    const int cols = imin(kBlockN, m_seqlen_k - key_begin);
+
+    typename tiles::TileRows sQ(member.team_scratch(kLevel));
+    typename tiles::TileRows sdO(member.team_scratch(kLevel));
+    typename tiles::TileKeysT sKt(member.team_scratch(kLevel));
+    typename tiles::TileKeysT sVt(member.team_scratch(kLevel));
+    typename tiles::TileScores sP(member.team_scratch(kLevel));
+    typename tiles::TileScores sdS(member.team_scratch(kLevel));
+    typename tiles::TileKeys acc_dk(member.team_scratch(kLevel));
+    typename tiles::TileKeys acc_dv(member.team_scratch(kLevel));
+    typename tiles::RowVec s_lse(member.team_scratch(kLevel));
+    typename tiles::RowVec s_delta(member.team_scratch(kLevel));
+
+    tiles::load_keys(member, m_k, b, h, key_begin, cols, m_head_dim, sKt, nullptr);
+    tiles::load_keys(member, m_v, b, h, key_begin, cols, m_head_dim, sVt, nullptr);
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, kBlockN), [&](const int j) {
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, kHeadDim), [&](const int d) {
+        acc_dk(j, d) = 0;
+        acc_dv(j, d) = 0;
+      });
+    });
+
+    const int first_row = m_mask.first_row(key_begin);
+    const int first_q_block = first_row / kBlockM;
+    const int num_q_blocks = (m_seqlen_q + kBlockM - 1) / kBlockM;
+    for (int q_block = first_q_block; q_block < num_q_blocks; ++q_block) {
+      const int row_begin = q_block * kBlockM;
+      const int rows = imin(kBlockM, m_seqlen_q - row_begin);
+      // Every thread is done with the previous query block's tiles.
+      member.team_barrier();
+      tiles::load_rows(member, m_q, b, h, row_begin, rows, m_head_dim, sQ);
+      tiles::load_rows(member, m_do, b, h, row_begin, rows, m_head_dim, sdO);
+      tiles::load_row_stats(member, m_lse, m_delta, b, h, row_begin, rows, s_lse, s_delta);
+      // sQ, sdO, lse, D (and on the first pass sKt, sVt) are visible.
+      member.team_barrier();
+      const bool needs_mask = m_mask.tile_needs_mask(row_begin, key_begin + kBlockN);
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(member, kBlockM), [&](const int i) {
+        tiles::p_and_ds_row(member, i, sQ, sdO, sKt, sVt, s_lse, s_delta, sP, sdS, m_scale,
+                            needs_mask, m_mask, row_begin + i, key_begin);
+      });
+      // P and dS of the whole tile are visible: the key rows read them by column.
+      member.team_barrier();
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(member, kBlockN), [&](const int j) {
+        coeffs_times_tile<kHeadDim>(tag{}, member, acc_t(1), &sP(0, j), tiles::kBlockNPad,
+                                    &sdO(0, 0), kBlockM, &acc_dv(j, 0));
+        coeffs_times_tile<kHeadDim>(tag{}, member, acc_t(1), &sdS(0, j), tiles::kBlockNPad,
+                                    &sQ(0, 0), kBlockM, &acc_dk(j, 0));
+      });
+      if (m_dq_atomic) {
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(member, rows), [&](const int i) {
+          Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, m_head_dim), [&](const int d) {
+            acc_t sum = 0;
+            for (int j = 0; j < kBlockN; ++j) sum += sdS(i, j) * sKt(d, j);
+            Kokkos::atomic_add(&m_dq_acc(b, row_begin + i, h, d), sum * m_scale);
+          });
+        });
+      }
+    }
+    // acc_dk and acc_dv are final.
+    member.team_barrier();
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, cols), [&](const int j) {
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, m_head_dim), [&](const int d) {
+        m_dk(b, key_begin + j, h, d) = from_acc<value_type>(acc_dk(j, d) * m_scale);
+        m_dv(b, key_begin + j, h, d) = from_acc<value_type>(acc_dv(j, d));
+      });
+    });
+  }
+
+ private:
+  QView m_q;
+  KView m_k;
+  VView m_v;
+  DOView m_do;
+  LseView m_lse;
+  DeltaView m_delta;
+  DQAccView m_dq_acc;
+  DKView m_dk;
+  DVView m_dv;
+  acc_t m_scale;
+  bool m_dq_atomic;
+  int m_batch, m_seqlen_q, m_heads, m_head_dim, m_seqlen_k, m_num_kv_blocks;
+  CausalMask m_mask;
+};
+
+/// Deterministic dQ kernel: one team per (batch, head, query block), looping
+/// over the key blocks it sees and accumulating dS·K in scratch, in a fixed
+/// order, with no atomics.
+template <class ExecSpace, int HeadDim, class QView, class KView, class VView, class DOView,
+          class LseView, class DeltaView, class DQView>
+class FlashBackwardQKernel {
+ public:
+  using value_type = typename QView::non_const_value_type;
+  using traits = KernelTraits<ExecSpace, value_type, HeadDim>;
+  using acc_t = typename traits::acc_type;
+  using policy_t = Kokkos::TeamPolicy<ExecSpace>;
+  using member_t = typename policy_t::member_type;
+  static constexpr int kHeadDim = traits::kHeadDim;
+  static constexpr int kBlockM = traits::kBwdBlockM;
+  static constexpr int kBlockN = traits::kBwdBlockN;
+  static constexpr int kLevel = traits::kScratchLevel;
+  using tiles = BackwardTiles<traits, kBlockM, kBlockN>;
+
+  FlashBackwardQKernel(const QView& q, const KView& k, const VView& v, const DOView& d_o,
+                       const LseView& lse, const DeltaView& delta, const DQView& dq,
+                       acc_t scale, bool causal)
+      : m_q(q),
+        m_k(k),
+        m_v(v),
+        m_do(d_o),
+        m_lse(lse),
+        m_delta(delta),
+        m_dq(dq),
+        m_scale(scale),
+        m_batch(static_cast<int>(q.extent(0))),
+        m_seqlen_q(static_cast<int>(q.extent(1))),
+        m_heads(static_cast<int>(q.extent(2))),
+        m_head_dim(static_cast<int>(q.extent(3))),
+        m_seqlen_k(static_cast<int>(k.extent(1))),
+        m_num_q_blocks((m_seqlen_q + kBlockM - 1) / kBlockM),
+        m_mask{causal, m_seqlen_k - m_seqlen_q, m_seqlen_k} {}
+
+  void launch(const ExecSpace& space, int team_size) const {
+    const int league = m_num_q_blocks * m_batch * m_heads;
+    if (league == 0) return;
+    policy_t probe(space, league, 1, traits::kVectorLength);
+    const int team = clamp_team_size(probe, *this, team_size > 0 ? team_size : traits::kTeamSize);
+    policy_t policy(space, league, team, traits::kVectorLength);
+    check_scratch<policy_t>("kfa::bwd::dq", kLevel, scratch_bytes(), kBlockM, kBlockN,
+                            kHeadDim);
+    policy.set_scratch_size(kLevel, Kokkos::PerTeam(scratch_bytes()));
+    Kokkos::parallel_for("kfa::bwd::dq", policy, *this);
+  }
+
+  static std::size_t scratch_bytes() {
+    return 3 * tiles::TileRows::shmem_size() + 2 * tiles::TileKeysT::shmem_size() +
+           2 * tiles::TileScores::shmem_size() + tiles::TileKeys::shmem_size() +
+           2 * tiles::RowVec::shmem_size();
+  }
+
+  KOKKOS_INLINE_FUNCTION void operator()(const member_t& member) const {
+    using tag = typename traits::backend_tag;
+    const int league = member.league_rank();
+    const int bh = league % (m_batch * m_heads);
+    const int q_block = m_num_q_blocks - 1 - league / (m_batch * m_heads);
+    const int b = bh / m_heads, h = bh % m_heads;
+    const int row_begin = q_block * kBlockM;
+    const int rows = imin(kBlockM, m_seqlen_q - row_begin);
+
+    typename tiles::TileRows sQ(member.team_scratch(kLevel));
+    typename tiles::TileRows sdO(member.team_scratch(kLevel));
+    typename tiles::TileRows acc_dq(member.team_scratch(kLevel));
+    typename tiles::TileKeysT sKt(member.team_scratch(kLevel));
+    typename tiles::TileKeysT sVt(member.team_scratch(kLevel));
+    typename tiles::TileScores sP(member.team_scratch(kLevel));
+    typename tiles::TileScores sdS(member.team_scratch(kLevel));
+    typename tiles::TileKeys sK(member.team_scratch(kLevel));
+    typename tiles::RowVec s_lse(member.team_scratch(kLevel));
+    typename tiles::RowVec s_delta(member.team_scratch(kLevel));
+
+    tiles::load_rows(member, m_q, b, h, row_begin, rows, m_head_dim, sQ);
+    tiles::load_rows(member, m_do, b, h, row_begin, rows, m_head_dim, sdO);
+    tiles::load_row_stats(member, m_lse, m_delta, b, h, row_begin, rows, s_lse, s_delta);
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, kBlockM), [&](const int i) {
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, kHeadDim),
+                           [&](const int d) { acc_dq(i, d) = 0; });
+    });
+
+    const int key_end = m_mask.key_end(row_begin + rows);
+    const int num_kv_blocks = (key_end + kBlockN - 1) / kBlockN;
+    for (int kv_block = 0; kv_block < num_kv_blocks; ++kv_block) {
+      const int key_begin = kv_block * kBlockN;
+      const int cols = imin(kBlockN, m_seqlen_k - key_begin);
+      // Every thread is done with the previous key block's tiles.
+      member.team_barrier();
+      tiles::load_keys(member, m_k, b, h, key_begin, cols, m_head_dim, sKt, &sK);
+      tiles::load_keys(member, m_v, b, h, key_begin, cols, m_head_dim, sVt, nullptr);
+      // sK, sKt, sVt (and on the first pass sQ, sdO, lse, D) are visible.
+      member.team_barrier();
+      const bool needs_mask = m_mask.tile_needs_mask(row_begin, key_begin + kBlockN);
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(member, kBlockM), [&](const int i) {
+        tiles::p_and_ds_row(member, i, sQ, sdO, sKt, sVt, s_lse, s_delta, sP, sdS, m_scale,
+                            needs_mask, m_mask, row_begin + i, key_begin);
+      });
+      // Whole rows of dS are visible to every vector lane.
+      member.team_barrier();
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(member, kBlockM), [&](const int i) {
+        coeffs_times_tile<kHeadDim>(tag{}, member, acc_t(1), &sdS(i, 0), 1, &sK(0, 0), kBlockN,
+                                    &acc_dq(i, 0));
+      });
+    }
+    // acc_dq is final.
+    member.team_barrier();
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, rows), [&](const int i) {
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, m_head_dim), [&](const int d) {
+        m_dq(b, row_begin + i, h, d) = from_acc<value_type>(acc_dq(i, d) * m_scale);
+      });
+    });
+  }
+
+ private:
+  QView m_q;
+  KView m_k;
+  VView m_v;
+  DOView m_do;
+  LseView m_lse;
+  DeltaView m_delta;
+  DQView m_dq;
+  acc_t m_scale;
+  int m_batch, m_seqlen_q, m_heads, m_head_dim, m_seqlen_k, m_num_q_blocks;
+  CausalMask m_mask;
+};
+
+}  // namespace Impl
+}  // namespace kfa
+
+#endif

@@ -1,0 +1,104 @@
+#ifndef KFA_DISPATCH_HPP
+#define KFA_DISPATCH_HPP
+
+// Run-time choices become template arguments here, once: the head dimension
+// selects a compiled tile shape. Causal masking stays a run-time value: it
+// only decides which tiles run and whether a tile applies the element mask.
+
+#include <kfa/options.hpp>
+
+#include <kfa_bwd_kernel.hpp>
+#include <kfa_fwd_kernel.hpp>
+
+#include <cmath>
+
+namespace kfa {
+namespace Impl {
+
+template <class Acc>
+Acc softmax_scale(const AttentionOptions& options, int head_dim) {
+  return options.softmax_scale != 0 ? static_cast<Acc>(options.softmax_scale)
+                                    : static_cast<Acc>(1.0 / std::sqrt(double(head_dim)));
+}
+
+/// Calls f(std::integral_constant<int, bucket>) for head_dim's bucket.
+template <class F>
+void dispatch_head_dim(int head_dim, F&& f) {
+  switch (head_dim_bucket(head_dim)) {
+    case 32: f(std::integral_constant<int, 32>{}); break;
+    case 64: f(std::integral_constant<int, 64>{}); break;
+    case 128: f(std::integral_constant<int, 128>{}); break;
+    default: f(std::integral_constant<int, 256>{}); break;
+  }
+}
+
+template <class ExecSpace, class Q, class K, class V, class O, class Lse>
+void dispatch_forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
+                      const Lse& lse, const AttentionOptions& options) {
+  using acc_t = typename Lse::non_const_value_type;
+  const int head_dim = static_cast<int>(q.extent(3));
+  const acc_t scale = softmax_scale<acc_t>(options, head_dim);
+  dispatch_head_dim(head_dim, [&](auto bucket) {
+    FlashForwardKernel<ExecSpace, decltype(bucket)::value, Q, K, V, O, Lse> kernel(
+        q, k, v, o, lse, scale, options.causal);
+    kernel.launch(space, options.team_size);
+  });
+}
+
+template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DQ,
+          class DK, class DV>
+void dispatch_backward(const ExecSpace& space, const Q& q, const K& k, const V& v,
+                       const O& o, const Lse& lse, const DO& d_o, const DQ& dq, const DK& dk,
+                       const DV& dv, const AttentionOptions& options) {
+  using value_type = typename Q::non_const_value_type;
+  using acc_t = typename Lse::non_const_value_type;
+  using memory_space = typename ExecSpace::memory_space;
+  const int batch = static_cast<int>(q.extent(0)), seqlen_q = static_cast<int>(q.extent(1)),
+            heads = static_cast<int>(q.extent(2)), head_dim = static_cast<int>(q.extent(3));
+  const acc_t scale = softmax_scale<acc_t>(options, head_dim);
+
+  Kokkos::View<acc_t***, Kokkos::LayoutRight, memory_space> delta(
+      Kokkos::view_alloc(space, Kokkos::WithoutInitializing, std::string("kfa::bwd::delta")), batch, heads,
+      seqlen_q);
+  BackwardPreprocess<ExecSpace, O, DO, decltype(delta)>{o, d_o, delta, seqlen_q, heads,
+                                                         head_dim}
+      .launch(space);
+
+  using AccView = Kokkos::View<acc_t****, Kokkos::LayoutRight, memory_space>;
+  dispatch_head_dim(head_dim, [&](auto bucket) {
+    constexpr int kHeadDim = decltype(bucket)::value;
+    // dQ accumulates with atomics in the accumulator type: in dq itself when
+    // it has that type, otherwise in a temporary converted at the end.
+    using DQAcc = std::conditional_t<std::is_same<value_type, acc_t>::value, DQ, AccView>;
+    using KVKernel =
+        FlashBackwardKVKernel<ExecSpace, kHeadDim, Q, K, V, DO, Lse, decltype(delta), DQAcc, DK, DV>;
+    if (options.deterministic) {
+      KVKernel(q, k, v, d_o, lse, delta, DQAcc(), dk, dv, scale, options.causal, false)
+          .launch(space, options.team_size);
+      FlashBackwardQKernel<ExecSpace, kHeadDim, Q, K, V, DO, Lse, decltype(delta), DQ>(
+          q, k, v, d_o, lse, delta, dq, scale, options.causal)
+          .launch(space, options.team_size);
+    } else if constexpr (std::is_same<value_type, acc_t>::value) {
+      Kokkos::deep_copy(space, dq, value_type(0));
+      KVKernel(q, k, v, d_o, lse, delta, dq, dk, dv, scale, options.causal, true)
+          .launch(space, options.team_size);
+    } else {
+      AccView dq_acc(Kokkos::view_alloc(space, std::string("kfa::bwd::dq_accum")), batch,
+                     seqlen_q, heads, head_dim);
+      KVKernel(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, options.causal, true)
+          .launch(space, options.team_size);
+      Kokkos::parallel_for(
+          "kfa::bwd::convert_dq",
+          Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<4>>(
+              space, {0, 0, 0, 0}, {batch, seqlen_q, heads, head_dim}),
+          KOKKOS_LAMBDA(const int b, const int i, const int h, const int d) {
+            dq(b, i, h, d) = from_acc<value_type>(dq_acc(b, i, h, d));
+          });
+    }
+  });
+}
+
+}  // namespace Impl
+}  // namespace kfa
+
+#endif

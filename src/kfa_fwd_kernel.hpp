@@ -1,0 +1,220 @@
+#ifndef KFA_FWD_KERNEL_HPP
+#define KFA_FWD_KERNEL_HPP
+
+#include <kfa_compat.hpp>
+#include <kfa_mask.hpp>
+#include <kfa_online_softmax.hpp>
+#include <kfa_traits.hpp>
+
+#include <sstream>
+#include <stdexcept>
+
+namespace kfa {
+namespace Impl {
+
+/// Picks a team size the policy accepts for `functor`: the request (or the
+/// traits' default), clamped to team_size_max.
+template <class Policy, class Functor>
+int clamp_team_size(const Policy& policy, const Functor& functor, int requested) {
+  const int max = policy.team_size_max(functor, Kokkos::ParallelForTag());
+  return requested < 1 ? 1 : (requested > max ? max : requested);
+}
+
+/// Throws when a kernel's tiles do not fit the backend's team scratch.
+template <class Policy>
+void check_scratch(const char* kernel, int level, std::size_t bytes, int block_m,
+                   int block_n, int head_dim) {
+  const std::size_t max = Policy::scratch_size_max(level);
+  if (bytes > max) {
+    std::ostringstream out;
+    out << kernel << ": tiles kBlockM=" << block_m << " kBlockN=" << block_n
+        << " kHeadDim=" << head_dim << " need " << bytes << " bytes of level-" << level
+        << " team scratch, the backend offers " << max;
+    throw std::runtime_error(out.str());
+  }
+}
+
+/// Forward kernel: one team per (batch, head, query block). The team keeps
+/// its query block and the partial output in scratch and streams key/value
+/// blocks through scratch, updating the online softmax; only O and lse are
+/// written to device memory.
+template <class ExecSpace, int HeadDim, class QView, class KView, class VView,
+          class OView, class LseView>
+class FlashForwardKernel {
+ public:
+  using value_type = typename QView::non_const_value_type;
+  using traits = KernelTraits<ExecSpace, value_type, HeadDim>;
+  using acc_t = typename traits::acc_type;
+  using policy_t = Kokkos::TeamPolicy<ExecSpace>;
+  using member_t = typename policy_t::member_type;
+  using softmax = OnlineSoftmax<acc_t>;
+
+  static constexpr int kHeadDim = traits::kHeadDim;
+  static constexpr int kBlockM = traits::kBlockM;
+  static constexpr int kBlockN = traits::kBlockN;
+  static constexpr int kBlockNPad = traits::kBlockNPad;
+  static constexpr int kLevel = traits::kScratchLevel;
+
+  using TileQ = typename traits::template Tile<kBlockM, kHeadDim>;
+  using TileKt = typename traits::template Tile<kHeadDim, kBlockNPad>;
+  using TileV = typename traits::template Tile<kBlockN, kHeadDim>;
+  using TileP = typename traits::template Tile<kBlockM, kBlockNPad>;
+  using TileO = typename traits::template Tile<kBlockM, kHeadDim>;
+  using RowVec = typename traits::template Column<kBlockM>;
+
+  FlashForwardKernel(const QView& q, const KView& k, const VView& v, const OView& o,
+                     const LseView& lse, acc_t scale, bool causal)
+      : m_q(q),
+        m_k(k),
+        m_v(v),
+        m_o(o),
+        m_lse(lse),
+        m_scale(scale),
+        m_batch(static_cast<int>(q.extent(0))),
+        m_seqlen_q(static_cast<int>(q.extent(1))),
+        m_heads(static_cast<int>(q.extent(2))),
+        m_head_dim(static_cast<int>(q.extent(3))),
+        m_seqlen_k(static_cast<int>(k.extent(1))),
+        m_num_q_blocks((m_seqlen_q + kBlockM - 1) / kBlockM),
+        m_mask{causal, m_seqlen_k - m_seqlen_q, m_seqlen_k} {}
+
+  void launch(const ExecSpace& space, int team_size) const {
+    const int league = m_num_q_blocks * m_batch * m_heads;
+    if (league == 0) return;
+    policy_t probe(space, league, 1, traits::kVectorLength);
+    const int team = clamp_team_size(probe, *this, team_size > 0 ? team_size : traits::kTeamSize);
+    policy_t policy(space, league, team, traits::kVectorLength);
+    check_scratch<policy_t>("kfa::fwd::main_loop", kLevel, scratch_bytes(), kBlockM, kBlockN,
+                            kHeadDim);
+    policy.set_scratch_size(kLevel, Kokkos::PerTeam(scratch_bytes()));
+    Kokkos::parallel_for("kfa::fwd::main_loop", policy, *this);
+  }
+
+  static std::size_t scratch_bytes() {
+    return TileQ::shmem_size() + TileKt::shmem_size() + TileV::shmem_size() +
+           TileP::shmem_size() + TileO::shmem_size() + 3 * RowVec::shmem_size();
+  }
+
+  KOKKOS_INLINE_FUNCTION void operator()(const member_t& member) const {
+    using tag = typename traits::backend_tag;
+    // Causal work is uneven: the last query blocks see the most keys, so the
+    // first teams (started first) take them.
+    const int league = member.league_rank();
+    const int bh = league % (m_batch * m_heads);
+    const int q_block = m_num_q_blocks - 1 - league / (m_batch * m_heads);
+    const int b = bh / m_heads, h = bh % m_heads;
+    const int row_begin = q_block * kBlockM;
+    const int rows = imin(kBlockM, m_seqlen_q - row_begin);
+
+    TileQ sQ(member.team_scratch(kLevel));
+    TileKt sKt(member.team_scratch(kLevel));
+    TileV sV(member.team_scratch(kLevel));
+    TileP sP(member.team_scratch(kLevel));
+    TileO acc_o(member.team_scratch(kLevel));
+    RowVec row_max(member.team_scratch(kLevel));
+    RowVec row_sum(member.team_scratch(kLevel));
+    RowVec row_alpha(member.team_scratch(kLevel));
+
+    // Load the query block, scale folded in, zero-padded past seqlen_q and
+    // head_dim; start the online softmax of every row.
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, kBlockM), [&](const int i) {
+      const bool row_ok = i < rows;
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, kHeadDim), [&](const int d) {
+        sQ(i, d) = row_ok && d < m_head_dim
+                       ? to_acc<acc_t>(m_q(b, row_begin + i, h, d)) * m_scale
+                       : acc_t(0);
+        acc_o(i, d) = 0;
+      });
+      Kokkos::single(Kokkos::PerThread(member), [&]() {
+        row_max(i) = math::neg_inf<acc_t>();
+        row_sum(i) = 0;
+      });
+    });
+
+    const int key_end = m_mask.key_end(row_begin + rows);
+    const int num_kv_blocks = (key_end + kBlockN - 1) / kBlockN;
+    for (int kv_block = 0; kv_block < num_kv_blocks; ++kv_block) {
+      const int key_begin = kv_block * kBlockN;
+      const int cols = imin(kBlockN, m_seqlen_k - key_begin);
+      // Every thread is done reading the previous sKt and sV.
+      member.team_barrier();
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(member, kBlockN), [&](const int j) {
+        const bool col_ok = j < cols;
+        Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, kHeadDim), [&](const int d) {
+          const bool ok = col_ok && d < m_head_dim;
+          sKt(d, j) = ok ? to_acc<acc_t>(m_k(b, key_begin + j, h, d)) : acc_t(0);
+          sV(j, d) = ok ? to_acc<acc_t>(m_v(b, key_begin + j, h, d)) : acc_t(0);
+        });
+      });
+      // sQ (first block), sKt and sV are visible to every thread.
+      member.team_barrier();
+
+      const bool needs_mask = m_mask.tile_needs_mask(row_begin, key_begin + kBlockN);
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(member, kBlockM), [&](const int i) {
+        acc_t* scores = &sP(i, 0);
+        row_times_tile_t<kBlockN, kHeadDim>(tag{}, member, &sQ(i, 0), &sKt(0, 0), kBlockNPad,
+                                            scores);
+        if (needs_mask) {
+          Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, kBlockN), [&](const int j) {
+            if (m_mask.masked(row_begin + i, key_begin + j)) scores[j] = math::neg_inf<acc_t>();
+          });
+        }
+        acc_t block_max;
+        Kokkos::parallel_reduce(
+            Kokkos::ThreadVectorRange(member, kBlockN),
+            [&](const int j, acc_t& m) { m = scores[j] > m ? scores[j] : m; },
+            Kokkos::Max<acc_t>(block_max));
+        const acc_t m_old = row_max(i);
+        const acc_t m_new = block_max > m_old ? block_max : m_old;
+        const acc_t shift = softmax::shift(m_new);
+        acc_t block_sum = 0;
+        Kokkos::parallel_reduce(
+            Kokkos::ThreadVectorRange(member, kBlockN),
+            [&](const int j, acc_t& s) {
+              const acc_t p = math::exp(scores[j] - shift);
+              scores[j] = p;
+              s += p;
+            },
+            block_sum);
+        const acc_t alpha = softmax::rescale(m_old, m_new);
+        Kokkos::single(Kokkos::PerThread(member), [&]() {
+          row_max(i) = m_new;
+          row_sum(i) = alpha * row_sum(i) + block_sum;
+          row_alpha(i) = alpha;
+        });
+      });
+      // Whole rows of P and their rescale factors are visible for P·V.
+      member.team_barrier();
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(member, kBlockM), [&](const int i) {
+        coeffs_times_tile<kHeadDim>(tag{}, member, row_alpha(i), &sP(i, 0), 1, &sV(0, 0),
+                                    kBlockN, &acc_o(i, 0));
+      });
+    }
+    // The partial outputs and row statistics of every row are final.
+    member.team_barrier();
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, rows), [&](const int i) {
+      const acc_t l = row_sum(i);
+      const acc_t inv = l > acc_t(0) ? acc_t(1) / l : acc_t(0);
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, m_head_dim), [&](const int d) {
+        m_o(b, row_begin + i, h, d) = from_acc<value_type>(acc_o(i, d) * inv);
+      });
+      Kokkos::single(Kokkos::PerThread(member),
+                     [&]() { m_lse(b, h, row_begin + i) = softmax::lse(row_max(i), l); });
+    });
+  }
+
+ private:
+  QView m_q;
+  KView m_k;
+  VView m_v;
+  OView m_o;
+  LseView m_lse;
+  acc_t m_scale;
+  int m_batch, m_seqlen_q, m_heads, m_head_dim, m_seqlen_k, m_num_q_blocks;
+  CausalMask m_mask;
+};
+
+}  // namespace Impl
+}  // namespace kfa
+
+#endif

@@ -1,0 +1,166 @@
+// Backward pass: dq, dk, dv against the fp64 oracle with the same-precision
+// materialised backward as yardstick; central finite differences on the fp64
+// path; deterministic mode bitwise reproducible.
+
+#include "kfa_test_helpers.hpp"
+
+namespace kfa_test {
+namespace {
+
+template <class C>
+class FlashBackward : public ::testing::Test {};
+TYPED_TEST_SUITE(FlashBackward, AllConfigs);
+
+template <class T, class Space>
+struct Gradients {
+  Tensor dq, dk, dv;
+};
+
+/// Runs flash forward then backward on the device; returns the gradients.
+template <class T, class Space>
+Gradients<T, Space> run_flash(const Case& c, const kfa::AttentionOptions& opt) {
+  using Acc = kfa::accumulator_t<T>;
+  const Shape& s = c.shape;
+  auto q = to_device<T, Space>(c.q, "q");
+  auto k = to_device<T, Space>(c.k, "k");
+  auto v = to_device<T, Space>(c.v, "v");
+  auto d_o = to_device<T, Space>(c.d_o, "d_o");
+  DeviceView4<T, Space> o("o", s.batch, s.seqlen_q, s.heads, s.head_dim);
+  DeviceView3<Acc, Space> lse("lse", s.batch, s.heads, s.seqlen_q);
+  DeviceView4<T, Space> dq("dq", s.batch, s.seqlen_q, s.heads, s.head_dim);
+  DeviceView4<T, Space> dk("dk", s.batch, s.seqlen_k, s.heads, s.head_dim);
+  DeviceView4<T, Space> dv("dv", s.batch, s.seqlen_k, s.heads, s.head_dim);
+  kfa::flash_attention_forward(Space(), q, k, v, o, lse, opt);
+  poison(dq);
+  poison(dk);
+  poison(dv);
+  kfa::flash_attention_backward(Space(), q, k, v, o, lse, d_o, dq, dk, dv, opt);
+  Space().fence();
+  return {to_host(dq), to_host(dk), to_host(dv)};
+}
+
+template <class C>
+void check_backward(const Shape& s, bool causal, bool deterministic) {
+  using Space = typename C::space;
+  using T = typename C::value_type;
+  kfa::AttentionOptions opt;
+  opt.causal = causal;
+  opt.deterministic = deterministic;
+  opt.team_size = test_team_size<Space>();
+  const Case c = make_case<T>(s, opt, "bwd");
+  const auto flash = run_flash<T, Space>(c, opt);
+
+  Tensor dq_ref, dk_ref, dv_ref, dq_plain, dk_plain, dv_plain;
+  reference_backward<double, true>(c.q, c.k, c.v, c.o_ref, c.lse_ref, c.d_o, opt, dq_ref,
+                                   dk_ref, dv_ref);
+  Tensor o_t = c.o_ref;
+  round_to<T>(o_t);
+  reference_backward<T>(c.q, c.k, c.v, o_t, c.lse_ref, c.d_o, opt, dq_plain, dk_plain,
+                        dv_plain);
+  const std::string what = type_name<T>() + " " + Space::name() + " " + to_string(s) +
+                           (causal ? " causal" : "") +
+                           (deterministic ? " deterministic" : "");
+  auto check = [&](const char* name, const Tensor& got, const Tensor& plain,
+                   const Tensor& ref) {
+    const double err = max_abs_diff(got, ref), err_plain = max_abs_diff(plain, ref);
+    EXPECT_LE(err, allowed_error<T>(err_plain, ref))
+        << what << ": " << name << " error " << err << ", plain backward's " << err_plain;
+  };
+  check("dq", flash.dq, dq_plain, dq_ref);
+  check("dk", flash.dk, dk_plain, dk_ref);
+  check("dv", flash.dv, dv_plain, dv_ref);
+}
+
+const Shape backward_shapes[] = {
+    {1, 1, 1, 1, 1},      {1, 97, 97, 2, 59}, {2, 113, 203, 3, 80}, {3, 64, 64, 5, 32},
+    {1, 130, 100, 1, 256}, {1, 200, 77, 2, 128}, {1, 1023, 1024, 1, 64}};
+
+TYPED_TEST(FlashBackward, AwkwardShapes) {
+  if (is_duplicate_config<TypeParam>()) GTEST_SKIP() << "half is float here";
+  for (const Shape& s : backward_shapes) check_backward<TypeParam>(s, false, false);
+}
+
+TYPED_TEST(FlashBackward, AwkwardShapesCausal) {
+  if (is_duplicate_config<TypeParam>()) GTEST_SKIP() << "half is float here";
+  for (const Shape& s : backward_shapes) check_backward<TypeParam>(s, true, false);
+  check_backward<TypeParam>({2, 150, 40, 2, 16}, true, false);  // rows with no key
+  check_backward<TypeParam>({1, 40, 150, 2, 16}, true, false);
+}
+
+TYPED_TEST(FlashBackward, DeterministicIsAccurateAndBitwiseReproducible) {
+  using Space = typename TypeParam::space;
+  using T = typename TypeParam::value_type;
+  if (is_duplicate_config<TypeParam>()) GTEST_SKIP() << "half is float here";
+  check_backward<TypeParam>({2, 113, 203, 3, 80}, false, true);
+  check_backward<TypeParam>({1, 203, 113, 2, 64}, true, true);
+  kfa::AttentionOptions opt;
+  opt.causal = true;
+  opt.deterministic = true;
+  opt.team_size = test_team_size<Space>();
+  const Case c = make_case<T>({2, 333, 300, 3, 48}, opt, "det");
+  const auto first = run_flash<T, Space>(c, opt);
+  const auto second = run_flash<T, Space>(c, opt);
+  EXPECT_EQ(first.dq.data, second.dq.data);
+  EXPECT_EQ(first.dk.data, second.dk.data);
+  EXPECT_EQ(first.dv.data, second.dv.data);
+}
+
+/// Central finite differences of L = sum(dO ∘ O) on the fp64 path, for
+/// elements of q, k and v picked at random.
+template <class Space>
+void check_finite_differences(bool causal) {
+  using T = double;
+  const Shape s{2, 37, 53, 2, 19};
+  kfa::AttentionOptions opt;
+  opt.causal = causal;
+  opt.team_size = test_team_size<Space>();
+  const Case c = make_case<T>(s, opt, "fd");
+  const auto grads = run_flash<T, Space>(c, opt);
+
+  auto q = to_device<T, Space>(c.q, "q");
+  auto k = to_device<T, Space>(c.k, "k");
+  auto v = to_device<T, Space>(c.v, "v");
+  DeviceView4<T, Space> o("o", s.batch, s.seqlen_q, s.heads, s.head_dim);
+  DeviceView3<T, Space> lse("lse", s.batch, s.heads, s.seqlen_q);
+  auto loss = [&]() {
+    kfa::flash_attention_forward(Space(), q, k, v, o, lse, opt);
+    const Tensor oh = to_host(o);
+    long double l = 0;
+    for (std::size_t n = 0; n < oh.data.size(); ++n) l += oh.data[n] * c.d_o.data[n];
+    return static_cast<double>(l);
+  };
+  std::mt19937_64 rng(test_seed("fd-pick"));
+  const double h = 1e-5;
+  auto probe = [&](DeviceView4<T, Space> view, const Tensor& grad, const char* name) {
+    auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), view);
+    for (int trial = 0; trial < 12; ++trial) {
+      const std::size_t n = rng() % host.size();
+      const double x = host.data()[n];
+      host.data()[n] = x + h;
+      Kokkos::deep_copy(view, host);
+      const double up = loss();
+      host.data()[n] = x - h;
+      Kokkos::deep_copy(view, host);
+      const double down = loss();
+      host.data()[n] = x;
+      Kokkos::deep_copy(view, host);
+      const double fd = (up - down) / (2 * h);
+      EXPECT_NEAR(grad.data[n], fd, 1e-7 * std::max(1.0, std::abs(fd)))
+          << name << " element " << n << (causal ? " causal" : "");
+    }
+  };
+  probe(q, grads.dq, "dq");
+  probe(k, grads.dk, "dk");
+  probe(v, grads.dv, "dv");
+}
+
+TYPED_TEST(FlashBackward, FiniteDifferencesFp64) {
+  using Space = typename TypeParam::space;
+  if (!std::is_same<typename TypeParam::value_type, double>::value)
+    GTEST_SKIP() << "finite differences run on the fp64 path";
+  check_finite_differences<Space>(false);
+  check_finite_differences<Space>(true);
+}
+
+}  // namespace
+}  // namespace kfa_test
