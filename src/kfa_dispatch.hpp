@@ -45,6 +45,20 @@ void dispatch_forward(const ExecSpace& space, const Q& q, const K& k, const V& v
   });
 }
 
+/// dq = dq_acc, converted from the accumulator type.
+template <class ExecSpace, class AccView, class DQ>
+void convert_dq(const ExecSpace& space, const AccView& dq_acc, const DQ& dq) {
+  using value_type = typename DQ::non_const_value_type;
+  Kokkos::parallel_for(
+      "kfa::bwd::convert_dq",
+      Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<4>>(
+          space, {0, 0, 0, 0},
+          {dq.extent(0), dq.extent(1), dq.extent(2), dq.extent(3)}),
+      KOKKOS_LAMBDA(const int b, const int i, const int h, const int d) {
+        dq(b, i, h, d) = from_acc<value_type>(dq_acc(b, i, h, d));
+      });
+}
+
 template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DQ,
           class DK, class DV>
 void dispatch_backward(const ExecSpace& space, const Q& q, const K& k, const V& v,
@@ -87,13 +101,7 @@ void dispatch_backward(const ExecSpace& space, const Q& q, const K& k, const V& 
                      seqlen_q, heads, head_dim);
       KVKernel(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, options.causal, true)
           .launch(space, options.team_size);
-      Kokkos::parallel_for(
-          "kfa::bwd::convert_dq",
-          Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<4>>(
-              space, {0, 0, 0, 0}, {batch, seqlen_q, heads, head_dim}),
-          KOKKOS_LAMBDA(const int b, const int i, const int h, const int d) {
-            dq(b, i, h, d) = from_acc<value_type>(dq_acc(b, i, h, d));
-          });
+      convert_dq(space, dq_acc, dq);
     }
   });
 }

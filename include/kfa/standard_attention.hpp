@@ -27,6 +27,24 @@ void standard_attention_forward(const ExecSpace& space, const Q& q, const K& k,
   }
 }
 
+/// Materialised backward, the baseline for flash_attention_backward: P and
+/// dP are stored ([batch·heads][seqlen_q][seqlen_k] each, accumulator type)
+/// and the four products are KokkosBlas::gemm calls. Same arguments as
+/// flash_attention_backward (o and lse from either forward).
+template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO,
+          class DQ, class DK, class DV>
+void standard_attention_backward(const ExecSpace& space, const Q& q, const K& k, const V& v,
+                                 const O& o, const Lse& lse, const DO& d_o, const DQ& dq,
+                                 const DK& dk, const DV& dv,
+                                 const AttentionOptions& options = {}) {
+  Impl::ProfilingRegion region("kfa::standard_attention_backward");
+  Impl::check_backward_arguments<ExecSpace>("kfa::standard_attention_backward", q, k, v, o,
+                                            lse, d_o, dq, dk, dv, options);
+  if constexpr (Impl::backward_types_ok<ExecSpace, Q, K, V, O, Lse, DO, DQ, DK, DV>()) {
+    Impl::standard_attention_backward_impl(space, q, k, v, o, lse, d_o, dq, dk, dv, options);
+  }
+}
+
 }  // namespace kfa
 
 #endif
