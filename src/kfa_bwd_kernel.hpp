@@ -173,7 +173,7 @@ class FlashBackwardKVKernel {
     const int league = m_num_kv_blocks * m_batch * m_heads;
     if (league == 0) return;
     policy_t probe(space, league, 1, traits::kVectorLength);
-    const int team = clamp_team_size(probe, *this, team_size > 0 ? team_size : traits::kTeamSize);
+    const int team = clamp_team_size(probe, *this, team_size > 0 ? team_size : traits::kBwdTeamSize);
     policy_t policy(space, league, team, traits::kVectorLength);
     check_scratch<policy_t>("kfa::bwd::dk_dv", kLevel, scratch_bytes(), kBlockM, kBlockN,
                             kHeadDim);
@@ -197,16 +197,16 @@ class FlashBackwardKVKernel {
     const int key_begin = kv_block * kBlockN;
     const int cols = imin(kBlockN, m_seqlen_k - key_begin);
 
-    typename tiles::TileRows sQ(member.team_scratch(kLevel));
-    typename tiles::TileRows sdO(member.team_scratch(kLevel));
-    typename tiles::TileKeysT sKt(member.team_scratch(kLevel));
-    typename tiles::TileKeysT sVt(member.team_scratch(kLevel));
-    typename tiles::TileScores sP(member.team_scratch(kLevel));
-    typename tiles::TileScores sdS(member.team_scratch(kLevel));
-    typename tiles::TileKeys acc_dk(member.team_scratch(kLevel));
-    typename tiles::TileKeys acc_dv(member.team_scratch(kLevel));
-    typename tiles::RowVec s_lse(member.team_scratch(kLevel));
-    typename tiles::RowVec s_delta(member.team_scratch(kLevel));
+    typename tiles::TileRows sQ(member.team_scratch(int(kLevel)));
+    typename tiles::TileRows sdO(member.team_scratch(int(kLevel)));
+    typename tiles::TileKeysT sKt(member.team_scratch(int(kLevel)));
+    typename tiles::TileKeysT sVt(member.team_scratch(int(kLevel)));
+    typename tiles::TileScores sP(member.team_scratch(int(kLevel)));
+    typename tiles::TileScores sdS(member.team_scratch(int(kLevel)));
+    typename tiles::TileKeys acc_dk(member.team_scratch(int(kLevel)));
+    typename tiles::TileKeys acc_dv(member.team_scratch(int(kLevel)));
+    typename tiles::RowVec s_lse(member.team_scratch(int(kLevel)));
+    typename tiles::RowVec s_delta(member.team_scratch(int(kLevel)));
 
     tiles::load_keys(member, m_k, b, h, key_begin, cols, m_head_dim, sKt, nullptr);
     tiles::load_keys(member, m_v, b, h, key_begin, cols, m_head_dim, sVt, nullptr);
@@ -320,7 +320,7 @@ class FlashBackwardQKernel {
     const int league = m_num_q_blocks * m_batch * m_heads;
     if (league == 0) return;
     policy_t probe(space, league, 1, traits::kVectorLength);
-    const int team = clamp_team_size(probe, *this, team_size > 0 ? team_size : traits::kTeamSize);
+    const int team = clamp_team_size(probe, *this, team_size > 0 ? team_size : traits::kBwdTeamSize);
     policy_t policy(space, league, team, traits::kVectorLength);
     check_scratch<policy_t>("kfa::bwd::dq", kLevel, scratch_bytes(), kBlockM, kBlockN,
                             kHeadDim);
@@ -343,16 +343,16 @@ class FlashBackwardQKernel {
     const int row_begin = q_block * kBlockM;
     const int rows = imin(kBlockM, m_seqlen_q - row_begin);
 
-    typename tiles::TileRows sQ(member.team_scratch(kLevel));
-    typename tiles::TileRows sdO(member.team_scratch(kLevel));
-    typename tiles::TileRows acc_dq(member.team_scratch(kLevel));
-    typename tiles::TileKeysT sKt(member.team_scratch(kLevel));
-    typename tiles::TileKeysT sVt(member.team_scratch(kLevel));
-    typename tiles::TileScores sP(member.team_scratch(kLevel));
-    typename tiles::TileScores sdS(member.team_scratch(kLevel));
-    typename tiles::TileKeys sK(member.team_scratch(kLevel));
-    typename tiles::RowVec s_lse(member.team_scratch(kLevel));
-    typename tiles::RowVec s_delta(member.team_scratch(kLevel));
+    typename tiles::TileRows sQ(member.team_scratch(int(kLevel)));
+    typename tiles::TileRows sdO(member.team_scratch(int(kLevel)));
+    typename tiles::TileRows acc_dq(member.team_scratch(int(kLevel)));
+    typename tiles::TileKeysT sKt(member.team_scratch(int(kLevel)));
+    typename tiles::TileKeysT sVt(member.team_scratch(int(kLevel)));
+    typename tiles::TileScores sP(member.team_scratch(int(kLevel)));
+    typename tiles::TileScores sdS(member.team_scratch(int(kLevel)));
+    typename tiles::TileKeys sK(member.team_scratch(int(kLevel)));
+    typename tiles::RowVec s_lse(member.team_scratch(int(kLevel)));
+    typename tiles::RowVec s_delta(member.team_scratch(int(kLevel)));
 
     tiles::load_rows(member, m_q, b, h, row_begin, rows, m_head_dim, sQ);
     tiles::load_rows(member, m_do, b, h, row_begin, rows, m_head_dim, sdO);

@@ -106,14 +106,14 @@ class FlashForwardKernel {
     const int row_begin = q_block * kBlockM;
     const int rows = imin(kBlockM, m_seqlen_q - row_begin);
 
-    TileQ sQ(member.team_scratch(kLevel));
-    TileKt sKt(member.team_scratch(kLevel));
-    TileV sV(member.team_scratch(kLevel));
-    TileP sP(member.team_scratch(kLevel));
-    TileO acc_o(member.team_scratch(kLevel));
-    RowVec row_max(member.team_scratch(kLevel));
-    RowVec row_sum(member.team_scratch(kLevel));
-    RowVec row_alpha(member.team_scratch(kLevel));
+    TileQ sQ(member.team_scratch(int(kLevel)));
+    TileKt sKt(member.team_scratch(int(kLevel)));
+    TileV sV(member.team_scratch(int(kLevel)));
+    TileP sP(member.team_scratch(int(kLevel)));
+    TileO acc_o(member.team_scratch(int(kLevel)));
+    RowVec row_max(member.team_scratch(int(kLevel)));
+    RowVec row_sum(member.team_scratch(int(kLevel)));
+    RowVec row_alpha(member.team_scratch(int(kLevel)));
 
     // Load the query block, scale folded in, zero-padded past seqlen_q and
     // head_dim; start the online softmax of every row.

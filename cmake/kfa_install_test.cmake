@@ -1,0 +1,25 @@
+# ctest driver: installs this build into a scratch prefix, then configures,
+# builds and runs examples/ as an out-of-tree project that only does
+# find_package(kfa). Proves the installed package is complete.
+foreach(var BUILD_DIR SOURCE_DIR CXX_COMPILER Kokkos_DIR KokkosKernels_DIR)
+  if(NOT DEFINED ${var})
+    message(FATAL_ERROR "kfa_install_test.cmake needs -D${var}=...")
+  endif()
+endforeach()
+set(prefix "${BUILD_DIR}/install-test")
+set(consumer "${BUILD_DIR}/consumer-test")
+file(REMOVE_RECURSE "${prefix}" "${consumer}")
+
+function(run_step)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "step failed (${rc}): ${ARGN}")
+  endif()
+endfunction()
+
+run_step(${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${prefix}")
+run_step(${CMAKE_COMMAND} -S "${SOURCE_DIR}/examples" -B "${consumer}"
+  -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=${CXX_COMPILER}
+  -Dkfa_ROOT=${prefix} -DKokkos_DIR=${Kokkos_DIR} -DKokkosKernels_DIR=${KokkosKernels_DIR})
+run_step(${CMAKE_COMMAND} --build "${consumer}" -j 2)
+run_step("${consumer}/basic_attention" --seqlen 300 --heads 2 --head-dim 32 --repeat 1)
