@@ -3,6 +3,7 @@
 
 #include <kfa/kfa_config.hpp>
 #include <kfa/flash_attention.hpp>
+#include <kfa/merge_attention.hpp>
 #include <kfa/options.hpp>
 #include <kfa/standard_attention.hpp>
 #include <kfa/types.hpp>
