@@ -10,6 +10,8 @@
 #include <kfa_bwd_kernel.hpp>
 #include <kfa_fwd_kernel.hpp>
 
+#include <impl/backend/kfa_cuda_fwd_mma.hpp>
+
 #include <cmath>
 
 namespace kfa {
@@ -36,8 +38,27 @@ template <class ExecSpace, class Q, class K, class V, class O, class Lse>
 void dispatch_forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
                       const Lse& lse, const AttentionOptions& options) {
   using acc_t = typename Lse::non_const_value_type;
+  using value_type = typename Q::non_const_value_type;
   const int head_dim = static_cast<int>(q.extent(3));
   const acc_t scale = softmax_scale<acc_t>(options, head_dim);
+  using Format = typename MmaFormat<ExecSpace, value_type>::type;
+  if constexpr (!std::is_void<Format>::value) {
+    // Tensor-core path: head_dim 64 or 128, 16-byte aligned rows, and no
+    // explicit team size (the mma kernel's teams are 4 warps by design).
+    auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
+    if ((head_dim == 64 || head_dim == 128) && options.team_size == 0 && aligned(q.data()) &&
+        aligned(k.data()) && aligned(v.data()) && aligned(o.data())) {
+      if (head_dim == 64)
+        FlashForwardMmaKernel<ExecSpace, 64, Format, Q, K, V, O, Lse>(q, k, v, o, lse, scale,
+                                                                     options.causal)
+            .launch(space);
+      else
+        FlashForwardMmaKernel<ExecSpace, 128, Format, Q, K, V, O, Lse>(q, k, v, o, lse, scale,
+                                                                      options.causal)
+            .launch(space);
+      return;
+    }
+  }
   dispatch_head_dim(head_dim, [&](auto bucket) {
     FlashForwardKernel<ExecSpace, decltype(bucket)::value, Q, K, V, O, Lse> kernel(
         q, k, v, o, lse, scale, options.causal);

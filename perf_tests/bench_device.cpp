@@ -1,0 +1,146 @@
+// Device side of the GPU harness (perf_tests/bench_device.py drives it):
+// reads q, k, v, d_o written by PyTorch as raw little-endian arrays, runs kfa
+// on the default execution space, times forward, backward and
+// forward+backward (median of --iters fenced runs after --warmup), writes
+// o, lse, dq, dk, dv back for the comparison, and prints one JSON line.
+//
+//   bench_device --dtype bf16|fp16|fp32|fp64 --batch B --seqlen N --heads H
+//                --head-dim D [--causal] [--iters 20] [--warmup 3] [--no-bwd]
+//                --dir /dev/shm/kfa_bench
+
+#include <kfa/kfa.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Args {
+  std::string dtype = "bf16", dir = "/dev/shm/kfa_bench";
+  int batch = 1, seqlen = 1024, heads = 16, head_dim = 128, iters = 20, warmup = 3;
+  bool causal = false, backward = true;
+};
+
+Args parse(int argc, char* argv[]) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string s = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::invalid_argument("missing value after " + s);
+      return argv[++i];
+    };
+    if (s == "--dtype") a.dtype = next();
+    else if (s == "--dir") a.dir = next();
+    else if (s == "--batch") a.batch = std::stoi(next());
+    else if (s == "--seqlen") a.seqlen = std::stoi(next());
+    else if (s == "--heads") a.heads = std::stoi(next());
+    else if (s == "--head-dim") a.head_dim = std::stoi(next());
+    else if (s == "--iters") a.iters = std::stoi(next());
+    else if (s == "--warmup") a.warmup = std::stoi(next());
+    else if (s == "--causal") a.causal = true;
+    else if (s == "--no-bwd") a.backward = false;
+    else throw std::invalid_argument("unknown argument " + s);
+  }
+  return a;
+}
+
+template <class View>
+void read_into(const View& view, const std::string& path) {
+  auto host = Kokkos::create_mirror_view(view);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot open " + path);
+  in.read(reinterpret_cast<char*>(host.data()),
+          static_cast<std::streamsize>(host.size() * sizeof(typename View::value_type)));
+  if (!in) throw std::runtime_error("short read from " + path);
+  Kokkos::deep_copy(view, host);
+}
+
+template <class View>
+void write_from(const View& view, const std::string& path) {
+  auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), view);
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(host.data()),
+            static_cast<std::streamsize>(host.size() * sizeof(typename View::value_type)));
+  if (!out) throw std::runtime_error("cannot write " + path);
+}
+
+template <class F>
+double median_ms(int warmup, int iters, F&& f) {
+  for (int w = 0; w < warmup; ++w) f();
+  Kokkos::fence();
+  std::vector<double> t;
+  for (int r = 0; r < iters; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    Kokkos::fence();
+    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                    .count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+template <class T>
+void run(const Args& a) {
+  using Space = Kokkos::DefaultExecutionSpace;
+  using Acc = kfa::accumulator_t<T>;
+  using View4 = Kokkos::View<T****, Kokkos::LayoutRight, Space::memory_space>;
+  using View3 = Kokkos::View<Acc***, Kokkos::LayoutRight, Space::memory_space>;
+  const int B = a.batch, N = a.seqlen, H = a.heads, D = a.head_dim;
+  View4 q("q", B, N, H, D), k("k", B, N, H, D), v("v", B, N, H, D), d_o("d_o", B, N, H, D),
+      o("o", B, N, H, D), dq("dq", B, N, H, D), dk("dk", B, N, H, D), dv("dv", B, N, H, D);
+  View3 lse("lse", B, H, N);
+  read_into(q, a.dir + "/q.bin");
+  read_into(k, a.dir + "/k.bin");
+  read_into(v, a.dir + "/v.bin");
+  read_into(d_o, a.dir + "/do.bin");
+  kfa::AttentionOptions opt;
+  opt.causal = a.causal;
+  const Space space;
+  auto fwd = [&] { kfa::flash_attention_forward(space, q, k, v, o, lse, opt); };
+  auto bwd = [&] { kfa::flash_attention_backward(space, q, k, v, o, lse, d_o, dq, dk, dv, opt); };
+  const double t_fwd = median_ms(a.warmup, a.iters, fwd);
+  double t_bwd = -1, t_fwd_bwd = -1;
+  if (a.backward) {
+    t_bwd = median_ms(a.warmup, a.iters, bwd);
+    t_fwd_bwd = median_ms(a.warmup, a.iters, [&] {
+      fwd();
+      bwd();
+    });
+  }
+  write_from(o, a.dir + "/o_kfa.bin");
+  write_from(lse, a.dir + "/lse_kfa.bin");
+  if (a.backward) {
+    write_from(dq, a.dir + "/dq_kfa.bin");
+    write_from(dk, a.dir + "/dk_kfa.bin");
+    write_from(dv, a.dir + "/dv_kfa.bin");
+  }
+  std::printf("{\"fwd_ms\": %.6f, \"bwd_ms\": %.6f, \"fwd_bwd_ms\": %.6f}\n", t_fwd, t_bwd,
+              t_fwd_bwd);
+}
+
+}  // namespace
+
+int main(int argc, char* argv[]) {
+  Kokkos::ScopeGuard guard(argc, argv);
+  try {
+    const Args a = parse(argc, argv);
+    if (a.dtype == "bf16") run<kfa::bfloat16>(a);
+    else if (a.dtype == "fp16") run<kfa::half>(a);
+    else if (a.dtype == "fp32") run<float>(a);
+    else if (a.dtype == "fp64") run<double>(a);
+    else throw std::invalid_argument("--dtype must be bf16, fp16, fp32 or fp64");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_device: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""GPU harness: kfa against PyTorch SDPA on the same inputs, in one run.
+
+For each config it draws q, k, v, dO with PyTorch on the GPU, runs kfa through
+the bench_device executable (same inputs, written to /dev/shm), times
+PyTorch's flash and cuDNN backends (bf16/fp16), efficient backend (fp32) or
+math backend (fp64) with CUDA events, checks kfa's O, lse, dQ, dK, dV against
+an fp64 reference on a slice of the problem (and reports PyTorch's own error
+on the same slice), and prints a table of TFLOP/s and ratios.
+
+  python3 perf_tests/bench_device.py --exe build-cuda/perf_tests/bench_device [--set quick|full]
+
+FLOP counts: 4·B·H·N²·D forward, 2.5x that backward, 3.5x forward+backward,
+halved when causal. Times are medians after warm-up.
+"""
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
+          "fp64": torch.float64}
+
+
+def configs(which):
+    """(dtype, batch, seqlen, heads, head_dim, causal): batch·seqlen = 16k tokens and
+    heads·head_dim = 2048 for 16-bit types, as in the issue's anchor table."""
+    out = []
+    if which == "quick":
+        for causal in (False, True):
+            out.append(("bf16", 2, 8192, 16, 128, causal))
+        out.append(("bf16", 16, 1024, 16, 128, False))
+        out.append(("fp16", 2, 8192, 16, 128, False))
+        out.append(("bf16", 2, 8192, 32, 64, False))
+        out.append(("fp32", 4, 4096, 16, 128, False))
+        out.append(("fp64", 8, 2048, 16, 128, False))
+        return out
+    for dtype in ("bf16", "fp16"):
+        for d in (64, 128, 256):
+            seqlens = (512, 1024, 2048, 4096, 8192, 16384) if (dtype == "bf16" and d == 128) \
+                else (2048, 8192)
+            for n in seqlens:
+                for causal in (False, True):
+                    out.append((dtype, 16384 // n, n, 2048 // d, d, causal))
+    for d in (64, 128):
+        out.append(("fp32", 4, 4096, 2048 // d, d, False))
+        out.append(("fp64", 8, 2048, 2048 // d, d, False))
+    return out
+
+
+def cuda_time_ms(fn, warmup=3, iters=10):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def write(t, path):
+    t = t.contiguous().cpu()
+    if t.dtype in (torch.bfloat16, torch.float16):
+        t = t.view(torch.int16)
+    t.numpy().tofile(path)
+
+
+def read(path, shape, dtype):
+    import numpy as np
+    if dtype in (torch.bfloat16, torch.float16):
+        raw = torch.from_numpy(np.fromfile(path, dtype=np.int16)).view(dtype)
+    else:
+        raw = torch.from_numpy(np.fromfile(path, dtype=np.float32 if dtype == torch.float32
+                                           else np.float64))
+    return raw.reshape(shape).cuda()
+
+
+def sdpa_time(backend, q, k, v, do, causal):
+    """(fwd, fwd+bwd) median ms of SDPA with one backend; inputs [B][N][H][D]."""
+    qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_(True) for x in (q, k, v))
+    dot = do.transpose(1, 2)
+    try:
+        with sdpa_kernel(backend):
+            fwd = cuda_time_ms(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal))
+
+            def fwd_bwd():
+                qt.grad = kt.grad = vt.grad = None
+                F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal).backward(dot)
+            both = cuda_time_ms(fwd_bwd)
+        return fwd, both
+    except RuntimeError as e:
+        return None, None
+
+
+def reference_slice(q, k, v, do, causal, nb=1, nh=2):
+    """fp64 O, lse, dQ, dK, dV on batch [:nb], heads [:nh] (bottom-right causal = top-left
+    here since seqlen_q == seqlen_k)."""
+    qs, ks, vs, dos = (x[:nb, :, :nh].double().transpose(1, 2).detach().requires_grad_(True)
+                       for x in (q, k, v, do))
+    dos = dos.detach()
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    s = qs @ ks.transpose(-1, -2) * scale
+    if causal:
+        n = s.shape[-1]
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=s.device).triu(1), -math.inf)
+    lse = torch.logsumexp(s, dim=-1)
+    o = torch.softmax(s, dim=-1) @ vs
+    o.backward(dos)
+    t = lambda x: x.transpose(1, 2).detach()
+    return t(o), lse.detach(), t(qs.grad), t(ks.grad), t(vs.grad)
+
+
+def max_err(a, b):
+    return (a.double() - b.double()).abs().max().item()
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--exe", required=True)
+    p.add_argument("--set", default="quick", choices=("quick", "full"))
+    p.add_argument("--dir", default="/dev/shm/kfa_bench")
+    p.add_argument("--no-bwd", action="store_true")
+    p.add_argument("--json", default="")
+    args = p.parse_args()
+    os.makedirs(args.dir, exist_ok=True)
+    dev = torch.cuda.get_device_name()
+    print(f"# {dev}, torch {torch.__version__}, set {args.set}", flush=True)
+    rows = []
+    for (dt, B, N, H, D, causal) in configs(args.set):
+        dtype = DTYPES[dt]
+        torch.manual_seed(1234)
+        q, k, v, do = (torch.randn(B, N, H, D, device="cuda", dtype=dtype) for _ in range(4))
+        for name, t in (("q", q), ("k", k), ("v", v), ("do", do)):
+            write(t, f"{args.dir}/{name}.bin")
+        heavy = B * H * N * N * D > 2 ** 36
+        cmd = [args.exe, "--dtype", dt, "--batch", str(B), "--seqlen", str(N), "--heads", str(H),
+               "--head-dim", str(D), "--dir", args.dir, "--iters", "5" if heavy else "10",
+               "--warmup", "1" if heavy else "2"] + (["--causal"] if causal else []) + \
+              (["--no-bwd"] if args.no_bwd else [])
+        t0 = time.time()
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode != 0:
+            print(f"kfa failed on {dt} B{B} N{N} H{H} D{D} causal={causal}: {res.stderr.strip()}",
+                  flush=True)
+            continue
+        kfa_t = json.loads(res.stdout.strip().splitlines()[-1])
+        o = read(f"{args.dir}/o_kfa.bin", (B, N, H, D), dtype)
+        lse = read(f"{args.dir}/lse_kfa.bin", (B, H, N),
+                   torch.float64 if dt == "fp64" else torch.float32)
+        ref = reference_slice(q, k, v, do, causal)
+        errs = {"o": max_err(o[:1, :, :2], ref[0]), "lse": max_err(lse[:1, :2], ref[1])}
+        if not args.no_bwd:
+            for i, g in enumerate(("dq", "dk", "dv")):
+                kg = read(f"{args.dir}/{g}_kfa.bin", (B, N, H, D), dtype)
+                errs[g] = max_err(kg[:1, :, :2], ref[2 + i])
+        # PyTorch's own error on the same slice, with its fast backend for this type.
+        anchors = {}
+        if dtype in (torch.bfloat16, torch.float16):
+            backends = (("fa2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION))
+        elif dtype == torch.float32:
+            torch.backends.cuda.matmul.allow_tf32 = False
+            backends = (("efficient", SDPBackend.EFFICIENT_ATTENTION),)
+        else:
+            backends = (("math", SDPBackend.MATH),)
+        for name, be in backends:
+            anchors[name] = sdpa_time(be, q, k, v, do, causal)
+        with sdpa_kernel(backends[0][1]):
+            qs, ks, vs = (x[:1, :, :2].transpose(1, 2).detach().requires_grad_(True)
+                          for x in (q, k, v))
+            ot = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal)
+            ot.backward(do[:1, :, :2].transpose(1, 2))
+            terr = {"o": max_err(ot.transpose(1, 2), ref[0]),
+                    "dq": max_err(qs.grad.transpose(1, 2), ref[2]),
+                    "dk": max_err(ks.grad.transpose(1, 2), ref[3]),
+                    "dv": max_err(vs.grad.transpose(1, 2), ref[4])}
+        flops = 4.0 * B * H * N * N * D * (0.5 if causal else 1.0)
+        tf = lambda ms, mult=1.0: flops * mult / (ms * 1e-3) / 1e12 if ms and ms > 0 else float("nan")
+        row = {"dtype": dt, "B": B, "N": N, "H": H, "D": D, "causal": causal,
+               "kfa_fwd": tf(kfa_t["fwd_ms"]), "kfa_bwd": tf(kfa_t["bwd_ms"], 2.5),
+               "kfa_fwd_bwd": tf(kfa_t["fwd_bwd_ms"], 3.5), "err": errs, "torch_err": terr,
+               "seconds": time.time() - t0}
+        for name, (f_ms, b_ms) in anchors.items():
+            row[f"{name}_fwd"] = tf(f_ms)
+            row[f"{name}_fwd_bwd"] = tf(b_ms, 3.5)
+        rows.append(row)
+        a0 = backends[0][0]
+        print(f"{dt:4s} B{B:<2d} N{N:<5d} H{H:<2d} D{D:<3d} {'causal' if causal else 'full  '} | "
+              f"kfa fwd {row['kfa_fwd']:7.2f} bwd {row['kfa_bwd']:7.2f} f+b {row['kfa_fwd_bwd']:7.2f} | "
+              + " ".join(f"{n} fwd {row[n + '_fwd']:7.2f} f+b {row[n + '_fwd_bwd']:7.2f}"
+                         for n in anchors if row.get(n + '_fwd') is not None)
+              + f" | fwd ratio vs {a0} {row['kfa_fwd'] / row[a0 + '_fwd']:.3f}"
+              + f" | err kfa o {errs['o']:.2e} torch o {terr['o']:.2e}"
+              + (f" kfa dq {errs['dq']:.2e} torch dq {terr['dq']:.2e}" if 'dq' in errs else ""),
+              flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
