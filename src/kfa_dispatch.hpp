@@ -10,6 +10,7 @@
 #include <kfa_bwd_kernel.hpp>
 #include <kfa_fwd_kernel.hpp>
 
+#include <impl/backend/kfa_cuda_bwd_mma.hpp>
 #include <impl/backend/kfa_cuda_fwd_mma.hpp>
 
 #include <cmath>
@@ -100,6 +101,30 @@ void dispatch_backward(const ExecSpace& space, const Q& q, const K& k, const V& 
       .launch(space);
 
   using AccView = Kokkos::View<acc_t****, Kokkos::LayoutRight, memory_space>;
+  using Format = typename MmaFormat<ExecSpace, value_type>::type;
+  if constexpr (!std::is_void<Format>::value) {
+    // Tensor-core path (dQ by fp32 atomics): head_dim 64 or 128, 16-byte
+    // aligned rows, not deterministic, no explicit team size.
+    auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
+    if ((head_dim == 64 || head_dim == 128) && !options.deterministic &&
+        options.team_size == 0 && aligned(q.data()) && aligned(k.data()) &&
+        aligned(v.data()) && aligned(d_o.data()) && aligned(dk.data()) && aligned(dv.data())) {
+      AccView dq_acc(Kokkos::view_alloc(space, std::string("kfa::bwd::dq_accum")), batch,
+                     seqlen_q, heads, head_dim);
+      if (head_dim == 64)
+        FlashBackwardMmaKernel<ExecSpace, 64, Format, Q, K, V, DO, Lse, decltype(delta), AccView,
+                               DK, DV>(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale,
+                                       options.causal)
+            .launch(space);
+      else
+        FlashBackwardMmaKernel<ExecSpace, 128, Format, Q, K, V, DO, Lse, decltype(delta),
+                               AccView, DK, DV>(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale,
+                                                options.causal)
+            .launch(space);
+      convert_dq(space, dq_acc, dq);
+      return;
+    }
+  }
   dispatch_head_dim(head_dim, [&](auto bucket) {
     constexpr int kHeadDim = decltype(bucket)::value;
     // dQ accumulates with atomics in the accumulator type: in dq itself when

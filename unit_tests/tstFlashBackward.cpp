@@ -73,7 +73,9 @@ void check_backward(const Shape& s, bool causal, bool deterministic) {
 
 const Shape backward_shapes[] = {
     {1, 1, 1, 1, 1},      {1, 97, 97, 2, 59}, {2, 113, 203, 3, 80}, {3, 64, 64, 5, 32},
-    {1, 130, 100, 1, 256}, {1, 200, 77, 2, 128}, {1, 1023, 1024, 1, 64}};
+    {1, 130, 100, 1, 256}, {1, 200, 77, 2, 128}, {1, 1023, 1024, 1, 64},
+    // head_dim 64 and 128 take the tensor-core path for 16-bit types on CUDA
+    {2, 190, 333, 2, 64}, {1, 300, 129, 2, 128}};
 
 TYPED_TEST(FlashBackward, AwkwardShapes) {
   if (is_duplicate_config<TypeParam>()) GTEST_SKIP() << "half is float here";

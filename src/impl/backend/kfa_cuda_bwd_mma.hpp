@@ -1,0 +1,294 @@
+#ifndef KFA_CUDA_BWD_MMA_HPP
+#define KFA_CUDA_BWD_MMA_HPP
+
+// Tensor-core backward (dK, dV, and dQ by fp32 atomics) for 16-bit types on
+// the CUDA backend. One team of 4 warps owns a block of 64 keys (16 per
+// warp); its K and V rows stay in registers as A fragments. For every query
+// block that sees those keys it computes the transposed tiles
+//   Sᵀ = K·Qᵀ, Pᵀ = exp2(Sᵀ·scale·log2e - lse·log2e), dPᵀ = V·dOᵀ,
+//   dSᵀ = Pᵀ ∘ (dPᵀ - D)
+// in registers, accumulates dV += Pᵀ·dO and dK += dSᵀ·Q in registers (Pᵀ
+// and dSᵀ feed the tensor cores straight from their accumulators), stages dSᵀ
+// in scratch and adds dQ += dS·K·scale to an fp32 accumulator with atomics.
+// Scratch: K [64][d+8], Q and dO [Br][d+8], dSᵀ [64][Br+8], lse and D rows;
+// Br = 64 at head_dim 64 and 32 at head_dim 128 to stay under ~40 KB.
+
+#include <kfa_mask.hpp>
+#include <kfa_traits.hpp>
+
+#include <impl/backend/kfa_cuda_mma.hpp>
+
+#include <cstdint>
+
+namespace kfa {
+namespace Impl {
+
+template <class ExecSpace, int HeadDim, class Format, class QView, class KView, class VView,
+          class DOView, class LseView, class DeltaView, class DQAccView, class DKView,
+          class DVView>
+class FlashBackwardMmaKernel {
+ public:
+  using policy_t = Kokkos::TeamPolicy<ExecSpace>;
+  using member_t = typename policy_t::member_type;
+  static constexpr int kHeadDim = HeadDim;
+  static constexpr int kBlockN = 64;                     // keys per team, 16 per warp
+  static constexpr int kBlockM = HeadDim <= 64 ? 64 : 32;  // queries per step
+  static constexpr int kWarps = 4;
+  static constexpr int kPitch = kHeadDim + 8;  // halves per row of K, Q, dO
+  static constexpr int kPitchS = kBlockM + 8;  // halves per row of dSᵀ
+  static_assert(kHeadDim % 16 == 0, "kfa: the mma backward needs head_dim % 16 == 0");
+
+  FlashBackwardMmaKernel(const QView& q, const KView& k, const VView& v, const DOView& d_o,
+                         const LseView& lse, const DeltaView& delta, const DQAccView& dq_acc,
+                         const DKView& dk, const DVView& dv, float scale, bool causal)
+      : m_q(reinterpret_cast<const std::uint16_t*>(q.data())),
+        m_k(reinterpret_cast<const std::uint16_t*>(k.data())),
+        m_v(reinterpret_cast<const std::uint16_t*>(v.data())),
+        m_do(reinterpret_cast<const std::uint16_t*>(d_o.data())),
+        m_lse(lse.data()),
+        m_delta(delta.data()),
+        m_dq_acc(dq_acc.data()),
+        m_dk(reinterpret_cast<std::uint16_t*>(dk.data())),
+        m_dv(reinterpret_cast<std::uint16_t*>(dv.data())),
+        m_scale(scale),
+        m_batch(static_cast<int>(q.extent(0))),
+        m_seqlen_q(static_cast<int>(q.extent(1))),
+        m_heads(static_cast<int>(q.extent(2))),
+        m_seqlen_k(static_cast<int>(k.extent(1))),
+        m_num_kv_blocks((m_seqlen_k + kBlockN - 1) / kBlockN),
+        m_mask{causal, m_seqlen_k - m_seqlen_q, m_seqlen_k} {}
+
+  void launch(const ExecSpace& space) const {
+    const int league = m_num_kv_blocks * m_batch * m_heads;
+    if (league == 0) return;
+    policy_t policy(space, league, kWarps, 32);
+    check_scratch<policy_t>("kfa::bwd::mma_dk_dv", 0, scratch_bytes(), kBlockM, kBlockN,
+                            kHeadDim);
+    policy.set_scratch_size(0, Kokkos::PerTeam(scratch_bytes()));
+    Kokkos::parallel_for("kfa::bwd::mma_dk_dv", policy, *this);
+  }
+
+  KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
+    return sizeof(std::uint16_t) *
+               (std::size_t(kBlockN) * kPitch + 2 * std::size_t(kBlockM) * kPitch +
+                std::size_t(kBlockN) * kPitchS) +
+           2 * sizeof(float) * kBlockM + 16;
+  }
+
+  KOKKOS_INLINE_FUNCTION void operator()(const member_t& member) const {
+#if KFA_CUDA_MMA_DEVICE
+    using namespace cuda_mma;
+    constexpr int kSteps = kHeadDim / 16;  // k-steps over head_dim
+    constexpr int kTilesS = kBlockM / 8;   // n-tiles of Sᵀ (queries) per warp
+    constexpr int kTilesD = kHeadDim / 8;  // n-tiles of dK, dV per warp
+    // dQ = dS·K: warps split the query rows (16 each) and, when the query
+    // block has fewer than 64 rows, the head dimension.
+    constexpr int kRowGroups = kBlockM / 16;
+    constexpr int kDimGroups = kWarps / kRowGroups;
+    constexpr int kTilesDQ = kTilesD / kDimGroups;
+    constexpr float kLog2e = 1.4426950408889634f;
+    const int lane = threadIdx.x, warp = threadIdx.y;
+    const int tid = warp * 32 + lane;
+
+    const int league = member.league_rank();
+    const int bh = league % (m_batch * m_heads);
+    const int kv_block = league / (m_batch * m_heads);
+    const int b = bh / m_heads, h = bh % m_heads;
+    const int key_begin = kv_block * kBlockN;
+    const long row_stride = long(m_heads) * kHeadDim;
+    const long q_offset = (long(b) * m_seqlen_q * m_heads + h) * kHeadDim;
+    const long k_offset = (long(b) * m_seqlen_k * m_heads + h) * kHeadDim;
+    const float* g_lse = m_lse + (long(b) * m_heads + h) * m_seqlen_q;
+    const float* g_delta = m_delta + (long(b) * m_heads + h) * m_seqlen_q;
+
+    char* raw = static_cast<char*>(member.team_scratch(0).get_shmem(scratch_bytes()));
+    std::uint16_t* sK = reinterpret_cast<std::uint16_t*>(
+        (reinterpret_cast<std::uintptr_t>(raw) + 15) & ~std::uintptr_t(15));
+    std::uint16_t* sQ = sK + kBlockN * kPitch;
+    std::uint16_t* sdO = sQ + kBlockM * kPitch;
+    std::uint16_t* sdS = sdO + kBlockM * kPitch;
+    float* s_lse = reinterpret_cast<float*>(sdS + kBlockN * kPitchS);
+    float* s_delta = s_lse + kBlockM;
+
+    auto load_rows = [&](std::uint16_t* dst, const std::uint16_t* src, int first_row,
+                         int rows, int rows_total) {
+      constexpr int kChunks = kHeadDim / 8;
+      for (int c = tid; c < rows * kChunks; c += kWarps * 32) {
+        const int r = c / kChunks, cc = c % kChunks;
+        const bool ok = first_row + r < rows_total;
+        const std::uint16_t* from = src + (ok ? long(first_row + r) * row_stride : 0) + cc * 8;
+        cp_async_16(dst + r * kPitch + cc * 8, from, ok ? 16 : 0);
+      }
+    };
+
+    // K and V rows of this warp into registers as A fragments; V goes
+    // through the (contiguous) Q and dO tiles, K stays in scratch for dQ.
+    load_rows(sK, m_k + k_offset, key_begin, kBlockN, m_seqlen_k);
+    load_rows(sQ, m_v + k_offset, key_begin, kBlockN, m_seqlen_k);
+    cp_async_commit();
+    cp_async_wait<0>();
+    // K and V tiles are in scratch.
+    member.team_barrier();
+    std::uint32_t k_frag[kSteps][4], v_frag[kSteps][4];
+    for (int ks = 0; ks < kSteps; ++ks) {
+      const int offset =
+          (warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kPitch + ks * 16 + (lane / 16) * 8;
+      ldmatrix_x4(k_frag[ks], sK + offset);
+      ldmatrix_x4(v_frag[ks], sQ + offset);
+    }
+    float acc_dk[kTilesD][4], acc_dv[kTilesD][4];
+    for (int n = 0; n < kTilesD; ++n)
+      for (int e = 0; e < 4; ++e) acc_dk[n][e] = acc_dv[n][e] = 0;
+
+    const int key0 = key_begin + warp * 16 + lane / 4, key1 = key0 + 8;
+    const int first_q_block = m_mask.first_row(key_begin) / kBlockM;
+    const int num_q_blocks = (m_seqlen_q + kBlockM - 1) / kBlockM;
+    for (int q_block = first_q_block; q_block < num_q_blocks; ++q_block) {
+      const int row_begin = q_block * kBlockM;
+      // Every warp is done with the previous block's Q, dO, dSᵀ (and, on the
+      // first pass, with the V tile staged in sQ).
+      member.team_barrier();
+      load_rows(sQ, m_q + q_offset, row_begin, kBlockM, m_seqlen_q);
+      load_rows(sdO, m_do + q_offset, row_begin, kBlockM, m_seqlen_q);
+      cp_async_commit();
+      if (tid < kBlockM) {
+        const int row = row_begin + tid;
+        const bool ok = row < m_seqlen_q;
+        const float l = ok ? g_lse[row] : -INFINITY;
+        // lse = -inf (a row that saw no key, or past the end) gives P = 0.
+        s_lse[tid] = l == -INFINITY ? INFINITY : l * kLog2e;
+        s_delta[tid] = ok ? g_delta[row] : 0.f;
+      }
+      cp_async_wait<0>();
+      // Q, dO, lse and D of this query block are in scratch.
+      member.team_barrier();
+
+      float st[kTilesS][4], dpt[kTilesS][4];
+      for (int n = 0; n < kTilesS; ++n)
+        for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0;
+      for (int ks = 0; ks < kSteps; ++ks)
+        for (int np = 0; np < kTilesS / 2; ++np) {
+          const int offset =
+              (np * 16 + (lane % 8) + (lane / 16) * 8) * kPitch + ks * 16 + ((lane / 8) % 2) * 8;
+          std::uint32_t qb[4], ob[4];
+          ldmatrix_x4(qb, sQ + offset);
+          ldmatrix_x4(ob, sdO + offset);
+          mma_16816<Format>(st[2 * np], k_frag[ks], qb[0], qb[1]);
+          mma_16816<Format>(st[2 * np + 1], k_frag[ks], qb[2], qb[3]);
+          mma_16816<Format>(dpt[2 * np], v_frag[ks], ob[0], ob[1]);
+          mma_16816<Format>(dpt[2 * np + 1], v_frag[ks], ob[2], ob[3]);
+        }
+
+      // Pᵀ and dSᵀ in registers (rows = keys, columns = queries).
+      const bool needs_mask = m_mask.tile_needs_mask(row_begin, key_begin + kBlockN);
+      const float scale_log2 = m_scale * kLog2e;
+      for (int n = 0; n < kTilesS; ++n)
+        for (int e = 0; e < 4; ++e) {
+          const int col = n * 8 + (lane % 4) * 2 + (e & 1);
+          const int key = e < 2 ? key0 : key1;
+          float p = exp2_approx(st[n][e] * scale_log2 - s_lse[col]);
+          if (needs_mask && m_mask.masked(row_begin + col, key)) p = 0.f;
+          st[n][e] = p;
+          dpt[n][e] = p * (dpt[n][e] - s_delta[col]);
+        }
+
+      // dV += Pᵀ·dO and dK += dSᵀ·Q: A from the accumulators, B = dO, Q
+      // rows (k = query) through ldmatrix.trans.
+      for (int kk = 0; kk < kBlockM / 16; ++kk) {
+        const std::uint32_t p_frag[4] = {pack2<Format>(st[2 * kk][0], st[2 * kk][1]),
+                                         pack2<Format>(st[2 * kk][2], st[2 * kk][3]),
+                                         pack2<Format>(st[2 * kk + 1][0], st[2 * kk + 1][1]),
+                                         pack2<Format>(st[2 * kk + 1][2], st[2 * kk + 1][3])};
+        const std::uint32_t ds_frag[4] = {pack2<Format>(dpt[2 * kk][0], dpt[2 * kk][1]),
+                                          pack2<Format>(dpt[2 * kk][2], dpt[2 * kk][3]),
+                                          pack2<Format>(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]),
+                                          pack2<Format>(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3])};
+        for (int np = 0; np < kTilesD / 2; ++np) {
+          const int offset =
+              (kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kPitch + np * 16 + (lane / 16) * 8;
+          std::uint32_t ob[4], qb[4];
+          ldmatrix_x4_trans(ob, sdO + offset);
+          ldmatrix_x4_trans(qb, sQ + offset);
+          mma_16816<Format>(acc_dv[2 * np], p_frag, ob[0], ob[1]);
+          mma_16816<Format>(acc_dv[2 * np + 1], p_frag, ob[2], ob[3]);
+          mma_16816<Format>(acc_dk[2 * np], ds_frag, qb[0], qb[1]);
+          mma_16816<Format>(acc_dk[2 * np + 1], ds_frag, qb[2], qb[3]);
+        }
+        // dSᵀ rows of this warp to scratch for dQ = dS·K.
+        const int r = warp * 16 + lane / 4;
+        const int c = kk * 16 + (lane % 4) * 2;
+        *reinterpret_cast<std::uint32_t*>(sdS + r * kPitchS + c) = ds_frag[0];
+        *reinterpret_cast<std::uint32_t*>(sdS + (r + 8) * kPitchS + c) = ds_frag[1];
+        *reinterpret_cast<std::uint32_t*>(sdS + r * kPitchS + c + 8) = ds_frag[2];
+        *reinterpret_cast<std::uint32_t*>(sdS + (r + 8) * kPitchS + c + 8) = ds_frag[3];
+      }
+      // The whole dSᵀ tile is in scratch.
+      member.team_barrier();
+
+      // dQ rows [16·(warp % kRowGroups), +16), head-dim tiles of group
+      // warp / kRowGroups: A = dS (ldmatrix.trans of dSᵀ), B = K rows.
+      const int q0 = (warp % kRowGroups) * 16;
+      const int n_first = (warp / kRowGroups) * kTilesDQ;
+      float acc_dq[kTilesDQ][4];
+      for (int n = 0; n < kTilesDQ; ++n) acc_dq[n][0] = acc_dq[n][1] = acc_dq[n][2] = acc_dq[n][3] = 0;
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        std::uint32_t a[4];
+        ldmatrix_x4_trans(a, sdS + (kk * 16 + (lane % 8) + (lane / 16) * 8) * kPitchS + q0 +
+                                 ((lane / 8) % 2) * 8);
+        for (int np = 0; np < kTilesDQ / 2; ++np) {
+          std::uint32_t kb[4];
+          ldmatrix_x4_trans(kb, sK + (kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kPitch +
+                                    (n_first + 2 * np) * 8 + (lane / 16) * 8);
+          mma_16816<Format>(acc_dq[2 * np], a, kb[0], kb[1]);
+          mma_16816<Format>(acc_dq[2 * np + 1], a, kb[2], kb[3]);
+        }
+      }
+      for (int half = 0; half < 2; ++half) {
+        const int row = row_begin + q0 + lane / 4 + half * 8;
+        if (row >= m_seqlen_q) continue;
+        float* g_dq = m_dq_acc + q_offset + long(row) * row_stride;
+        for (int n = 0; n < kTilesDQ; ++n) {
+          const int d = (n_first + n) * 8 + (lane % 4) * 2;
+          atomicAdd(g_dq + d, acc_dq[n][2 * half] * m_scale);
+          atomicAdd(g_dq + d + 1, acc_dq[n][2 * half + 1] * m_scale);
+        }
+      }
+    }
+
+    for (int half = 0; half < 2; ++half) {
+      const int key = (half == 0 ? key0 : key1);
+      if (key >= m_seqlen_k) continue;
+      std::uint16_t* g_dk = m_dk + k_offset + long(key) * row_stride;
+      std::uint16_t* g_dv = m_dv + k_offset + long(key) * row_stride;
+      for (int n = 0; n < kTilesD; ++n) {
+        const int d = n * 8 + (lane % 4) * 2;
+        *reinterpret_cast<std::uint32_t*>(g_dk + d) = pack2<Format>(
+            acc_dk[n][2 * half] * m_scale, acc_dk[n][2 * half + 1] * m_scale);
+        *reinterpret_cast<std::uint32_t*>(g_dv + d) =
+            pack2<Format>(acc_dv[n][2 * half], acc_dv[n][2 * half + 1]);
+      }
+    }
+#else
+    (void)member;
+#endif
+  }
+
+ private:
+  const std::uint16_t* m_q;
+  const std::uint16_t* m_k;
+  const std::uint16_t* m_v;
+  const std::uint16_t* m_do;
+  const float* m_lse;
+  const float* m_delta;
+  float* m_dq_acc;
+  std::uint16_t* m_dk;
+  std::uint16_t* m_dv;
+  float m_scale;
+  int m_batch, m_seqlen_q, m_heads, m_seqlen_k, m_num_kv_blocks;
+  CausalMask m_mask;
+};
+
+}  // namespace Impl
+}  // namespace kfa
+
+#endif
