@@ -14,6 +14,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <functional>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -27,6 +29,10 @@ struct Args {
   std::string dtype = "bf16", dir = "/dev/shm/kfa_bench";
   int batch = 1, seqlen = 1024, heads = 16, head_dim = 128, iters = 20, warmup = 3;
   bool causal = false, backward = true;
+  /// Forward kernel variant for experiments on the tensor-core path:
+  /// "default" (the library's dispatch) or "lb3" (launch bound of 3 blocks
+  /// per SM instead of 2, i.e. at most 170 registers per thread).
+  std::string fwd_variant = "default";
 };
 
 Args parse(int argc, char* argv[]) {
@@ -47,6 +53,7 @@ Args parse(int argc, char* argv[]) {
     else if (s == "--warmup") a.warmup = std::stoi(next());
     else if (s == "--causal") a.causal = true;
     else if (s == "--no-bwd") a.backward = false;
+    else if (s == "--fwd-variant") a.fwd_variant = next();
     else throw std::invalid_argument("unknown argument " + s);
   }
   return a;
@@ -105,7 +112,26 @@ void run(const Args& a) {
   kfa::AttentionOptions opt;
   opt.causal = a.causal;
   const Space space;
-  auto fwd = [&] { kfa::flash_attention_forward(space, q, k, v, o, lse, opt); };
+  std::function<void()> fwd = [&] { kfa::flash_attention_forward(space, q, k, v, o, lse, opt); };
+  if (a.fwd_variant == "lb3") {
+    using Format = typename kfa::Impl::MmaFormat<Space, T>::type;
+    if constexpr (!std::is_void<Format>::value) {
+      const float scale = 1.0f / std::sqrt(float(D));
+      if (D == 128) {
+        fwd = [&, scale] {
+          kfa::Impl::FlashForwardMmaKernel<Space, 128, Format, View4, View4, View4, View4, View3, 3>(
+              q, k, v, o, lse, scale, a.causal)
+              .launch(space);
+        };
+      } else if (D == 64) {
+        fwd = [&, scale] {
+          kfa::Impl::FlashForwardMmaKernel<Space, 64, Format, View4, View4, View4, View4, View3, 3>(
+              q, k, v, o, lse, scale, a.causal)
+              .launch(space);
+        };
+      }
+    }
+  }
   auto bwd = [&] { kfa::flash_attention_backward(space, q, k, v, o, lse, d_o, dq, dk, dv, opt); };
   const double t_fwd = median_ms(a.warmup, a.iters, fwd);
   double t_bwd = -1, t_fwd_bwd = -1;

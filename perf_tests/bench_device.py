@@ -134,6 +134,9 @@ def main():
     p.add_argument("--dir", default="/dev/shm/kfa_bench")
     p.add_argument("--no-bwd", action="store_true")
     p.add_argument("--json", default="")
+    p.add_argument("--fwd-variants", default="",
+                   help="comma-separated extra forward variants of bench_device (e.g. lb3), "
+                        "timed on 16-bit configs beside the default")
     args = p.parse_args()
     os.makedirs(args.dir, exist_ok=True)
     dev = torch.cuda.get_device_name()
@@ -157,6 +160,13 @@ def main():
                   flush=True)
             continue
         kfa_t = json.loads(res.stdout.strip().splitlines()[-1])
+        variants = {}
+        if args.fwd_variants and dt in ("bf16", "fp16"):
+            for var in args.fwd_variants.split(","):
+                vr = subprocess.run(cmd + ["--no-bwd", "--fwd-variant", var], capture_output=True,
+                                    text=True)
+                if vr.returncode == 0:
+                    variants[var] = json.loads(vr.stdout.strip().splitlines()[-1])["fwd_ms"]
         o = read(f"{args.dir}/o_kfa.bin", (B, N, H, D), dtype)
         lse = read(f"{args.dir}/lse_kfa.bin", (B, H, N),
                    torch.float64 if dt == "fp64" else torch.float32)
@@ -192,6 +202,8 @@ def main():
                "kfa_fwd": tf(kfa_t["fwd_ms"]), "kfa_bwd": tf(kfa_t["bwd_ms"], 2.5),
                "kfa_fwd_bwd": tf(kfa_t["fwd_bwd_ms"], 3.5), "err": errs, "torch_err": terr,
                "seconds": time.time() - t0}
+        for var, ms in variants.items():
+            row[f"kfa_fwd_{var}"] = tf(ms)
         for name, (f_ms, b_ms) in anchors.items():
             row[f"{name}_fwd"] = tf(f_ms)
             row[f"{name}_fwd_bwd"] = tf(b_ms, 3.5)
@@ -202,6 +214,7 @@ def main():
               + " ".join(f"{n} fwd {row[n + '_fwd']:7.2f} f+b {row[n + '_fwd_bwd']:7.2f}"
                          for n in anchors if row.get(n + '_fwd') is not None)
               + f" | fwd ratio vs {a0} {row['kfa_fwd'] / row[a0 + '_fwd']:.3f}"
+              + "".join(f" | fwd {var} {row['kfa_fwd_' + var]:7.2f}" for var in variants)
               + f" | err kfa o {errs['o']:.2e} torch o {terr['o']:.2e}"
               + (f" kfa dq {errs['dq']:.2e} torch dq {terr['dq']:.2e}" if 'dq' in errs else ""),
               flush=True)

@@ -39,11 +39,13 @@ struct MmaFormat<Kokkos::Cuda, Kokkos::Experimental::bhalf_t> {
 };
 #endif
 
+/// MinBlocksPerSM becomes the launch bound (128 threads, MinBlocksPerSM
+/// blocks per multiprocessor): it caps registers so that many teams fit.
 template <class ExecSpace, int HeadDim, class Format, class QView, class KView, class VView,
-          class OView, class LseView>
+          class OView, class LseView, int MinBlocksPerSM = 2>
 class FlashForwardMmaKernel {
  public:
-  using policy_t = Kokkos::TeamPolicy<ExecSpace>;
+  using policy_t = Kokkos::TeamPolicy<ExecSpace, Kokkos::LaunchBounds<128, MinBlocksPerSM>>;
   using member_t = typename policy_t::member_type;
   static constexpr int kHeadDim = HeadDim;
   static constexpr int kBlockM = 64;  // 4 warps x 16 rows
