@@ -31,7 +31,8 @@ struct Args {
   bool causal = false, backward = true;
   /// Forward kernel variant for experiments on the tensor-core path:
   /// "default" (the library's dispatch) or "lb3" (launch bound of 3 blocks
-  /// per SM instead of 2, i.e. at most 170 registers per thread).
+  /// per SM instead of 2, i.e. at most 170 registers per thread) or "w8"
+  /// (8 warps, 128 query rows per team: half the K/V traffic from L2).
   std::string fwd_variant = "default";
 };
 
@@ -113,19 +114,38 @@ void run(const Args& a) {
   opt.causal = a.causal;
   const Space space;
   std::function<void()> fwd = [&] { kfa::flash_attention_forward(space, q, k, v, o, lse, opt); };
+  if (a.fwd_variant == "w8") {
+    using Format = typename kfa::Impl::MmaFormat<Space, T>::type;
+    if constexpr (!std::is_void<Format>::value) {
+      const float scale = 1.0f / std::sqrt(float(D));
+      if (D == 128) {
+        fwd = [&, scale] {
+          kfa::Impl::FlashForwardMmaKernel<Space, 128, Format, View4, View4, View4, View4, View3, 8>(
+              q, k, v, o, lse, scale, a.causal)
+              .launch(space);
+        };
+      } else if (D == 64) {
+        fwd = [&, scale] {
+          kfa::Impl::FlashForwardMmaKernel<Space, 64, Format, View4, View4, View4, View4, View3, 8>(
+              q, k, v, o, lse, scale, a.causal)
+              .launch(space);
+        };
+      }
+    }
+  }
   if (a.fwd_variant == "lb3") {
     using Format = typename kfa::Impl::MmaFormat<Space, T>::type;
     if constexpr (!std::is_void<Format>::value) {
       const float scale = 1.0f / std::sqrt(float(D));
       if (D == 128) {
         fwd = [&, scale] {
-          kfa::Impl::FlashForwardMmaKernel<Space, 128, Format, View4, View4, View4, View4, View3, 3>(
+          kfa::Impl::FlashForwardMmaKernel<Space, 128, Format, View4, View4, View4, View4, View3, 4, 3>(
               q, k, v, o, lse, scale, a.causal)
               .launch(space);
         };
       } else if (D == 64) {
         fwd = [&, scale] {
-          kfa::Impl::FlashForwardMmaKernel<Space, 64, Format, View4, View4, View4, View4, View3, 3>(
+          kfa::Impl::FlashForwardMmaKernel<Space, 64, Format, View4, View4, View4, View4, View3, 4, 3>(
               q, k, v, o, lse, scale, a.causal)
               .launch(space);
         };

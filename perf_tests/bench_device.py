@@ -133,6 +133,7 @@ def main():
     p.add_argument("--set", default="quick", choices=("quick", "full"))
     p.add_argument("--dir", default="/dev/shm/kfa_bench")
     p.add_argument("--no-bwd", action="store_true")
+    p.add_argument("--dtypes", default="bf16,fp16,fp32,fp64", help="types to run")
     p.add_argument("--json", default="")
     p.add_argument("--fwd-variants", default="",
                    help="comma-separated extra forward variants of bench_device (e.g. lb3), "
@@ -143,6 +144,8 @@ def main():
     print(f"# {dev}, torch {torch.__version__}, set {args.set}", flush=True)
     rows = []
     for (dt, B, N, H, D, causal) in configs(args.set):
+        if dt not in args.dtypes.split(","):
+            continue
         dtype = DTYPES[dt]
         torch.manual_seed(1234)
         q, k, v, do = (torch.randn(B, N, H, D, device="cuda", dtype=dtype) for _ in range(4))

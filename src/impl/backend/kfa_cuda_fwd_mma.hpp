@@ -39,18 +39,21 @@ struct MmaFormat<Kokkos::Cuda, Kokkos::Experimental::bhalf_t> {
 };
 #endif
 
-/// MinBlocksPerSM becomes the launch bound (128 threads, MinBlocksPerSM
-/// blocks per multiprocessor): it caps registers so that many teams fit.
+/// Warps x 16 query rows per team (4 or 8: the Q block is staged through the
+/// K and V tiles, 128 rows at most). MinBlocksPerSM becomes the launch bound:
+/// it caps registers so that that many teams fit on a multiprocessor.
 template <class ExecSpace, int HeadDim, class Format, class QView, class KView, class VView,
-          class OView, class LseView, int MinBlocksPerSM = 2>
+          class OView, class LseView, int Warps = 4, int MinBlocksPerSM = 8 / Warps>
 class FlashForwardMmaKernel {
  public:
-  using policy_t = Kokkos::TeamPolicy<ExecSpace, Kokkos::LaunchBounds<128, MinBlocksPerSM>>;
+  using policy_t =
+      Kokkos::TeamPolicy<ExecSpace, Kokkos::LaunchBounds<32 * Warps, MinBlocksPerSM>>;
   using member_t = typename policy_t::member_type;
   static constexpr int kHeadDim = HeadDim;
-  static constexpr int kBlockM = 64;  // 4 warps x 16 rows
+  static constexpr int kWarps = Warps;
+  static constexpr int kBlockM = 16 * Warps;
   static constexpr int kBlockN = 64;
-  static constexpr int kWarps = 4;
+  static_assert(Warps == 4 || Warps == 8, "kfa: the mma forward runs 4 or 8 warps per team");
   static constexpr int kPitch = kHeadDim + 8;  // halves per scratch row
   static_assert(kHeadDim % 16 == 0, "kfa: the mma forward needs head_dim % 16 == 0");
 
@@ -107,12 +110,12 @@ class FlashForwardMmaKernel {
         (reinterpret_cast<std::uintptr_t>(raw) + 15) & ~std::uintptr_t(15));
     std::uint16_t* sV = sK + kBlockN * kPitch;
 
-    // 64 rows x head_dim of a [b][i][h][d] tensor into a scratch tile, rows
-    // past `rows_total` zero-filled.
+    // `rows` rows x head_dim of a [b][i][h][d] tensor into a scratch tile,
+    // rows past `rows_total` zero-filled.
     auto load_tile = [&](std::uint16_t* dst, const std::uint16_t* src, int first_row,
-                         int rows_total) {
+                         int rows_total, int rows = kBlockN) {
       constexpr int kChunks = kHeadDim / 8;
-      for (int c = tid; c < kBlockN * kChunks; c += kWarps * 32) {
+      for (int c = tid; c < rows * kChunks; c += kWarps * 32) {
         const int r = c / kChunks, cc = c % kChunks;
         const bool ok = first_row + r < rows_total;
         const std::uint16_t* from = src + (ok ? long(first_row + r) * row_stride : 0) + cc * 8;
@@ -121,7 +124,8 @@ class FlashForwardMmaKernel {
     };
 
     // Q block through scratch into registers (A fragments), once.
-    load_tile(sK, gQ, row_begin, m_seqlen_q);
+    // (sK and sV are contiguous: 128 rows.)
+    load_tile(sK, gQ, row_begin, m_seqlen_q, kBlockM);
     cp_async_commit();
     cp_async_wait<0>();
     // The Q tile is in scratch for every warp.
