@@ -62,10 +62,12 @@ double max_abs_diff(const ViewA& a, const ViewB& b) {
   return err;
 }
 
-/// Median wall time of `repeat` runs of f, each started together on every
-/// rank of `comm` and fenced.
+/// Median wall time of `repeat` runs of f after a warm-up run, each started
+/// together on every rank of `comm` and fenced.
 template <class Space, class F>
 double median_seconds(MPI_Comm comm, int repeat, F&& f) {
+  f();
+  Space().fence();
   std::vector<double> times;
   for (int r = 0; r < repeat; ++r) {
     MPI_Barrier(comm);
