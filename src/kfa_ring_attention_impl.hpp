@@ -110,7 +110,8 @@ ChunkMajor<ExecSpace, typename UserView::non_const_value_type> chunk_major(
   return {storage, storage.data()};
 }
 
-/// Per-step timings (RingOptions::profile).
+/// Per-step timings (RingOptions::profile): the time blocked waiting for
+/// exchanges is the exposed communication, the rest of the step compute.
 class RingStepTimer {
  public:
   using clock = std::chrono::steady_clock;
@@ -122,21 +123,27 @@ class RingStepTimer {
       m_profile->transport = transport;
     }
   }
-  /// Marks the start of a step, the end of its compute, the end of its wait.
-  void start() { m_t0 = clock::now(); }
-  void computed() { m_t1 = clock::now(); }
-  void waited() {
+  void start_step() {
+    m_step_start = clock::now();
+    m_waited = 0;
+  }
+  /// Runs wait() (an exchange's wait) and counts its time as exposed.
+  template <class Wait>
+  void waiting(Wait&& wait) {
+    const auto t0 = clock::now();
+    wait();
+    m_waited += seconds(t0, clock::now());
+  }
+  void end_step() {
     if (!m_profile) return;
-    const auto t2 = clock::now();
-    m_profile->compute_seconds.push_back(seconds(m_t0, m_t1));
-    m_profile->exposed_comm_seconds.push_back(seconds(m_t1, t2));
+    m_profile->compute_seconds.push_back(seconds(m_step_start, clock::now()) - m_waited);
+    m_profile->exposed_comm_seconds.push_back(m_waited);
+    m_waited = 0;
   }
-  /// Adds a wait after the last step to that step's exposed time.
-  void add_exposed(clock::time_point since) {
+  /// Adds waits after the last step to that step's exposed time.
+  void end_after_last_step() {
     if (m_profile && !m_profile->exposed_comm_seconds.empty())
-      m_profile->exposed_comm_seconds.back() += seconds(since, clock::now());
-  }
-  void finish() {
+      m_profile->exposed_comm_seconds.back() += m_waited;
     if (m_profile) m_profile->total_seconds = seconds(m_call_start, clock::now());
   }
 
@@ -145,7 +152,8 @@ class RingStepTimer {
     return std::chrono::duration<double>(b - a).count();
   }
   Experimental::RingProfile* m_profile;
-  clock::time_point m_call_start, m_t0, m_t1;
+  clock::time_point m_call_start, m_step_start;
+  double m_waited = 0;
 };
 
 /// Packs this rank's k and v into a K/V block: [K chunks][V chunks].
@@ -197,7 +205,7 @@ void ring_forward(const ExecSpace& space, const RingCommunicator& comm, const Ri
     const int next_source = (source + ranks - 1) % ranks;
     const T* k_block = kv[step % 2].data();
     const T* v_block = k_block + dims.row() * layout.seqlen(source);
-    timer.start();
+    timer.start_step();
     if (step + 1 < ranks) {
       exchange->start(space, {k_block, sizeof(T) * 2 * dims.row() * layout.seqlen(source),
                               kv[(step + 1) % 2].data(),
@@ -223,9 +231,8 @@ void ring_forward(const ExecSpace& space, const RingCommunicator& comm, const Ri
     // The step's kernels are done (and the next block has travelled as far
     // as MPI progress allowed); whatever is left of the exchange is exposed.
     fence_polling(space, [&] { exchange->progress(); });
-    timer.computed();
-    exchange->wait(space);
-    timer.waited();
+    timer.waiting([&] { exchange->wait(space); });
+    timer.end_step();
   }
 
   using AccSpan = typename views::template Span<acc_t>;
@@ -234,7 +241,7 @@ void ring_forward(const ExecSpace& space, const RingCommunicator& comm, const Ri
   ChunkCopy<ExecSpace, Lse, AccSpan, false>(lse, views::span(lse_acc.data(), lse_acc.size()),
                                             len0)
       .launch(space);
-  timer.finish();
+  timer.end_after_last_step();
 }
 
 template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DQ,
@@ -298,7 +305,7 @@ void ring_backward(const ExecSpace& space, const RingCommunicator& comm,
     const std::size_t next_block = row * layout.seqlen(next_source);
     const T* k_block = kv[step % 2].data();
     const T* v_block = k_block + block;
-    timer.start();
+    timer.start_step();
     if (step + 1 < ranks) {
       kv_exchange->start(space, {k_block, sizeof(T) * 2 * block, kv[(step + 1) % 2].data(),
                                  sizeof(T) * 2 * next_block});
@@ -333,7 +340,6 @@ void ring_backward(const ExecSpace& space, const RingCommunicator& comm,
       }
     }
     fence_polling(space, progress);
-    timer.computed();
     // The held block's accumulators arrive from the previous rank (none at
     // the first step: the block is this rank's own, no one has seen it
     // yet); this rank's part is added and they go on to the next rank,
@@ -343,7 +349,7 @@ void ring_backward(const ExecSpace& space, const RingCommunicator& comm,
     if (step == 0) {
       Kokkos::deep_copy(space, grad_block, views::span(grad_local.data(), 2 * block));
     } else {
-      grad_exchange->wait(space);
+      timer.waiting([&] { grad_exchange->wait(space); });
       Accumulate<ExecSpace, AccSpan, AccSpan>(grad_block, views::span(grad_local.data(), 2 * block))
           .launch(space);
     }
@@ -351,12 +357,10 @@ void ring_backward(const ExecSpace& space, const RingCommunicator& comm,
       grad_exchange->start(space, {grad_block.data(), sizeof(acc_t) * 2 * block,
                                    grad[(step + 1) % 2].data(), sizeof(acc_t) * 2 * next_block});
     }
-    kv_exchange->wait(space);
-    timer.waited();
+    timer.waiting([&] { kv_exchange->wait(space); });
+    timer.end_step();
   }
-  const auto last_wait = std::chrono::steady_clock::now();
-  grad_exchange->wait(space);
-  timer.add_exposed(last_wait);
+  timer.waiting([&] { grad_exchange->wait(space); });
 
   const acc_t* own_grad = grad[ranks > 1 ? ranks % 2 : 0].data();
   const std::size_t own = row * seqlen;
@@ -365,7 +369,7 @@ void ring_backward(const ExecSpace& space, const RingCommunicator& comm,
   ChunkCopy<ExecSpace, DK, ConstAccSpan, false>(dk, views::span(own_grad, own), len0).launch(space);
   ChunkCopy<ExecSpace, DV, ConstAccSpan, false>(dv, views::span(own_grad + own, own), len0)
       .launch(space);
-  timer.finish();
+  timer.end_after_last_step();
 }
 
 template <class ExecSpace, class Global, class Local>

@@ -41,11 +41,12 @@ enum class RingTransport {
 namespace Experimental {
 
 /// Host-clock timings of one ring_attention_forward/backward call, filled
-/// when RingOptions::profile points at one. Per ring step: compute_seconds
-/// is the time to enqueue the step's kernels and wait for them (driving MPI
-/// progress meanwhile); exposed_comm_seconds is the time then still spent
-/// waiting for the exchanges that ran during the compute (communication not
-/// hidden behind it).
+/// when RingOptions::profile points at one. Per ring step:
+/// exposed_comm_seconds is the time blocked waiting for the step's exchanges
+/// after its kernels finished (communication not hidden behind the compute;
+/// a wait after the last step counts to the last step); compute_seconds is
+/// the rest of the step: posting the exchanges, enqueueing the kernels and
+/// waiting for them while driving MPI progress.
 struct RingProfile {
   std::vector<double> compute_seconds;
   std::vector<double> exposed_comm_seconds;
