@@ -130,8 +130,7 @@ class RingProblem {
       kfa::ring_attention_forward(Space(), m_comm, m_q, m_k, m_v, m_o, m_lse, m_options);
     });
     m_transport = profile.transport;
-    const std::size_t kv = sizeof(T) * 2 * m_q.size();
-    return stats(t, profile, comm_alone(kv, m_comm.size() - 1, 0, 0));
+    return stats(t, profile, comm_alone(sizeof(T), m_comm.size() - 1, 0, 0));
   }
 
   PassStats backward() {
@@ -141,9 +140,9 @@ class RingProblem {
       kfa::ring_attention_backward(Space(), m_comm, m_q, m_k, m_v, m_o, m_lse, m_do, m_dq, m_dk,
                                    m_dv, m_options);
     });
-    const std::size_t kv = sizeof(T) * 2 * m_q.size(), grad = sizeof(Acc) * 2 * m_q.size();
     return stats(t, profile,
-                 comm_alone(kv, m_comm.size() - 1, grad, m_comm.size() > 1 ? m_comm.size() : 0));
+                 comm_alone(sizeof(T), m_comm.size() - 1, sizeof(Acc),
+                            m_comm.size() > 1 ? m_comm.size() : 0));
   }
 
   const std::string& transport() const { return m_transport; }
@@ -165,25 +164,40 @@ class RingProblem {
     return times[times.size() / 2];
   }
 
-  /// The exchanges of one call, with no compute: `kv_steps` K/V blocks of
-  /// `kv_bytes`, then `grad_steps` dK/dV blocks of `grad_bytes`.
-  double comm_alone(std::size_t kv_bytes, int kv_steps, std::size_t grad_bytes, int grad_steps) {
+  /// Bytes of the [K][V] block of `rank` with elements of `element` bytes.
+  std::size_t block_bytes(int rank, std::size_t element) const {
+    const int ranks = m_comm.size();
+    const std::size_t seqlen =
+        kfa::ring_local_seqlen(m_seqlen, (rank % ranks + ranks) % ranks, ranks, m_args.sharding);
+    return element * 2 * m_args.batch * seqlen * m_args.heads * m_args.head_dim;
+  }
+
+  /// The exchanges of one call with no compute: `kv_steps` K/V blocks of
+  /// `kv_element`-byte values, then `grad_steps` dK/dV blocks of
+  /// `grad_element`-byte values; at step s this rank sends the block of rank
+  /// (rank - s) and receives that of rank (rank - s - 1), as the ring does.
+  double comm_alone(std::size_t kv_element, int kv_steps, std::size_t grad_element,
+                    int grad_steps) {
     using Bytes = Kokkos::View<char*, Space::memory_space>;
-    const std::size_t size = std::max(kv_bytes, grad_bytes);
+    const int rank = m_comm.rank();
+    std::size_t size = 0;
+    for (int r = 0; r < m_comm.size(); ++r)
+      size = std::max(size, block_bytes(r, std::max(kv_element, grad_element)));
     Bytes send("bench_ring::send", size), recv("bench_ring::recv", size);
     auto exchange = kfa::Impl::make_ring_exchange<Space>(m_comm, m_options.transport, 4242);
-    auto run = [&](std::size_t bytes, int steps) {
+    auto run = [&](std::size_t element, int steps) {
       for (int s = 0; s < steps; ++s) {
-        exchange->start(Space(), {send.data(), bytes, recv.data(), bytes});
+        exchange->start(Space(), {send.data(), block_bytes(rank - s, element), recv.data(),
+                                  block_bytes(rank - s - 1, element)});
         exchange->wait(Space());
       }
       Space().fence();
     };
-    run(kv_bytes, kv_steps);  // warm-up
+    run(kv_element, kv_steps);  // warm-up
     MPI_Barrier(m_comm.comm());
     const auto t0 = clock_type::now();
-    run(kv_bytes, kv_steps);
-    run(grad_bytes, grad_steps);
+    run(kv_element, kv_steps);
+    run(grad_element, grad_steps);
     return seconds_since(t0);
   }
 
