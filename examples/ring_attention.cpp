@@ -140,8 +140,8 @@ int run(const Args& a) {
   // Gathered results against single-rank flash attention on the whole sequence.
   View4 o("o", B, N, H, D), dq("dq", B, N, H, D), dk("dk", B, N, H, D), dv("dv", B, N, H, D);
   View3 lse("lse", B, H, N);
-  View4 o_ring("o_ring", B, N, H, D), dq_ring("dq_ring", B, N, H, D), dk_ring("dk_ring", B, N, H, D),
-      dv_ring("dv_ring", B, N, H, D);
+  View4 o_ring("o_ring", B, N, H, D), dq_ring("dq_ring", B, N, H, D),
+      dk_ring("dk_ring", B, N, H, D), dv_ring("dv_ring", B, N, H, D);
   View3 lse_ring("lse_ring", B, H, N);
   kfa::ring_gather(space, comm, o_l, o_ring, sharding);
   kfa::ring_gather(space, comm, lse_l, lse_ring, sharding);

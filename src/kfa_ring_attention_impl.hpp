@@ -69,8 +69,7 @@ struct RingViews {
 
   template <class V>
   static Flat<V> allocate(const ExecSpace& space, const char* label, std::size_t n) {
-    return Flat<V>(Kokkos::view_alloc(space, Kokkos::WithoutInitializing, std::string(label)),
-                   n);
+    return Flat<V>(Kokkos::view_alloc(space, Kokkos::WithoutInitializing, std::string(label)), n);
   }
   template <class V>
   static Span<V> span(V* base, std::size_t n) {
@@ -97,8 +96,10 @@ struct ChunkMajor {
 };
 
 template <class ExecSpace, class UserView>
-ChunkMajor<ExecSpace, typename UserView::non_const_value_type> chunk_major(
-    const ExecSpace& space, const UserView& user, std::size_t len0, const char* label) {
+ChunkMajor<ExecSpace, typename UserView::non_const_value_type> chunk_major(const ExecSpace& space,
+                                                                           const UserView& user,
+                                                                           std::size_t len0,
+                                                                           const char* label) {
   using T = typename UserView::non_const_value_type;
   using views = RingViews<ExecSpace>;
   const int seq_dim = view_rank<UserView>() == 4 ? 1 : 2;
@@ -158,11 +159,11 @@ class RingStepTimer {
 
 /// Packs this rank's k and v into a K/V block: [K chunks][V chunks].
 template <class ExecSpace, class K, class V, class T>
-void pack_kv_block(const ExecSpace& space, const K& k, const V& v, T* block,
-                   const RingDims& dims, std::size_t seqlen, std::size_t len0) {
+void pack_kv_block(const ExecSpace& space, const K& k, const V& v, T* block, const RingDims& dims,
+                   std::size_t seqlen, std::size_t len0) {
   using Span = typename RingViews<ExecSpace>::template Span<T>;
-  const Span k_part(block, dims.row() * seqlen), v_part(block + dims.row() * seqlen,
-                                                          dims.row() * seqlen);
+  const Span k_part(block, dims.row() * seqlen),
+      v_part(block + dims.row() * seqlen, dims.row() * seqlen);
   ChunkCopy<ExecSpace, K, Span, true>(k, k_part, len0).launch(space);
   ChunkCopy<ExecSpace, V, Span, true>(v, v_part, len0).launch(space);
 }
@@ -189,8 +190,8 @@ void ring_forward(const ExecSpace& space, const RingCommunicator& comm, const Ri
 
   typename views::template Flat<acc_t> o_acc(
       Kokkos::view_alloc(space, std::string("kfa::ring::fwd::o_accum")), dims.row() * seqlen);
-  auto lse_acc = views::template allocate<acc_t>(space, "kfa::ring::fwd::lse_accum",
-                                                 dims.lse_row() * seqlen);
+  auto lse_acc =
+      views::template allocate<acc_t>(space, "kfa::ring::fwd::lse_accum", dims.lse_row() * seqlen);
   Kokkos::deep_copy(space, lse_acc, math::neg_inf<acc_t>());
   auto o_step =
       views::template allocate<T>(space, "kfa::ring::fwd::o_step", dims.row() * layout.max_chunk());
@@ -218,13 +219,14 @@ void ring_forward(const ExecSpace& space, const RingCommunicator& comm, const Ri
         block_options.causal = kind == BlockKind::diagonal;
         const auto o_block = views::chunk(o_step.data(), dims, 0, qc.length);
         const auto lse_block = views::lse_chunk(lse_step.data(), dims, 0, qc.length);
-        flash_attention_forward(space, views::chunk(q_chunks.data, dims, qc.local_offset, qc.length),
+        flash_attention_forward(space,
+                                views::chunk(q_chunks.data, dims, qc.local_offset, qc.length),
                                 views::chunk(k_block, dims, kc.local_offset, kc.length),
-                                views::chunk(v_block, dims, kc.local_offset, kc.length),
-                                o_block, lse_block, block_options);
+                                views::chunk(v_block, dims, kc.local_offset, kc.length), o_block,
+                                lse_block, block_options);
         merge_attention(space, views::chunk(o_acc.data(), dims, qc.local_offset, qc.length),
-                        views::lse_chunk(lse_acc.data(), dims, qc.local_offset, qc.length),
-                        o_block, lse_block);
+                        views::lse_chunk(lse_acc.data(), dims, qc.local_offset, qc.length), o_block,
+                        lse_block);
         exchange->progress();
       }
     }
@@ -238,18 +240,16 @@ void ring_forward(const ExecSpace& space, const RingCommunicator& comm, const Ri
   using AccSpan = typename views::template Span<acc_t>;
   ChunkCopy<ExecSpace, O, AccSpan, false>(o, views::span(o_acc.data(), o_acc.size()), len0)
       .launch(space);
-  ChunkCopy<ExecSpace, Lse, AccSpan, false>(lse, views::span(lse_acc.data(), lse_acc.size()),
-                                            len0)
+  ChunkCopy<ExecSpace, Lse, AccSpan, false>(lse, views::span(lse_acc.data(), lse_acc.size()), len0)
       .launch(space);
   timer.end_after_last_step();
 }
 
 template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DQ,
           class DK, class DV>
-void ring_backward(const ExecSpace& space, const RingCommunicator& comm,
-                   const RingLayout& layout, const Q& q, const K& k, const V& v, const O& o,
-                   const Lse& lse, const DO& d_o, const DQ& dq, const DK& dk, const DV& dv,
-                   const RingOptions& options,
+void ring_backward(const ExecSpace& space, const RingCommunicator& comm, const RingLayout& layout,
+                   const Q& q, const K& k, const V& v, const O& o, const Lse& lse, const DO& d_o,
+                   const DQ& dq, const DK& dk, const DV& dv, const RingOptions& options,
                    std::chrono::steady_clock::time_point call_start) {
   using T = typename Q::non_const_value_type;
   using acc_t = accumulator_t<T>;
@@ -290,8 +290,7 @@ void ring_backward(const ExecSpace& space, const RingCommunicator& comm,
   auto dv_step = views::template allocate<T>(space, "kfa::ring::bwd::dv_step", step_size);
 
   const auto kv_exchange = make_ring_exchange<ExecSpace>(comm, options.transport, kRingTagKV);
-  const auto grad_exchange =
-      make_ring_exchange<ExecSpace>(comm, options.transport, kRingTagGrad);
+  const auto grad_exchange = make_ring_exchange<ExecSpace>(comm, options.transport, kRingTagGrad);
   const auto progress = [&] {
     kv_exchange->progress();
     grad_exchange->progress();
@@ -330,7 +329,8 @@ void ring_backward(const ExecSpace& space, const RingCommunicator& comm,
                                                  views::span(dq_step.data(), row * ql))
             .launch(space);
         Accumulate<ExecSpace, AccSpan, StepSpan>(
-            views::span(grad_local.data() + row * ko, row * kl), views::span(dk_step.data(), row * kl))
+            views::span(grad_local.data() + row * ko, row * kl),
+            views::span(dk_step.data(), row * kl))
             .launch(space);
         Accumulate<ExecSpace, AccSpan, StepSpan>(
             views::span(grad_local.data() + block + row * ko, row * kl),
@@ -397,8 +397,9 @@ void ring_gather_impl(const ExecSpace& space, const RingCommunicator& comm,
   for (int r = 0; r < ranks; ++r) {
     const std::size_t n = outer * layout.seqlen(r) * inner;
     if (total + n > static_cast<std::size_t>(INT_MAX)) {
-      throw_invalid(function, "the global tensor has more than INT_MAX elements, more than "
-                              "one MPI_Allgatherv can move");
+      throw_invalid(function,
+                    "the global tensor has more than INT_MAX elements, more than "
+                    "one MPI_Allgatherv can move");
     }
     counts[r] = static_cast<int>(n);
     displs[r] = static_cast<int>(total);
@@ -423,8 +424,8 @@ void ring_gather_impl(const ExecSpace& space, const RingCommunicator& comm,
   MPI_Datatype type;
   MPI_Type_contiguous(static_cast<int>(sizeof(T)), MPI_BYTE, &type);
   MPI_Type_commit(&type);
-  MPI_Allgatherv(send.data(), counts[comm.rank()], type, all.data(), counts.data(),
-                 displs.data(), type, comm.comm());
+  MPI_Allgatherv(send.data(), counts[comm.rank()], type, all.data(), counts.data(), displs.data(),
+                 type, comm.comm());
   MPI_Type_free(&type);
 
   const auto host_global = Kokkos::create_mirror_view(Kokkos::HostSpace(), global);

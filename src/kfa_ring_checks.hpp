@@ -76,8 +76,7 @@ inline std::string extents_string(const std::uint64_t* extents, int rank) {
 /// Local checks of ring attention beyond the single-rank ones: q, k and v
 /// are slices of one sequence, sharded alike; the transport exists here.
 template <class ExecSpace, class Q, class K>
-void check_ring_local(const char* function, const Q& q, const K& k,
-                      const RingOptions& options) {
+void check_ring_local(const char* function, const Q& q, const K& k, const RingOptions& options) {
   if (k.extent(1) != q.extent(1)) {
     std::ostringstream out;
     out << "k and v must have q's local seqlen (q, k and v are slices of one sequence, "
@@ -86,8 +85,9 @@ void check_ring_local(const char* function, const Q& q, const K& k,
     throw_invalid(function, out.str());
   }
   if (!ring_transport_available<ExecSpace>(options.transport)) {
-    throw_invalid(function, "options.transport = nccl needs kfa built with KFA_ENABLE_NCCL=ON "
-                            "and a Kokkos::Cuda execution space");
+    throw_invalid(function,
+                  "options.transport = nccl needs kfa built with KFA_ENABLE_NCCL=ON "
+                  "and a Kokkos::Cuda execution space");
   }
 }
 
@@ -104,8 +104,8 @@ struct RingArgumentsRecord {
 /// the sequence over the ranks. Collective; throws the same
 /// std::invalid_argument on every rank.
 template <class T, class Q>
-RingLayout agree_on_ring_arguments(const char* function, const RingCommunicator& comm,
-                                   const Q& q, const RingOptions& options) {
+RingLayout agree_on_ring_arguments(const char* function, const RingCommunicator& comm, const Q& q,
+                                   const RingOptions& options) {
   const RingArgumentsRecord mine{{q.extent(0), q.extent(1), q.extent(2), q.extent(3)},
                                  sizeof(T),
                                  options.causal ? 1u : 0u,
@@ -121,8 +121,8 @@ RingLayout agree_on_ring_arguments(const char* function, const RingCommunicator&
     std::ostringstream out;
     out << function << ": ";
     if (other.q[0] != root.q[0] || other.q[2] != root.q[2] || other.q[3] != root.q[3]) {
-      out << "q is " << extents_string(root.q, 4) << " on rank 0 but "
-          << extents_string(other.q, 4) << " on rank " << r
+      out << "q is " << extents_string(root.q, 4) << " on rank 0 but " << extents_string(other.q, 4)
+          << " on rank " << r
           << ": batch, heads and head_dim of [batch][seqlen][heads][head_dim] must be the "
              "same on every rank of comm (each rank holds a slice of one sequence)";
       throw std::invalid_argument(out.str());
@@ -132,9 +132,9 @@ RingLayout agree_on_ring_arguments(const char* function, const RingCommunicator&
           << other.value_bytes << " on rank " << r << "; every rank must use the same type";
       throw std::invalid_argument(out.str());
     }
-    const char* option = other.causal != root.causal             ? "causal"
-                         : other.sharding != root.sharding       ? "sharding"
-                         : other.transport != root.transport     ? "transport"
+    const char* option = other.causal != root.causal                 ? "causal"
+                         : other.sharding != root.sharding           ? "sharding"
+                         : other.transport != root.transport         ? "transport"
                          : other.deterministic != root.deterministic ? "deterministic"
                          : other.softmax_scale != root.softmax_scale ? "softmax_scale"
                                                                      : nullptr;
@@ -188,8 +188,7 @@ RingLayout agree_on_shard_arguments(const char* function, const RingCommunicator
           << extents_string(all[0].global, kRank)
           << ": every rank must pass the same global shape, and local must match it except "
              "along the sequence ("
-          << (kRank == 4 ? "[batch][seqlen][heads][head_dim]" : "[batch][heads][seqlen]")
-          << ")";
+          << (kRank == 4 ? "[batch][seqlen][heads][head_dim]" : "[batch][heads][seqlen]") << ")";
       throw std::invalid_argument(out.str());
     }
     seqlens.push_back(static_cast<std::size_t>(other.local[seq_dim]));
@@ -199,8 +198,7 @@ RingLayout agree_on_shard_arguments(const char* function, const RingCommunicator
     std::ostringstream out;
     out << function << ": the local slices add up to seqlen " << total << " (";
     for (std::size_t r = 0; r < seqlens.size(); ++r) out << (r ? " + " : "") << seqlens[r];
-    out << " over " << seqlens.size() << " ranks) but global has seqlen "
-        << all[0].global[seq_dim];
+    out << " over " << seqlens.size() << " ranks) but global has seqlen " << all[0].global[seq_dim];
     throw std::invalid_argument(out.str());
   }
   return RingLayout(function, sharding, std::move(seqlens));

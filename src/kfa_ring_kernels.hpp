@@ -125,8 +125,7 @@ class ShardCopy {
   void launch(const ExecSpace& space) const {
     const std::size_t rows = m_local.extent(0) * m_local.extent(1) * m_local.extent(2);
     if (rows == 0) return;
-    Kokkos::parallel_for("kfa::ring::shard", Kokkos::RangePolicy<ExecSpace>(space, 0, rows),
-                         *this);
+    Kokkos::parallel_for("kfa::ring::shard", Kokkos::RangePolicy<ExecSpace>(space, 0, rows), *this);
   }
 
   KOKKOS_INLINE_FUNCTION void operator()(const std::size_t row) const {

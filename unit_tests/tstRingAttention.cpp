@@ -85,8 +85,8 @@ double ring_allowed_error(double yardstick_error, const Tensor& ref, double part
 }
 
 template <class C>
-void check_ring(const Split& split, bool causal, int batch, int head_dim,
-                std::size_t global_seqlen, kfa::RingTransport transport = kfa::RingTransport::mpi) {
+void check_ring(const Split& split, bool causal, int batch, int head_dim, std::size_t global_seqlen,
+                kfa::RingTransport transport = kfa::RingTransport::mpi) {
   using Space = typename C::space;
   using T = typename C::value_type;
   using Acc = kfa::accumulator_t<T>;
@@ -114,7 +114,8 @@ void check_ring(const Split& split, bool causal, int batch, int head_dim,
   const std::string what = type_name<T>() + " " + Space::name() + " " + to_string(s) + " " +
                            sharding_name(split.sharding) + " split" + split_text.str() +
                            (causal ? " causal" : "") + " ranks " + std::to_string(ranks) +
-                           " seed " + std::to_string(test_seed(tag + to_string(s) + (causal ? "c" : "n")));
+                           " seed " +
+                           std::to_string(test_seed(tag + to_string(s) + (causal ? "c" : "n")));
 
   const auto q = to_device<T, Space>(c.q, "q"), k = to_device<T, Space>(c.k, "k"),
              v = to_device<T, Space>(c.v, "v"), d_o = to_device<T, Space>(c.d_o, "d_o");
@@ -299,8 +300,8 @@ TYPED_TEST(RingAttentionChecks, ShapeMismatchBetweenRanksThrowsEverywhere) {
   kfa::RingOptions opt;
   {
     const RingArgs<Space> args(2, 12, 2, rank == 1 ? 24 : 16);
-    expect_invalid([&] { args.forward(opt); }, {"kfa::ring_attention_forward", "head_dim", "rank 1"},
-                   "head_dim differs");
+    expect_invalid([&] { args.forward(opt); },
+                   {"kfa::ring_attention_forward", "head_dim", "rank 1"}, "head_dim differs");
     expect_invalid([&] { args.backward(opt); }, {"kfa::ring_attention_backward", "rank 1"},
                    "head_dim differs (backward)");
     args.expect_untouched("head_dim differs");
@@ -353,8 +354,7 @@ TYPED_TEST(RingAttentionChecks, BadArgumentsOnOneRankThrowEverywhere) {
     expect_invalid([&] { args.forward(opt); }, {"seqlen"}, "k shorter than q");
     args.expect_untouched("k shorter than q");
   }
-  EXPECT_THROW(kfa::ring_local_seqlen(10, 0, 2, kfa::RingSharding::zigzag),
-               std::invalid_argument);
+  EXPECT_THROW(kfa::ring_local_seqlen(10, 0, 2, kfa::RingSharding::zigzag), std::invalid_argument);
 }
 
 /// Shard then gather gives the global tensor back; every local element
@@ -374,7 +374,8 @@ TYPED_TEST(RingAttentionChecks, ShardGatherRoundTrip) {
     for (std::size_t b = 0; b < 2; ++b)
       for (std::size_t i = 0; i < n; ++i)
         for (std::size_t h = 0; h < 3; ++h) {
-          for (std::size_t d = 0; d < 5; ++d) h4(b, i, h, d) = double(i) + 1000.0 * (b * 15 + h * 5 + d);
+          for (std::size_t d = 0; d < 5; ++d)
+            h4(b, i, h, d) = double(i) + 1000.0 * (b * 15 + h * 5 + d);
           h3(b, h, i) = double(i) + 1000.0 * (b * 3 + h);
         }
     Kokkos::deep_copy(global, h4);
@@ -389,10 +390,9 @@ TYPED_TEST(RingAttentionChecks, ShardGatherRoundTrip) {
     for (int r = 0; r < rank; ++r) offset += kfa::ring_local_seqlen(n, r, ranks, sharding);
     const std::size_t chunk = n / (2 * ranks);
     for (std::size_t i = 0; i < seqlen; ++i) {
-      const std::size_t expected =
-          sharding == kfa::RingSharding::contiguous ? offset + i
-          : i < chunk                               ? rank * chunk + i
-                                                    : (2 * ranks - 1 - rank) * chunk + i - chunk;
+      const std::size_t expected = sharding == kfa::RingSharding::contiguous ? offset + i
+                                   : i < chunk                               ? rank * chunk + i
+                                               : (2 * ranks - 1 - rank) * chunk + i - chunk;
       EXPECT_EQ(l4.at(1, int(i), 2, 4), double(expected) + 1000.0 * (15 + 10 + 4))
           << sharding_name(sharding) << " position " << i;
       EXPECT_EQ(l3.at(1, 2, int(i)), double(expected) + 1000.0 * (3 + 2));

@@ -46,8 +46,7 @@ inline std::size_t ring_local_seqlen(std::size_t global_seqlen, int rank, int ra
     if (global_seqlen % (2 * p) != 0) {
       std::ostringstream out;
       out << "zigzag sharding cuts the sequence into 2·ranks = " << 2 * p
-          << " equal chunks; global_seqlen " << global_seqlen << " is not divisible by "
-          << 2 * p;
+          << " equal chunks; global_seqlen " << global_seqlen << " is not divisible by " << 2 * p;
       Impl::throw_invalid(function, out.str());
     }
     return global_seqlen / p;
@@ -96,8 +95,7 @@ void ring_attention_forward(const ExecSpace& space, const RingCommunicator& comm
   });
   if constexpr (Impl::forward_types_ok<ExecSpace, Q, K, V, O, Lse>()) {
     using T = typename Q::non_const_value_type;
-    const Impl::RingLayout layout =
-        Impl::agree_on_ring_arguments<T>(function, comm, q, options);
+    const Impl::RingLayout layout = Impl::agree_on_ring_arguments<T>(function, comm, q, options);
     Impl::ring_forward(space, comm, layout, q, k, v, o, lse, options, call_start);
   }
 }
@@ -127,11 +125,11 @@ void ring_attention_forward(const ExecSpace& space, MPI_Comm comm, const Q& q, c
 /// accumulator blocks and this rank's contribution (6n, accumulator type),
 /// the dq accumulator (n, accumulator type), per-chunk dq/dk/dv temporaries,
 /// and with zigzag sharding packed copies of q, o, d_o and lse.
-template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO,
-          class DQ, class DK, class DV>
+template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DQ,
+          class DK, class DV>
 void ring_attention_backward(const ExecSpace& space, const RingCommunicator& comm, const Q& q,
-                             const K& k, const V& v, const O& o, const Lse& lse,
-                             const DO& d_o, const DQ& dq, const DK& dk, const DV& dv,
+                             const K& k, const V& v, const O& o, const Lse& lse, const DO& d_o,
+                             const DQ& dq, const DK& dk, const DV& dv,
                              const RingOptions& options = {}) {
   static_assert(Kokkos::is_execution_space<ExecSpace>::value,
                 "kfa::ring_attention_backward: space must be a Kokkos execution space instance");
@@ -139,26 +137,22 @@ void ring_attention_backward(const ExecSpace& space, const RingCommunicator& com
   const char* function = "kfa::ring_attention_backward";
   Impl::ProfilingRegion region(function);
   Impl::agree_on_local_checks(comm, [&] {
-    Impl::check_backward_arguments<ExecSpace>(function, q, k, v, o, lse, d_o, dq, dk, dv,
-                                              options);
+    Impl::check_backward_arguments<ExecSpace>(function, q, k, v, o, lse, d_o, dq, dk, dv, options);
     Impl::check_ring_local<ExecSpace>(function, q, k, options);
   });
   if constexpr (Impl::backward_types_ok<ExecSpace, Q, K, V, O, Lse, DO, DQ, DK, DV>()) {
     using T = typename Q::non_const_value_type;
-    const Impl::RingLayout layout =
-        Impl::agree_on_ring_arguments<T>(function, comm, q, options);
-    Impl::ring_backward(space, comm, layout, q, k, v, o, lse, d_o, dq, dk, dv, options,
-                        call_start);
+    const Impl::RingLayout layout = Impl::agree_on_ring_arguments<T>(function, comm, q, options);
+    Impl::ring_backward(space, comm, layout, q, k, v, o, lse, d_o, dq, dk, dv, options, call_start);
   }
 }
 
 /// ring_attention_backward on a communicator duplicated for this call.
-template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO,
-          class DQ, class DK, class DV>
+template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DQ,
+          class DK, class DV>
 void ring_attention_backward(const ExecSpace& space, MPI_Comm comm, const Q& q, const K& k,
-                             const V& v, const O& o, const Lse& lse, const DO& d_o,
-                             const DQ& dq, const DK& dk, const DV& dv,
-                             const RingOptions& options = {}) {
+                             const V& v, const O& o, const Lse& lse, const DO& d_o, const DQ& dq,
+                             const DK& dk, const DV& dv, const RingOptions& options = {}) {
   const RingCommunicator ring(comm);
   ring_attention_backward(space, ring, q, k, v, o, lse, d_o, dq, dk, dv, options);
 }
@@ -182,13 +176,12 @@ void ring_shard(const ExecSpace& space, const RingCommunicator& comm, const Glob
                 "rank-3 [batch][heads][seqlen] View");
   static_assert(Impl::view_rank<Global>() == Impl::view_rank<Local>(),
                 "kfa::ring_shard: global and local must have the same rank");
-  static_assert(std::is_same<typename Global::non_const_value_type,
-                             typename Local::value_type>::value,
-                "kfa::ring_shard: local must be non-const, with global's value type");
   static_assert(
-      Kokkos::SpaceAccessibility<ExecSpace, typename Global::memory_space>::accessible &&
-          Kokkos::SpaceAccessibility<ExecSpace, typename Local::memory_space>::accessible,
-      "kfa::ring_shard: global and local must be accessible from the execution space");
+      std::is_same<typename Global::non_const_value_type, typename Local::value_type>::value,
+      "kfa::ring_shard: local must be non-const, with global's value type");
+  static_assert(Kokkos::SpaceAccessibility<ExecSpace, typename Global::memory_space>::accessible &&
+                    Kokkos::SpaceAccessibility<ExecSpace, typename Local::memory_space>::accessible,
+                "kfa::ring_shard: global and local must be accessible from the execution space");
   const char* function = "kfa::ring_shard";
   Impl::ProfilingRegion region(function);
   using T = typename Local::value_type;
@@ -219,9 +212,9 @@ void ring_gather(const ExecSpace& space, const RingCommunicator& comm, const Loc
                 "rank-3 [batch][heads][seqlen] View");
   static_assert(Impl::view_rank<Global>() == Impl::view_rank<Local>(),
                 "kfa::ring_gather: global and local must have the same rank");
-  static_assert(std::is_same<typename Local::non_const_value_type,
-                             typename Global::value_type>::value,
-                "kfa::ring_gather: global must be non-const, with local's value type");
+  static_assert(
+      std::is_same<typename Local::non_const_value_type, typename Global::value_type>::value,
+      "kfa::ring_gather: global must be non-const, with local's value type");
   const char* function = "kfa::ring_gather";
   Impl::ProfilingRegion region(function);
   using T = typename Global::value_type;

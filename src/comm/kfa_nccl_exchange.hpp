@@ -29,15 +29,15 @@ namespace Impl {
 
 inline void check_nccl(ncclResult_t result, const char* call) {
   if (result != ncclSuccess) {
-    throw std::runtime_error(std::string("kfa::ring (NCCL transport): ") + call + " failed: " +
-                             ncclGetErrorString(result));
+    throw std::runtime_error(std::string("kfa::ring (NCCL transport): ") + call +
+                             " failed: " + ncclGetErrorString(result));
   }
 }
 
 inline void check_cuda(cudaError_t result, const char* call) {
   if (result != cudaSuccess) {
-    throw std::runtime_error(std::string("kfa::ring (NCCL transport): ") + call + " failed: " +
-                             cudaGetErrorString(result));
+    throw std::runtime_error(std::string("kfa::ring (NCCL transport): ") + call +
+                             " failed: " + cudaGetErrorString(result));
   }
 }
 
@@ -103,12 +103,12 @@ class NcclExchange final : public RingExchange<Kokkos::Cuda> {
     check_cuda(cudaStreamWaitEvent(m_context.stream(), m_ready, 0), "cudaStreamWaitEvent");
     check_nccl(ncclGroupStart(), "ncclGroupStart");
     if (message.send_bytes > 0)
-      check_nccl(ncclSend(message.send, message.send_bytes, ncclUint8, m_next,
-                          m_context.comm(), m_context.stream()),
+      check_nccl(ncclSend(message.send, message.send_bytes, ncclUint8, m_next, m_context.comm(),
+                          m_context.stream()),
                  "ncclSend");
     if (message.recv_bytes > 0)
-      check_nccl(ncclRecv(message.recv, message.recv_bytes, ncclUint8, m_prev,
-                          m_context.comm(), m_context.stream()),
+      check_nccl(ncclRecv(message.recv, message.recv_bytes, ncclUint8, m_prev, m_context.comm(),
+                          m_context.stream()),
                  "ncclRecv");
     check_nccl(ncclGroupEnd(), "ncclGroupEnd");
     check_cuda(cudaEventRecord(m_done, m_context.stream()), "cudaEventRecord");

@@ -85,14 +85,16 @@ class MpiExchange final : public RingExchange<ExecSpace> {
   static constexpr std::size_t kPieceBytes = std::size_t(1) << 30;
 
   MpiExchange(const RingCommunicator& comm, int tag, bool staged)
-      : m_comm(comm.comm()), m_next(comm.next()), m_prev(comm.prev()), m_tag(tag),
+      : m_comm(comm.comm()),
+        m_next(comm.next()),
+        m_prev(comm.prev()),
+        m_tag(tag),
         m_staged(staged) {}
 
   ~MpiExchange() override {
     // A posted exchange must not outlive its buffers (only when unwinding).
     if (!m_requests.empty()) {
-      MPI_Waitall(static_cast<int>(m_requests.size()), m_requests.data(),
-                  MPI_STATUSES_IGNORE);
+      MPI_Waitall(static_cast<int>(m_requests.size()), m_requests.data(), MPI_STATUSES_IGNORE);
     }
   }
 
@@ -118,14 +120,12 @@ class MpiExchange final : public RingExchange<ExecSpace> {
   void progress() override {
     if (m_requests.empty()) return;
     int done = 0;
-    MPI_Testall(static_cast<int>(m_requests.size()), m_requests.data(), &done,
-                MPI_STATUSES_IGNORE);
+    MPI_Testall(static_cast<int>(m_requests.size()), m_requests.data(), &done, MPI_STATUSES_IGNORE);
   }
 
   void wait(const ExecSpace& space) override {
     if (!m_requests.empty()) {
-      MPI_Waitall(static_cast<int>(m_requests.size()), m_requests.data(),
-                  MPI_STATUSES_IGNORE);
+      MPI_Waitall(static_cast<int>(m_requests.size()), m_requests.data(), MPI_STATUSES_IGNORE);
       m_requests.clear();
     }
     if (m_pending_recv != nullptr) {
@@ -145,20 +145,19 @@ class MpiExchange final : public RingExchange<ExecSpace> {
   static void grow(HostBytes& buffer, std::size_t bytes, const char* label) {
     if (buffer.extent(0) < bytes) {
       buffer = HostBytes();
-      buffer = HostBytes(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)),
-                         bytes);
+      buffer =
+          HostBytes(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), bytes);
     }
   }
   static Kokkos::View<char*, staging_space, unmanaged> host_bytes(const HostBytes& buffer,
-                                                                 std::size_t bytes) {
+                                                                  std::size_t bytes) {
     return Kokkos::View<char*, staging_space, unmanaged>(buffer.data(), bytes);
   }
-  static Kokkos::View<char*, memory_space, unmanaged> device_bytes(void* data,
-                                                                  std::size_t bytes) {
+  static Kokkos::View<char*, memory_space, unmanaged> device_bytes(void* data, std::size_t bytes) {
     return Kokkos::View<char*, memory_space, unmanaged>(static_cast<char*>(data), bytes);
   }
   static Kokkos::View<const char*, memory_space, unmanaged> device_bytes(const void* data,
-                                                                        std::size_t bytes) {
+                                                                         std::size_t bytes) {
     return Kokkos::View<const char*, memory_space, unmanaged>(static_cast<const char*>(data),
                                                               bytes);
   }
