@@ -22,6 +22,7 @@ std::string configuration() {
   out << " Cuda";
 #endif
   out << ", MPI " << (KFA_ENABLE_MPI ? "on" : "off");
+  out << ", NCCL " << (KFA_ENABLE_NCCL ? "on" : "off");
   return out.str();
 }
 

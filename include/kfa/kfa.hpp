@@ -9,4 +9,8 @@
 #include <kfa/types.hpp>
 #include <kfa/version.hpp>
 
+#if KFA_ENABLE_MPI
+#include <kfa/ring_attention.hpp>
+#endif
+
 #endif

@@ -1,0 +1,154 @@
+#ifndef KFA_RING_KERNELS_HPP
+#define KFA_RING_KERNELS_HPP
+
+// The small kernels around ring attention's fused calls: copies between the
+// caller's layout and the chunk-major layout the ring works in, the
+// accumulation of per-block gradients, and the shard copy.
+//
+// Chunk-major layout: a rank's local positions [0, len0) and [len0, seqlen)
+// (zigzag's two chunks; contiguous sharding has only the first) are stored
+// as two blocks one after the other, each an ordinary LayoutRight
+// [batch][len][heads][head_dim] (lse: [batch][heads][len]) array, so that a
+// chunk is a View the fused kernels take as it is. With one chunk the
+// layout is the caller's own.
+
+#include <kfa/types.hpp>
+
+#include <kfa_compat.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <cstddef>
+
+namespace kfa {
+namespace Impl {
+
+/// Value conversion through the destination's accumulator type (exact
+/// between a value type and its accumulator; rounds accumulator -> value).
+template <class Dst, class Src>
+KOKKOS_FORCEINLINE_FUNCTION Dst convert_value(const Src& x) {
+  return from_acc<Dst>(to_acc<accumulator_t<Dst>>(x));
+}
+
+/// Copies a rank-local tensor ([batch][seqlen][heads][head_dim], or lse
+/// [batch][heads][seqlen]) into (ToChunks) or out of a flat chunk-major
+/// array, converting the value type on the way.
+template <class ExecSpace, class UserView, class FlatView, bool ToChunks>
+class ChunkCopy {
+ public:
+  static constexpr int kRank = view_rank<UserView>();
+  static_assert(kRank == 3 || kRank == 4, "kfa::ring: chunk copies take rank-3 or rank-4 Views");
+
+  ChunkCopy(const UserView& user, const FlatView& flat, std::size_t len0)
+      : m_user(user), m_flat(flat), m_len0(len0) {}
+
+  void launch(const ExecSpace& space) const {
+    const std::size_t rows = m_user.extent(0) * m_user.extent(1) * m_user.extent(2);
+    if (rows == 0) return;
+    Kokkos::parallel_for(ToChunks ? "kfa::ring::pack_chunks" : "kfa::ring::unpack_chunks",
+                         Kokkos::RangePolicy<ExecSpace>(space, 0, rows), *this);
+  }
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t row) const {
+    if constexpr (kRank == 4) {
+      const std::size_t batch = m_user.extent(0), seqlen = m_user.extent(1),
+                        heads = m_user.extent(2), head_dim = m_user.extent(3);
+      const std::size_t h = row % heads, i = row / heads % seqlen, b = row / heads / seqlen;
+      const std::size_t chunk = i < m_len0 ? 0 : 1;
+      const std::size_t len = chunk == 0 ? m_len0 : seqlen - m_len0;
+      const std::size_t j = i - chunk * m_len0;
+      const std::size_t base =
+          chunk * batch * m_len0 * heads * head_dim + ((b * len + j) * heads + h) * head_dim;
+      for (std::size_t d = 0; d < head_dim; ++d) copy(m_user(b, i, h, d), m_flat(base + d));
+    } else {
+      const std::size_t batch = m_user.extent(0), heads = m_user.extent(1),
+                        seqlen = m_user.extent(2);
+      const std::size_t i = row % seqlen, h = row / seqlen % heads, b = row / seqlen / heads;
+      const std::size_t chunk = i < m_len0 ? 0 : 1;
+      const std::size_t len = chunk == 0 ? m_len0 : seqlen - m_len0;
+      const std::size_t j = i - chunk * m_len0;
+      copy(m_user(b, h, i), m_flat(chunk * batch * heads * m_len0 + (b * heads + h) * len + j));
+    }
+  }
+
+ private:
+  using user_value = typename UserView::non_const_value_type;
+  using flat_value = typename FlatView::non_const_value_type;
+
+  template <class U, class F>
+  KOKKOS_FORCEINLINE_FUNCTION static void copy(U& user, F& flat) {
+    if constexpr (ToChunks) {
+      flat = convert_value<flat_value>(user);
+    } else {
+      user = convert_value<user_value>(flat);
+    }
+  }
+
+  UserView m_user;
+  FlatView m_flat;
+  std::size_t m_len0;
+};
+
+/// acc(n) += src(n) in the accumulator type, over two flat ranges.
+template <class ExecSpace, class AccView, class SrcView>
+class Accumulate {
+ public:
+  using acc_t = typename AccView::non_const_value_type;
+
+  Accumulate(const AccView& acc, const SrcView& src) : m_acc(acc), m_src(src) {}
+
+  void launch(const ExecSpace& space) const {
+    if (m_src.extent(0) == 0) return;
+    Kokkos::parallel_for("kfa::ring::accumulate",
+                         Kokkos::RangePolicy<ExecSpace>(space, 0, m_src.extent(0)), *this);
+  }
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t n) const {
+    m_acc(n) += to_acc<acc_t>(m_src(n));
+  }
+
+ private:
+  AccView m_acc;
+  SrcView m_src;
+};
+
+/// local = this rank's positions of global, through a ShardMap (rank-4
+/// [batch][seqlen][heads][head_dim] or rank-3 [batch][heads][seqlen]).
+template <class ExecSpace, class GlobalView, class LocalView, class Map>
+class ShardCopy {
+ public:
+  static constexpr int kRank = view_rank<LocalView>();
+
+  ShardCopy(const GlobalView& global, const LocalView& local, const Map& map)
+      : m_global(global), m_local(local), m_map(map) {}
+
+  void launch(const ExecSpace& space) const {
+    const std::size_t rows = m_local.extent(0) * m_local.extent(1) * m_local.extent(2);
+    if (rows == 0) return;
+    Kokkos::parallel_for("kfa::ring::shard", Kokkos::RangePolicy<ExecSpace>(space, 0, rows), *this);
+  }
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t row) const {
+    if constexpr (kRank == 4) {
+      const std::size_t seqlen = m_local.extent(1), heads = m_local.extent(2),
+                        head_dim = m_local.extent(3);
+      const std::size_t h = row % heads, i = row / heads % seqlen, b = row / heads / seqlen;
+      const std::size_t g = m_map.global(i);
+      for (std::size_t d = 0; d < head_dim; ++d) m_local(b, i, h, d) = m_global(b, g, h, d);
+    } else {
+      const std::size_t heads = m_local.extent(1), seqlen = m_local.extent(2);
+      const std::size_t i = row % seqlen, h = row / seqlen % heads, b = row / seqlen / heads;
+      m_local(b, h, i) = m_global(b, h, m_map.global(i));
+    }
+  }
+
+ private:
+  GlobalView m_global;
+  LocalView m_local;
+  Map m_map;
+};
+
+}  // namespace Impl
+}  // namespace kfa
+
+#endif
