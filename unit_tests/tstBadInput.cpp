@@ -75,7 +75,7 @@ TYPED_TEST(BadInput, ForwardExtents) {
   expect_invalid([&] { kfa::flash_attention_forward(Space(), f.q, k_bad_dim, f.v, f.o, f.lse); },
                  {"kfa::flash_attention_forward", "k must be", "[2][12][3][16]", "[2][12][3][8]"});
   expect_invalid([&] { kfa::flash_attention_forward(Space(), f.q, f.k, v_bad_len, f.o, f.lse); },
-                 {"v must be", "[batch][seqlen_k][heads][head_dim]"});
+                 {"v must be", "[batch][seqlen_k][heads_kv][head_dim]"});
   expect_invalid([&] { kfa::flash_attention_forward(Space(), f.q, f.k, f.v, o_bad, f.lse); },
                  {"o must be", "[2][10][3][16]"});
   expect_invalid([&] { kfa::flash_attention_forward(Space(), f.q, f.k, f.v, f.o, lse_bad); },
