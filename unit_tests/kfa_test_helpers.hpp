@@ -526,6 +526,156 @@ void check_variant(const Shape& s, kfa::AttentionOptions opt, const std::string&
   }
 }
 
+/// A packed batch: sequence b has len_q[b] query rows and len_k[b] keys.
+/// max_q, max_k: the bounds passed to kfa (0: the actual maxima).
+struct VarlenShape {
+  std::vector<int> len_q, len_k;
+  int heads, heads_kv, head_dim;
+  int max_q = 0, max_k = 0;
+};
+
+inline std::string to_string(const VarlenShape& s) {
+  std::string r = "lengths (q,k):";
+  for (std::size_t b = 0; b < s.len_q.size(); ++b)
+    r += " (" + std::to_string(s.len_q[b]) + "," + std::to_string(s.len_k[b]) + ")";
+  return r + " heads=" + std::to_string(s.heads) + " heads_kv=" + std::to_string(s.heads_kv) +
+         " head_dim=" + std::to_string(s.head_dim) + " max=(" + std::to_string(s.max_q) + "," +
+         std::to_string(s.max_k) + ")";
+}
+
+inline std::vector<int> offsets_of(const std::vector<int>& lengths) {
+  std::vector<int> cu(1, 0);
+  for (int l : lengths) cu.push_back(cu.back() + l);
+  return cu;
+}
+
+template <class Space>
+Kokkos::View<int*, typename Space::memory_space> offsets_to_device(const std::vector<int>& cu,
+                                                                  const std::string& label) {
+  Kokkos::View<int*, typename Space::memory_space> view(label, cu.size());
+  auto host = Kokkos::create_mirror_view(view);
+  for (std::size_t n = 0; n < cu.size(); ++n) host(n) = cu[n];
+  Kokkos::deep_copy(view, host);
+  return view;
+}
+
+/// Rows [begin, begin + len) of a packed [total][heads][d] tensor as a
+/// [1][len][heads][d] batch, and back.
+inline Tensor rows_of(const Tensor& packed, int begin, int len) {
+  Tensor t({1, len, packed.ext[1], packed.ext[2]});
+  const std::size_t row = std::size_t(packed.ext[1]) * packed.ext[2];
+  std::copy(packed.data.begin() + begin * row, packed.data.begin() + (begin + len) * row,
+            t.data.begin());
+  return t;
+}
+inline void put_rows(Tensor& packed, const Tensor& t, int begin) {
+  const std::size_t row = std::size_t(packed.ext[1]) * packed.ext[2];
+  std::copy(t.data.begin(), t.data.end(), packed.data.begin() + begin * row);
+}
+/// lse [1][heads][len] of one sequence into the packed [heads][total_q].
+inline void put_lse(Tensor& packed, const Tensor& t, int begin) {
+  const int heads = packed.ext[0], total = packed.ext[1], len = t.ext[2];
+  for (int h = 0; h < heads; ++h)
+    for (int i = 0; i < len; ++i) packed.data[std::size_t(h) * total + begin + i] = t.at(0, h, i);
+}
+
+/// check_variant for a packed batch: fused and materialised varlen entry
+/// points against the oracle run one sequence at a time.
+template <class C, class Mod = kfa::Impl::NoScoreMod>
+void check_varlen(VarlenShape vs, kfa::AttentionOptions opt, const std::string& tag,
+                  const Mod& mod = Mod(), RefExtras extras = {}) {
+  using Space = typename C::space;
+  using T = typename C::value_type;
+  using Acc = kfa::accumulator_t<T>;
+  opt.team_size = test_team_size<Space>();
+  const int nseq = static_cast<int>(vs.len_q.size());
+  const int H = vs.heads, Hkv = vs.heads_kv, D = vs.head_dim;
+  for (int b = 0; b < nseq; ++b) {
+    vs.max_q = std::max(vs.max_q, vs.len_q[b]);
+    vs.max_k = std::max(vs.max_k, vs.len_k[b]);
+  }
+  const std::vector<int> cu_q = offsets_of(vs.len_q), cu_k = offsets_of(vs.len_k);
+  const int total_q = cu_q.back(), total_k = cu_k.back();
+  const std::string what = tag + " " + type_name<T>() + " " + Space::name() + " " +
+                           to_string(vs) + to_string(opt);
+
+  Tensor q({total_q, H, D}), k({total_k, Hkv, D}), v({total_k, Hkv, D}), d_o({total_q, H, D});
+  std::mt19937_64 rng(test_seed(tag + to_string(vs) + to_string(opt)));
+  for (Tensor* t : {&q, &k, &v, &d_o}) {
+    fill_random(*t, rng);
+    round_to<T>(*t);
+  }
+  Tensor keep;
+  if (opt.dropout_p > 0) {
+    keep = dropout_keep_mask<Space>(nseq, H, vs.max_q, vs.max_k, opt);
+    extras.keep = &keep;
+  }
+  // The oracle, one sequence at a time.
+  Tensor o_ref({total_q, H, D}), lse_ref({H, total_q}), dq_ref({total_q, H, D}),
+      dk_ref({total_k, Hkv, D}), dv_ref({total_k, Hkv, D}), dq_plain = dq_ref,
+      dk_plain = dk_ref, dv_plain = dv_ref;
+  for (int b = 0; b < nseq; ++b) {
+    RefExtras x = extras;
+    x.batch_offset = b;
+    const Tensor qb = rows_of(q, cu_q[b], vs.len_q[b]), kb = rows_of(k, cu_k[b], vs.len_k[b]),
+                 vb = rows_of(v, cu_k[b], vs.len_k[b]), dob = rows_of(d_o, cu_q[b], vs.len_q[b]);
+    Tensor ob, lseb, g[3];
+    reference_forward(qb, kb, vb, opt, ob, lseb, x);
+    put_rows(o_ref, ob, cu_q[b]);
+    put_lse(lse_ref, lseb, cu_q[b]);
+    reference_backward<double, true>(qb, kb, vb, ob, lseb, dob, opt, g[0], g[1], g[2], x);
+    put_rows(dq_ref, g[0], cu_q[b]);
+    put_rows(dk_ref, g[1], cu_k[b]);
+    put_rows(dv_ref, g[2], cu_k[b]);
+    round_to<T>(ob);
+    reference_backward<T>(qb, kb, vb, ob, lseb, dob, opt, g[0], g[1], g[2], x);
+    put_rows(dq_plain, g[0], cu_q[b]);
+    put_rows(dk_plain, g[1], cu_k[b]);
+    put_rows(dv_plain, g[2], cu_k[b]);
+  }
+
+  auto q_d = to_device3<T, Space>(q, "q");
+  auto k_d = to_device3<T, Space>(k, "k");
+  auto v_d = to_device3<T, Space>(v, "v");
+  auto do_d = to_device3<T, Space>(d_o, "d_o");
+  auto cu_q_d = offsets_to_device<Space>(cu_q, "cu_seqlens_q");
+  auto cu_k_d = offsets_to_device<Space>(cu_k, "cu_seqlens_k");
+  DeviceView3<T, Space> o_flash("o_flash", total_q, H, D), o_std("o_std", total_q, H, D);
+  DeviceView2<Acc, Space> lse_flash("lse_flash", H, total_q), lse_std("lse_std", H, total_q);
+  DeviceView3<T, Space> dq("dq", total_q, H, D), dk("dk", total_k, Hkv, D),
+      dv("dv", total_k, Hkv, D);
+  poison(o_flash);
+  poison(lse_flash);
+  poison(o_std);
+  poison(lse_std);
+  kfa::flash_attention_varlen_forward(Space(), q_d, k_d, v_d, cu_q_d, cu_k_d, vs.max_q,
+                                      vs.max_k, o_flash, lse_flash, opt, mod);
+  kfa::standard_attention_varlen_forward(Space(), q_d, k_d, v_d, cu_q_d, cu_k_d, vs.max_q,
+                                         vs.max_k, o_std, lse_std, opt, mod);
+  Space().fence();
+  expect_close<T>(what, "O", to_host(o_flash), to_host(o_std), o_ref);
+  expect_close<Acc>(what, "lse", to_host(lse_flash), to_host(lse_std), lse_ref);
+  for (int pass = 0; pass < 2; ++pass) {
+    poison(dq);
+    poison(dk);
+    poison(dv);
+    if (pass == 0) {
+      kfa::flash_attention_varlen_backward(Space(), q_d, k_d, v_d, cu_q_d, cu_k_d, vs.max_q,
+                                           vs.max_k, o_flash, lse_flash, do_d, dq, dk, dv, opt,
+                                           mod);
+    } else {
+      kfa::standard_attention_varlen_backward(Space(), q_d, k_d, v_d, cu_q_d, cu_k_d, vs.max_q,
+                                              vs.max_k, o_flash, lse_flash, do_d, dq, dk, dv,
+                                              opt, mod);
+    }
+    Space().fence();
+    const std::string who = what + (pass == 0 ? " flash" : " standard");
+    expect_close<T>(who, "dq", to_host(dq), dq_plain, dq_ref);
+    expect_close<T>(who, "dk", to_host(dk), dk_plain, dk_ref);
+    expect_close<T>(who, "dv", to_host(dv), dv_plain, dv_ref);
+  }
+}
+
 }  // namespace kfa_test
 
 #endif

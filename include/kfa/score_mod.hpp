@@ -68,10 +68,16 @@ class AlibiBias {
  public:
   using memory_space = MemorySpace;
 
-  AlibiBias(const Kokkos::View<const SlopeType*, MemorySpace>& slopes, int batch, int heads)
-      : m_slopes(slopes), m_batch(batch), m_heads(heads) {}
+  /// slopes(b·batch_stride + h·head_stride) is the slope of batch entry b,
+  /// head h; `batch` is 0 for slopes per head only.
+  AlibiBias(const Kokkos::View<const SlopeType*, MemorySpace>& slopes, int batch, int heads,
+            int batch_stride, int head_stride)
+      : m_slopes(slopes),
+        m_batch(batch),
+        m_heads(heads),
+        m_batch_stride(batch_stride),
+        m_head_stride(head_stride) {}
 
-  /// Slope batch entries: 0 when the slopes are per head only.
   int batch() const { return m_batch; }
   int heads() const { return m_heads; }
 
@@ -79,20 +85,21 @@ class AlibiBias {
   KOKKOS_INLINE_FUNCTION Acc operator()(int batch, int head, int i, int j, Acc score,
                                         int seqlen_q, int seqlen_k) const {
     const int distance = i + seqlen_k - seqlen_q - j;
-    const Acc slope = static_cast<Acc>(m_slopes(m_batch == 0 ? head : batch * m_heads + head));
+    const Acc slope =
+        static_cast<Acc>(m_slopes(batch * m_batch_stride + head * m_head_stride));
     return score - slope * static_cast<Acc>(distance < 0 ? -distance : distance);
   }
 
  private:
   Kokkos::View<const SlopeType*, MemorySpace> m_slopes;
-  int m_batch, m_heads;
+  int m_batch, m_heads, m_batch_stride, m_head_stride;
 };
 
 /// ALiBi score modifier from slopes [heads] (every batch entry) or
 /// [batch][heads] (per batch entry): a rank-1 or rank-2 View of float or
-/// double, contiguous, accessible from the execution space of the call.
-/// Pass it as the score modifier of any entry point; its extents are checked
-/// against q's there.
+/// double (any layout) accessible from the execution space of the call; it
+/// must outlive the work enqueued with it. Pass it as the score modifier of
+/// any entry point; its extents are checked against q's there.
 template <class Slopes>
 auto alibi(const Slopes& slopes) {
   static_assert(Kokkos::is_view<Slopes>::value && (Slopes::rank == 1 || Slopes::rank == 2),
@@ -101,15 +108,13 @@ auto alibi(const Slopes& slopes) {
   static_assert(std::is_same<slope_type, float>::value || std::is_same<slope_type, double>::value,
                 "kfa::alibi: slopes must be float or double");
   using memory_space = typename Slopes::memory_space;
-  if (!slopes.span_is_contiguous()) {
-    Impl::throw_invalid("kfa::alibi", "slopes must be a contiguous View, got extents " +
-                                          Impl::extents_string(slopes));
-  }
-  const int rank = static_cast<int>(Slopes::rank);
-  const int batch = rank == 2 ? static_cast<int>(slopes.extent(0)) : 0;
-  const int heads = static_cast<int>(slopes.extent(rank - 1));
-  Kokkos::View<const slope_type*, memory_space> flat(slopes.data(), slopes.size());
-  return AlibiBias<slope_type, memory_space>(flat, batch, heads);
+  const bool per_batch = static_cast<int>(Slopes::rank) == 2;
+  const int batch = per_batch ? static_cast<int>(slopes.extent(0)) : 0;
+  const int heads = static_cast<int>(slopes.extent(per_batch ? 1 : 0));
+  const int batch_stride = per_batch ? static_cast<int>(slopes.stride(0)) : 0;
+  const int head_stride = static_cast<int>(slopes.stride(per_batch ? 1 : 0));
+  Kokkos::View<const slope_type*, memory_space> flat(slopes.data(), slopes.span());
+  return AlibiBias<slope_type, memory_space>(flat, batch, heads, batch_stride, head_stride);
 }
 
 namespace Impl {
