@@ -11,6 +11,8 @@
 
 #include <gtest/gtest.h>
 
+#include "kfa_test_eti.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

@@ -1,8 +1,8 @@
 // Score modifiers (FlexAttention's score_mod / mask_mod for Kokkos): a
 // document mask with its block predicate, a relative position bias, a
-// non-additive modifier with its derivative hook, ALiBi (per head, per batch
-// entry, in packed batches), alone and combined with the built-in variants;
-// fully masked tiles are skipped (the modifier is not even called there).
+// non-additive modifier with its derivative hook, alone and combined with the
+// built-in variants; fully masked tiles are skipped (the modifier is not even
+// called there). ALiBi, kfa's own modifier, is in tstAlibi.cpp.
 
 #include "kfa_test_helpers.hpp"
 
@@ -258,67 +258,6 @@ TYPED_TEST(ScoreMod, BlockPredicateSkipsTiles) {
   }
   Kokkos::deep_copy(calls, setup.calls);
   EXPECT_EQ(calls(0), 0);
-}
-
-/// ALiBi's oracle: score - slope · |i + seqlen_k - seqlen_q - j|.
-RefExtras alibi_extras(const std::vector<float>& slopes, int heads, bool per_batch) {
-  RefExtras x;
-  x.mod = [slopes, heads, per_batch](int b, int h, int i, int j, double s, int sq, int sk) {
-    const double slope = slopes[per_batch ? std::size_t(b) * heads + h : std::size_t(h)];
-    return s - slope * std::abs(i + sk - sq - j);
-  };
-  return x;
-}
-
-template <class Space>
-Kokkos::View<float*, typename Space::memory_space> slopes_on_device(const std::vector<float>& s) {
-  Kokkos::View<float*, typename Space::memory_space> view("slopes", s.size());
-  auto host = Kokkos::create_mirror_view(view);
-  for (std::size_t n = 0; n < s.size(); ++n) host(n) = s[n];
-  Kokkos::deep_copy(view, host);
-  return view;
-}
-
-/// The geometric slopes of the ALiBi paper: 2^(-8(h+1)/heads).
-std::vector<float> alibi_slopes(int count, int heads) {
-  std::vector<float> s(count);
-  for (int n = 0; n < count; ++n) s[n] = std::pow(2.0f, -8.0f * float(n % heads + 1) / heads);
-  return s;
-}
-
-TYPED_TEST(ScoreMod, AlibiPerHeadAndPerBatch) {
-  using Space = typename TypeParam::space;
-  if (is_duplicate_config<TypeParam>()) GTEST_SKIP() << "half is float here";
-  const Shape per_head{1, 113, 203, 4, 64, 2};
-  const auto slopes = alibi_slopes(4, 4);
-  kfa::AttentionOptions opt;
-  opt.causal = true;
-  check_variant<TypeParam>(per_head, opt, "alibi",
-                           kfa::alibi(slopes_on_device<Space>(slopes)),
-                           alibi_extras(slopes, 4, false));
-  // [batch][heads] slopes (a rank-2 View), non-causal with a window.
-  const Shape per_batch{2, 97, 97, 2, 59};
-  std::vector<float> slopes2 = alibi_slopes(4, 2);
-  slopes2[2] *= 3;
-  slopes2[3] *= 0.25f;
-  auto flat = slopes_on_device<Space>(slopes2);
-  Kokkos::View<float**, typename Space::memory_space> slopes_2d(flat.data(), 2, 2);
-  opt = {};
-  opt.window_left = opt.window_right = 30;
-  check_variant<TypeParam>(per_batch, opt, "alibi-batch", kfa::alibi(slopes_2d),
-                           alibi_extras(slopes2, 2, true));
-}
-
-// ALiBi in a packed batch is aligned to each sequence's own bottom-right corner.
-TYPED_TEST(ScoreMod, AlibiVarlen) {
-  using Space = typename TypeParam::space;
-  if (is_duplicate_config<TypeParam>()) GTEST_SKIP() << "half is float here";
-  const auto slopes = alibi_slopes(2, 2);
-  kfa::AttentionOptions opt;
-  opt.causal = true;
-  check_varlen<TypeParam>({{40, 70, 0, 33}, {90, 50, 10, 33}, 2, 2, 48}, opt, "alibi-varlen",
-                          kfa::alibi(slopes_on_device<Space>(slopes)),
-                          alibi_extras(slopes, 2, false));
 }
 
 }  // namespace
