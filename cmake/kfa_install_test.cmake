@@ -23,3 +23,4 @@ run_step(${CMAKE_COMMAND} -S "${SOURCE_DIR}/examples" -B "${consumer}"
   -Dkfa_ROOT=${prefix} -DKokkos_DIR=${Kokkos_DIR} -DKokkosKernels_DIR=${KokkosKernels_DIR})
 run_step(${CMAKE_COMMAND} --build "${consumer}" -j 2)
 run_step("${consumer}/basic_attention" --seqlen 300 --heads 2 --head-dim 32 --repeat 1)
+run_step("${consumer}/score_mod" --seqlen 300 --heads 2 --head-dim 32 --doc-length 50)

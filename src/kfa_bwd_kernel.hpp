@@ -4,9 +4,15 @@
 // FlashAttention-2 backward. P is recomputed tile by tile from q, k and the
 // saved lse, never stored:
 //   D = rowsum(dO ∘ O)                          (preprocess kernel)
-//   P = exp(Q·Kᵀ·scale - lse), dP = dO·Vᵀ, dS = P ∘ (dP - D)
+//   S = pipeline(Q·Kᵀ·scale), P = exp(S - lse), dP = dO·Vᵀ, dS = P ∘ (dP - D)
 //   dV += Pᵀ·dO, dK += dSᵀ·Q·scale, dQ += dS·K·scale
-// dK and dV are accumulated in the scratch of the team that owns a key block.
+// with the score pipeline's derivative (softcap, modifier) folded into dS.
+// Dropout: with Z the keep mask regenerated from the seed, dV takes the
+// dropped P̃ = Z∘P/(1-p) and dS = P ∘ (dP∘Z/(1-p) - D); D = rowsum(dO∘O) is
+// still Σ_j P_ij·dP̃_ij because O = P̃·V.
+// dK and dV are accumulated in the scratch of the team that owns a key block
+// (and, for grouped-query attention, its key/value head: the team loops over
+// the query heads of the group, so dK and dV are summed without atomics).
 // dQ is either added with atomics by those teams, or (deterministic mode)
 // accumulated by a second kernel in which one team owns a query block.
 
@@ -15,14 +21,15 @@
 namespace kfa {
 namespace Impl {
 
-/// D[b][h][i] = sum_d dO[b][i][h][d] * O[b][i][h][d], in the accumulator type.
+/// D[vb][h][r] = sum_d dO[vb][r][h][d] * O[vb][r][h][d] over every row of the
+/// (fixed-length or packed) tensors, in the accumulator type.
 template <class ExecSpace, class OView, class DOView, class DeltaView>
 struct BackwardPreprocess {
   using acc_t = typename DeltaView::non_const_value_type;
   OView m_o;
   DOView m_do;
   DeltaView m_delta;
-  int m_seqlen_q, m_heads, m_head_dim;
+  int m_rows, m_heads, m_head_dim;
 
   void launch(const ExecSpace& space) const {
     const std::size_t rows = m_o.extent(0) * m_o.extent(1) * m_o.extent(2);
@@ -33,8 +40,8 @@ struct BackwardPreprocess {
 
   KOKKOS_INLINE_FUNCTION void operator()(const std::size_t row) const {
     const int h = static_cast<int>(row % m_heads);
-    const int i = static_cast<int>(row / m_heads % m_seqlen_q);
-    const int b = static_cast<int>(row / m_heads / m_seqlen_q);
+    const int i = static_cast<int>(row / m_heads % m_rows);
+    const int b = static_cast<int>(row / m_heads / m_rows);
     acc_t sum = 0;
     for (int d = 0; d < m_head_dim; ++d)
       sum += to_acc<acc_t>(m_do(b, i, h, d)) * to_acc<acc_t>(m_o(b, i, h, d));
@@ -57,38 +64,59 @@ struct BackwardTiles {
   using RowVec = typename Traits::template Column<BlockM>;
 
   /// Row i of P and dS for one (query block, key block) tile:
-  /// P = exp(q·kᵀ·scale - lse), dS = P ∘ (dO·vᵀ - D). Masked entries and rows
+  /// P = exp(pipeline(q·kᵀ·scale) - lse), dS = P ∘ (dO·vᵀ - D) ∘ pipeline'.
+  /// With dropout sP receives the dropped P (for dV). Masked entries and rows
   /// that saw no key in the forward pass (lse = -inf) get P = dS = 0.
-  template <class Member, class Mask>
+  template <class Member, class Pipeline>
   KOKKOS_FORCEINLINE_FUNCTION static void p_and_ds_row(
       const Member& member, int i, const TileRows& sQ, const TileRows& sdO,
       const TileKeysT& sKt, const TileKeysT& sVt, const RowVec& s_lse,
       const RowVec& s_delta, const TileScores& sP, const TileScores& sdS, acc_t scale,
-      bool needs_mask, const Mask& mask, int row, int key_begin) {
+      bool needs_mask, const AttentionMask& mask, const Pipeline& pipeline,
+      const SequenceInfo& seq, int b, int h, int row, int key_begin) {
     using tag = typename Traits::backend_tag;
     acc_t* p = &sP(i, 0);
     acc_t* ds = &sdS(i, 0);
     row_times_tile_t<BlockN, kHeadDim>(tag{}, member, &sQ(i, 0), &sKt(0, 0), kBlockNPad, p);
     row_times_tile_t<BlockN, kHeadDim>(tag{}, member, &sdO(i, 0), &sVt(0, 0), kBlockNPad, ds);
     const acc_t lse = s_lse(i), delta = s_delta(i);
-    Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, BlockN), [&](const int j) {
-      const bool off = needs_mask && mask.masked(row, key_begin + j);
-      const acc_t pj = off ? acc_t(0) : softmax::probability(p[j] * scale, lse);
-      p[j] = pj;
-      ds[j] = pj * (ds[j] - delta);
-    });
+    if constexpr (Pipeline::kModifiers || Pipeline::kScoreMod) {
+      const bool dropout = pipeline.dropout();
+      const std::uint64_t dropout_row = dropout ? pipeline.dropout_row(b, h, row) : 0;
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, BlockN), [&](const int j) {
+        acc_t grad = 1, pj = 0;
+        if (!(needs_mask && mask.masked(row, key_begin + j))) {
+          const acc_t s =
+              pipeline.template score<true>(seq, b, h, row, key_begin + j, p[j] * scale, grad);
+          pj = softmax::probability(s, lse);
+        }
+        const acc_t keep = dropout ? pipeline.keep_factor(dropout_row, key_begin + j) : acc_t(1);
+        p[j] = pj * keep;
+        // pj = 0 (masked, or masked by the modifier) must give dS = 0 whatever
+        // the modifier's derivative there.
+        ds[j] = pj == acc_t(0) ? acc_t(0) : pj * (ds[j] * keep - delta) * grad;
+      });
+    } else {
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, BlockN), [&](const int j) {
+        const bool off = needs_mask && mask.masked(row, key_begin + j);
+        const acc_t pj = off ? acc_t(0) : softmax::probability(p[j] * scale, lse);
+        p[j] = pj;
+        ds[j] = pj * (ds[j] - delta);
+      });
+    }
   }
 
-  /// Loads rows [row_begin, row_begin + rows) of a [b][i][h][d] View into a
-  /// scratch tile, converted and zero-padded.
+  /// Loads rows [row_begin, row_begin + rows) of head h of a [vb][r][h][d]
+  /// View (starting at row r0) into a scratch tile, converted and zero-padded.
   template <class Member, class View>
   KOKKOS_FORCEINLINE_FUNCTION static void load_rows(const Member& member, const View& src,
-                                                    int b, int h, int row_begin, int rows,
-                                                    int head_dim, const TileRows& dst) {
+                                                    int vb, int r0, int h, int row_begin,
+                                                    int rows, int head_dim,
+                                                    const TileRows& dst) {
     Kokkos::parallel_for(Kokkos::TeamThreadRange(member, BlockM), [&](const int i) {
       const bool row_ok = i < rows;
       Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, kHeadDim), [&](const int d) {
-        dst(i, d) = row_ok && d < head_dim ? to_acc<acc_t>(src(b, row_begin + i, h, d))
+        dst(i, d) = row_ok && d < head_dim ? to_acc<acc_t>(src(vb, r0 + row_begin + i, h, d))
                                            : acc_t(0);
       });
     });
@@ -98,14 +126,16 @@ struct BackwardTiles {
   /// row-major too), converted and zero-padded.
   template <class Member, class View>
   KOKKOS_FORCEINLINE_FUNCTION static void load_keys(const Member& member, const View& src,
-                                                    int b, int h, int key_begin, int cols,
-                                                    int head_dim, const TileKeysT& dst_t,
+                                                    int vb, int k0, int h, int key_begin,
+                                                    int cols, int head_dim,
+                                                    const TileKeysT& dst_t,
                                                     const TileKeys* dst) {
     Kokkos::parallel_for(Kokkos::TeamThreadRange(member, BlockN), [&](const int j) {
       const bool col_ok = j < cols;
       Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, kHeadDim), [&](const int d) {
-        const acc_t x = col_ok && d < head_dim ? to_acc<acc_t>(src(b, key_begin + j, h, d))
-                                               : acc_t(0);
+        const acc_t x = col_ok && d < head_dim
+                            ? to_acc<acc_t>(src(vb, k0 + key_begin + j, h, d))
+                            : acc_t(0);
         dst_t(d, j) = x;
         if (dst) (*dst)(j, d) = x;
       });
@@ -113,26 +143,25 @@ struct BackwardTiles {
   }
 
   template <class Member, class LseView, class DeltaView>
-  KOKKOS_FORCEINLINE_FUNCTION static void load_row_stats(const Member& member,
-                                                         const LseView& lse,
-                                                         const DeltaView& delta, int b, int h,
-                                                         int row_begin, int rows,
-                                                         const RowVec& s_lse,
-                                                         const RowVec& s_delta) {
+  KOKKOS_FORCEINLINE_FUNCTION static void load_row_stats(
+      const Member& member, const LseView& lse, const DeltaView& delta, int vb, int r0, int h,
+      int row_begin, int rows, const RowVec& s_lse, const RowVec& s_delta) {
     Kokkos::parallel_for(Kokkos::TeamThreadRange(member, BlockM), [&](const int i) {
       Kokkos::single(Kokkos::PerThread(member), [&]() {
-        s_lse(i) = i < rows ? acc_t(lse(b, h, row_begin + i)) : math::neg_inf<acc_t>();
-        s_delta(i) = i < rows ? acc_t(delta(b, h, row_begin + i)) : acc_t(0);
+        s_lse(i) = i < rows ? acc_t(lse(vb, h, r0 + row_begin + i)) : math::neg_inf<acc_t>();
+        s_delta(i) = i < rows ? acc_t(delta(vb, h, r0 + row_begin + i)) : acc_t(0);
       });
     });
   }
 };
 
-/// dK/dV kernel: one team per (batch, head, key block), looping over the
-/// query blocks that see it. With m_dq_atomic set it also adds dS·K·scale
-/// into the dQ accumulator with atomics.
-template <class ExecSpace, int HeadDim, class QView, class KView, class VView, class DOView,
-          class LseView, class DeltaView, class DQAccView, class DKView, class DVView>
+/// dK/dV kernel: one team per (sequence, key/value head, key block), looping
+/// over the query heads of its group and the query blocks that see the key
+/// block. With m_dq_atomic set it also adds dS·K·scale into the dQ
+/// accumulator with atomics.
+template <class ExecSpace, int HeadDim, class VariantT, class QView, class KView, class VView,
+          class DOView, class LseView, class DeltaView, class DQAccView, class DKView,
+          class DVView>
 class FlashBackwardKVKernel {
  public:
   using value_type = typename QView::non_const_value_type;
@@ -140,6 +169,8 @@ class FlashBackwardKVKernel {
   using acc_t = typename traits::acc_type;
   using policy_t = Kokkos::TeamPolicy<ExecSpace>;
   using member_t = typename policy_t::member_type;
+  using params_t = KernelParams<acc_t, typename QView::memory_space>;
+  using pipeline_t = ScorePipeline<VariantT, acc_t>;
   static constexpr int kHeadDim = traits::kHeadDim;
   static constexpr int kBlockM = traits::kBwdBlockM;
   static constexpr int kBlockN = traits::kBwdBlockN;
@@ -148,8 +179,8 @@ class FlashBackwardKVKernel {
 
   FlashBackwardKVKernel(const QView& q, const KView& k, const VView& v, const DOView& d_o,
                         const LseView& lse, const DeltaView& delta, const DQAccView& dq_acc,
-                        const DKView& dk, const DVView& dv, acc_t scale, bool causal,
-                        bool dq_atomic)
+                        const DKView& dk, const DVView& dv, const params_t& params,
+                        const typename VariantT::score_mod_type& score_mod, bool dq_atomic)
       : m_q(q),
         m_k(k),
         m_v(v),
@@ -159,18 +190,20 @@ class FlashBackwardKVKernel {
         m_dq_acc(dq_acc),
         m_dk(dk),
         m_dv(dv),
-        m_scale(scale),
+        m_seq(params.seq),
+        m_pipeline(params, score_mod),
+        m_scale(params.scale),
         m_dq_atomic(dq_atomic),
-        m_batch(static_cast<int>(q.extent(0))),
-        m_seqlen_q(static_cast<int>(q.extent(1))),
-        m_heads(static_cast<int>(q.extent(2))),
-        m_head_dim(static_cast<int>(q.extent(3))),
-        m_seqlen_k(static_cast<int>(k.extent(1))),
-        m_num_kv_blocks((m_seqlen_k + kBlockN - 1) / kBlockN),
-        m_mask{causal, m_seqlen_k - m_seqlen_q, m_seqlen_k} {}
+        m_batch(params.seq.batch),
+        m_heads_kv(params.heads_kv),
+        m_group(params.group()),
+        m_head_dim(params.head_dim),
+        m_window_left(params.window_left),
+        m_window_right(params.window_right),
+        m_num_kv_blocks((params.seq.max_seqlen_k + kBlockN - 1) / kBlockN) {}
 
   void launch(const ExecSpace& space, int team_size) const {
-    const int league = m_num_kv_blocks * m_batch * m_heads;
+    const int league = m_num_kv_blocks * m_batch * m_heads_kv;
     if (league == 0) return;
     policy_t probe(space, league, 1, traits::kVectorLength);
     const int team = clamp_team_size(probe, *this, team_size > 0 ? team_size : traits::kBwdTeamSize);
@@ -191,11 +224,16 @@ class FlashBackwardKVKernel {
     using tag = typename traits::backend_tag;
     // Causal: the first key blocks are seen by the most query rows; start them first.
     const int league = member.league_rank();
-    const int bh = league % (m_batch * m_heads);
-    const int kv_block = league / (m_batch * m_heads);
-    const int b = bh / m_heads, h = bh % m_heads;
+    const int bh = league % (m_batch * m_heads_kv);
+    const int kv_block = league / (m_batch * m_heads_kv);
+    const int b = bh / m_heads_kv, h_kv = bh % m_heads_kv;
+    const SequenceInfo seq = m_seq(b);
     const int key_begin = kv_block * kBlockN;
-    const int cols = imin(kBlockN, m_seqlen_k - key_begin);
+    // Packed sequences shorter than the longest have fewer blocks.
+    if (key_begin >= seq.seqlen_k) return;
+    const int cols = imin(kBlockN, seq.seqlen_k - key_begin);
+    const int vb = seq.view_batch, q0 = seq.q_begin, k0 = seq.k_begin;
+    const AttentionMask mask(seq.seqlen_q, seq.seqlen_k, m_window_left, m_window_right);
 
     typename tiles::TileRows sQ(member.team_scratch(int(kLevel)));
     typename tiles::TileRows sdO(member.team_scratch(int(kLevel)));
@@ -208,8 +246,8 @@ class FlashBackwardKVKernel {
     typename tiles::RowVec s_lse(member.team_scratch(int(kLevel)));
     typename tiles::RowVec s_delta(member.team_scratch(int(kLevel)));
 
-    tiles::load_keys(member, m_k, b, h, key_begin, cols, m_head_dim, sKt, nullptr);
-    tiles::load_keys(member, m_v, b, h, key_begin, cols, m_head_dim, sVt, nullptr);
+    tiles::load_keys(member, m_k, vb, k0, h_kv, key_begin, cols, m_head_dim, sKt, nullptr);
+    tiles::load_keys(member, m_v, vb, k0, h_kv, key_begin, cols, m_head_dim, sVt, nullptr);
     Kokkos::parallel_for(Kokkos::TeamThreadRange(member, kBlockN), [&](const int j) {
       Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, kHeadDim), [&](const int d) {
         acc_dk(j, d) = 0;
@@ -217,48 +255,58 @@ class FlashBackwardKVKernel {
       });
     });
 
-    const int first_row = m_mask.first_row(key_begin);
-    const int first_q_block = first_row / kBlockM;
-    const int num_q_blocks = (m_seqlen_q + kBlockM - 1) / kBlockM;
-    for (int q_block = first_q_block; q_block < num_q_blocks; ++q_block) {
-      const int row_begin = q_block * kBlockM;
-      const int rows = imin(kBlockM, m_seqlen_q - row_begin);
-      // Every thread is done with the previous query block's tiles.
-      member.team_barrier();
-      tiles::load_rows(member, m_q, b, h, row_begin, rows, m_head_dim, sQ);
-      tiles::load_rows(member, m_do, b, h, row_begin, rows, m_head_dim, sdO);
-      tiles::load_row_stats(member, m_lse, m_delta, b, h, row_begin, rows, s_lse, s_delta);
-      // sQ, sdO, lse, D (and on the first pass sKt, sVt) are visible.
-      member.team_barrier();
-      const bool needs_mask = m_mask.tile_needs_mask(row_begin, key_begin + kBlockN);
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(member, kBlockM), [&](const int i) {
-        tiles::p_and_ds_row(member, i, sQ, sdO, sKt, sVt, s_lse, s_delta, sP, sdS, m_scale,
-                            needs_mask, m_mask, row_begin + i, key_begin);
-      });
-      // P and dS of the whole tile are visible: the key rows read them by column.
-      member.team_barrier();
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(member, kBlockN), [&](const int j) {
-        coeffs_times_tile<kHeadDim>(tag{}, member, acc_t(1), &sP(0, j), tiles::kBlockNPad,
-                                    &sdO(0, 0), kBlockM, &acc_dv(j, 0));
-        coeffs_times_tile<kHeadDim>(tag{}, member, acc_t(1), &sdS(0, j), tiles::kBlockNPad,
-                                    &sQ(0, 0), kBlockM, &acc_dk(j, 0));
-      });
-      if (m_dq_atomic) {
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(member, rows), [&](const int i) {
-          Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, m_head_dim), [&](const int d) {
-            acc_t sum = 0;
-            for (int j = 0; j < kBlockN; ++j) sum += sdS(i, j) * sKt(d, j);
-            Kokkos::atomic_add(&m_dq_acc(b, row_begin + i, h, d), sum * m_scale);
-          });
+    // Rows that see this key block; the tiles before and after are skipped.
+    const int row_lo = mask.row_begin(key_begin);
+    const int row_hi = mask.row_end(key_begin + cols);
+    const int q_block_end = (row_hi + kBlockM - 1) / kBlockM;
+    for (int g = 0; g < m_group; ++g) {
+      const int h = h_kv * m_group + g;
+      for (int q_block = row_lo / kBlockM; q_block < q_block_end; ++q_block) {
+        const int row_begin = q_block * kBlockM;
+        const int rows = imin(kBlockM, seq.seqlen_q - row_begin);
+        if (!m_pipeline.visible(b, h, row_begin, row_begin + rows, key_begin, key_begin + cols))
+          continue;
+        // Every thread is done with the previous query block's tiles.
+        member.team_barrier();
+        tiles::load_rows(member, m_q, vb, q0, h, row_begin, rows, m_head_dim, sQ);
+        tiles::load_rows(member, m_do, vb, q0, h, row_begin, rows, m_head_dim, sdO);
+        tiles::load_row_stats(member, m_lse, m_delta, vb, q0, h, row_begin, rows, s_lse,
+                              s_delta);
+        // sQ, sdO, lse, D (and on the first pass sKt, sVt) are visible.
+        member.team_barrier();
+        const bool needs_mask =
+            VariantT::kScoreMod ||
+            mask.tile_needs_mask(row_begin, row_begin + rows, key_begin, key_begin + kBlockN);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(member, kBlockM), [&](const int i) {
+          tiles::p_and_ds_row(member, i, sQ, sdO, sKt, sVt, s_lse, s_delta, sP, sdS, m_scale,
+                              needs_mask, mask, m_pipeline, seq, b, h, row_begin + i,
+                              key_begin);
         });
+        // P and dS of the whole tile are visible: the key rows read them by column.
+        member.team_barrier();
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(member, kBlockN), [&](const int j) {
+          coeffs_times_tile<kHeadDim>(tag{}, member, acc_t(1), &sP(0, j), tiles::kBlockNPad,
+                                      &sdO(0, 0), kBlockM, &acc_dv(j, 0));
+          coeffs_times_tile<kHeadDim>(tag{}, member, acc_t(1), &sdS(0, j), tiles::kBlockNPad,
+                                      &sQ(0, 0), kBlockM, &acc_dk(j, 0));
+        });
+        if (m_dq_atomic) {
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(member, rows), [&](const int i) {
+            Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, m_head_dim), [&](const int d) {
+              acc_t sum = 0;
+              for (int j = 0; j < kBlockN; ++j) sum += sdS(i, j) * sKt(d, j);
+              Kokkos::atomic_add(&m_dq_acc(vb, q0 + row_begin + i, h, d), sum * m_scale);
+            });
+          });
+        }
       }
     }
     // acc_dk and acc_dv are final.
     member.team_barrier();
     Kokkos::parallel_for(Kokkos::TeamThreadRange(member, cols), [&](const int j) {
       Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, m_head_dim), [&](const int d) {
-        m_dk(b, key_begin + j, h, d) = from_acc<value_type>(acc_dk(j, d) * m_scale);
-        m_dv(b, key_begin + j, h, d) = from_acc<value_type>(acc_dv(j, d));
+        m_dk(vb, k0 + key_begin + j, h_kv, d) = from_acc<value_type>(acc_dk(j, d) * m_scale);
+        m_dv(vb, k0 + key_begin + j, h_kv, d) = from_acc<value_type>(acc_dv(j, d));
       });
     });
   }
@@ -273,17 +321,19 @@ class FlashBackwardKVKernel {
   DQAccView m_dq_acc;
   DKView m_dk;
   DVView m_dv;
+  Sequences<typename QView::memory_space> m_seq;
+  pipeline_t m_pipeline;
   acc_t m_scale;
   bool m_dq_atomic;
-  int m_batch, m_seqlen_q, m_heads, m_head_dim, m_seqlen_k, m_num_kv_blocks;
-  CausalMask m_mask;
+  int m_batch, m_heads_kv, m_group, m_head_dim, m_window_left, m_window_right,
+      m_num_kv_blocks;
 };
 
-/// Deterministic dQ kernel: one team per (batch, head, query block), looping
-/// over the key blocks it sees and accumulating dS·K in scratch, in a fixed
-/// order, with no atomics.
-template <class ExecSpace, int HeadDim, class QView, class KView, class VView, class DOView,
-          class LseView, class DeltaView, class DQView>
+/// Deterministic dQ kernel: one team per (sequence, query head, query block),
+/// looping over the key blocks it sees and accumulating dS·K in scratch, in a
+/// fixed order, with no atomics.
+template <class ExecSpace, int HeadDim, class VariantT, class QView, class KView, class VView,
+          class DOView, class LseView, class DeltaView, class DQView>
 class FlashBackwardQKernel {
  public:
   using value_type = typename QView::non_const_value_type;
@@ -291,6 +341,8 @@ class FlashBackwardQKernel {
   using acc_t = typename traits::acc_type;
   using policy_t = Kokkos::TeamPolicy<ExecSpace>;
   using member_t = typename policy_t::member_type;
+  using params_t = KernelParams<acc_t, typename QView::memory_space>;
+  using pipeline_t = ScorePipeline<VariantT, acc_t>;
   static constexpr int kHeadDim = traits::kHeadDim;
   static constexpr int kBlockM = traits::kBwdBlockM;
   static constexpr int kBlockN = traits::kBwdBlockN;
@@ -299,7 +351,8 @@ class FlashBackwardQKernel {
 
   FlashBackwardQKernel(const QView& q, const KView& k, const VView& v, const DOView& d_o,
                        const LseView& lse, const DeltaView& delta, const DQView& dq,
-                       acc_t scale, bool causal)
+                       const params_t& params,
+                       const typename VariantT::score_mod_type& score_mod)
       : m_q(q),
         m_k(k),
         m_v(v),
@@ -307,14 +360,16 @@ class FlashBackwardQKernel {
         m_lse(lse),
         m_delta(delta),
         m_dq(dq),
-        m_scale(scale),
-        m_batch(static_cast<int>(q.extent(0))),
-        m_seqlen_q(static_cast<int>(q.extent(1))),
-        m_heads(static_cast<int>(q.extent(2))),
-        m_head_dim(static_cast<int>(q.extent(3))),
-        m_seqlen_k(static_cast<int>(k.extent(1))),
-        m_num_q_blocks((m_seqlen_q + kBlockM - 1) / kBlockM),
-        m_mask{causal, m_seqlen_k - m_seqlen_q, m_seqlen_k} {}
+        m_seq(params.seq),
+        m_pipeline(params, score_mod),
+        m_scale(params.scale),
+        m_batch(params.seq.batch),
+        m_heads(params.heads),
+        m_group(params.group()),
+        m_head_dim(params.head_dim),
+        m_window_left(params.window_left),
+        m_window_right(params.window_right),
+        m_num_q_blocks((params.seq.max_seqlen_q + kBlockM - 1) / kBlockM) {}
 
   void launch(const ExecSpace& space, int team_size) const {
     const int league = m_num_q_blocks * m_batch * m_heads;
@@ -339,9 +394,14 @@ class FlashBackwardQKernel {
     const int league = member.league_rank();
     const int bh = league % (m_batch * m_heads);
     const int q_block = m_num_q_blocks - 1 - league / (m_batch * m_heads);
-    const int b = bh / m_heads, h = bh % m_heads;
+    const int b = bh / m_heads, h = bh % m_heads, h_kv = h / m_group;
+    const SequenceInfo seq = m_seq(b);
     const int row_begin = q_block * kBlockM;
-    const int rows = imin(kBlockM, m_seqlen_q - row_begin);
+    // Packed sequences shorter than the longest have fewer blocks.
+    if (row_begin >= seq.seqlen_q) return;
+    const int rows = imin(kBlockM, seq.seqlen_q - row_begin);
+    const int vb = seq.view_batch, q0 = seq.q_begin, k0 = seq.k_begin;
+    const AttentionMask mask(seq.seqlen_q, seq.seqlen_k, m_window_left, m_window_right);
 
     typename tiles::TileRows sQ(member.team_scratch(int(kLevel)));
     typename tiles::TileRows sdO(member.team_scratch(int(kLevel)));
@@ -354,29 +414,34 @@ class FlashBackwardQKernel {
     typename tiles::RowVec s_lse(member.team_scratch(int(kLevel)));
     typename tiles::RowVec s_delta(member.team_scratch(int(kLevel)));
 
-    tiles::load_rows(member, m_q, b, h, row_begin, rows, m_head_dim, sQ);
-    tiles::load_rows(member, m_do, b, h, row_begin, rows, m_head_dim, sdO);
-    tiles::load_row_stats(member, m_lse, m_delta, b, h, row_begin, rows, s_lse, s_delta);
+    tiles::load_rows(member, m_q, vb, q0, h, row_begin, rows, m_head_dim, sQ);
+    tiles::load_rows(member, m_do, vb, q0, h, row_begin, rows, m_head_dim, sdO);
+    tiles::load_row_stats(member, m_lse, m_delta, vb, q0, h, row_begin, rows, s_lse, s_delta);
     Kokkos::parallel_for(Kokkos::TeamThreadRange(member, kBlockM), [&](const int i) {
       Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, kHeadDim),
                            [&](const int d) { acc_dq(i, d) = 0; });
     });
 
-    const int key_end = m_mask.key_end(row_begin + rows);
-    const int num_kv_blocks = (key_end + kBlockN - 1) / kBlockN;
-    for (int kv_block = 0; kv_block < num_kv_blocks; ++kv_block) {
+    const int key_lo = mask.key_begin(row_begin);
+    const int key_hi = mask.key_end(row_begin + rows);
+    const int kv_block_end = (key_hi + kBlockN - 1) / kBlockN;
+    for (int kv_block = key_lo / kBlockN; kv_block < kv_block_end; ++kv_block) {
       const int key_begin = kv_block * kBlockN;
-      const int cols = imin(kBlockN, m_seqlen_k - key_begin);
+      const int cols = imin(kBlockN, seq.seqlen_k - key_begin);
+      if (!m_pipeline.visible(b, h, row_begin, row_begin + rows, key_begin, key_begin + cols))
+        continue;
       // Every thread is done with the previous key block's tiles.
       member.team_barrier();
-      tiles::load_keys(member, m_k, b, h, key_begin, cols, m_head_dim, sKt, &sK);
-      tiles::load_keys(member, m_v, b, h, key_begin, cols, m_head_dim, sVt, nullptr);
+      tiles::load_keys(member, m_k, vb, k0, h_kv, key_begin, cols, m_head_dim, sKt, &sK);
+      tiles::load_keys(member, m_v, vb, k0, h_kv, key_begin, cols, m_head_dim, sVt, nullptr);
       // sK, sKt, sVt (and on the first pass sQ, sdO, lse, D) are visible.
       member.team_barrier();
-      const bool needs_mask = m_mask.tile_needs_mask(row_begin, key_begin + kBlockN);
+      const bool needs_mask =
+          VariantT::kScoreMod ||
+          mask.tile_needs_mask(row_begin, row_begin + rows, key_begin, key_begin + kBlockN);
       Kokkos::parallel_for(Kokkos::TeamThreadRange(member, kBlockM), [&](const int i) {
         tiles::p_and_ds_row(member, i, sQ, sdO, sKt, sVt, s_lse, s_delta, sP, sdS, m_scale,
-                            needs_mask, m_mask, row_begin + i, key_begin);
+                            needs_mask, mask, m_pipeline, seq, b, h, row_begin + i, key_begin);
       });
       // Whole rows of dS are visible to every vector lane.
       member.team_barrier();
@@ -389,7 +454,7 @@ class FlashBackwardQKernel {
     member.team_barrier();
     Kokkos::parallel_for(Kokkos::TeamThreadRange(member, rows), [&](const int i) {
       Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, m_head_dim), [&](const int d) {
-        m_dq(b, row_begin + i, h, d) = from_acc<value_type>(acc_dq(i, d) * m_scale);
+        m_dq(vb, q0 + row_begin + i, h, d) = from_acc<value_type>(acc_dq(i, d) * m_scale);
       });
     });
   }
@@ -402,9 +467,10 @@ class FlashBackwardQKernel {
   LseView m_lse;
   DeltaView m_delta;
   DQView m_dq;
+  Sequences<typename QView::memory_space> m_seq;
+  pipeline_t m_pipeline;
   acc_t m_scale;
-  int m_batch, m_seqlen_q, m_heads, m_head_dim, m_seqlen_k, m_num_q_blocks;
-  CausalMask m_mask;
+  int m_batch, m_heads, m_group, m_head_dim, m_window_left, m_window_right, m_num_q_blocks;
 };
 
 }  // namespace Impl

@@ -50,6 +50,10 @@ struct bfloat16_type {
 #endif
 
 KOKKOS_FORCEINLINE_FUNCTION constexpr int imin(int a, int b) { return a < b ? a : b; }
+KOKKOS_FORCEINLINE_FUNCTION constexpr int imax(int a, int b) { return a > b ? a : b; }
+KOKKOS_FORCEINLINE_FUNCTION constexpr int iclamp(int x, int lo, int hi) {
+  return x < lo ? lo : (x > hi ? hi : x);
+}
 
 /// Conversions between a value type and its accumulator, through float for
 /// the 16-bit types (their constructors take float).
@@ -75,10 +79,12 @@ namespace math {
 using Kokkos::exp;
 using Kokkos::log;
 using Kokkos::sqrt;
+using Kokkos::tanh;
 #else
 using Kokkos::Experimental::exp;
 using Kokkos::Experimental::log;
 using Kokkos::Experimental::sqrt;
+using Kokkos::Experimental::tanh;
 #endif
 
 template <class T>

@@ -1,14 +1,29 @@
 #ifndef KFA_DISPATCH_HPP
 #define KFA_DISPATCH_HPP
 
-// Run-time choices become template arguments here, once: the head dimension
-// selects a compiled tile shape. Causal masking stays a run-time value: it
-// only decides which tiles run and whether a tile applies the element mask.
+// Run-time choices become template arguments here, once:
+//  - the head dimension selects a compiled tile shape (4 buckets);
+//  - the variant: the default overloads compile two, the fast path
+//    (PlainVariant) and one with softcap and dropout (Variant<true>), picked
+//    by the options; the overloads that take a score modifier compile one,
+//    Variant<true, ScoreMod>, so user functors never multiply the default
+//    instantiations.
+// Causal masking, windows, grouped-query heads and packed sequences stay
+// run-time values: they decide which tiles run, whether a tile applies the
+// element mask, and where a sequence's rows are.
+//
+// The kernels see every tensor as a [batch][rows][heads][head_dim] View of
+// its value type (const for inputs) and lse as [batch][heads][rows]; packed
+// variable-length tensors are [1][total][heads][head_dim]. Converting the
+// caller's Views to these types first means Views that differ only in
+// constness or memory traits share one set of kernels.
 
 #include <kfa/options.hpp>
 
 #include <kfa_bwd_kernel.hpp>
 #include <kfa_fwd_kernel.hpp>
+#include <kfa_sequences.hpp>
+#include <kfa_variant.hpp>
 
 #include <impl/backend/kfa_cuda_bwd_mma.hpp>
 #include <impl/backend/kfa_cuda_fwd_mma.hpp>
@@ -24,6 +39,94 @@ Acc softmax_scale(const AttentionOptions& options, int head_dim) {
                                     : static_cast<Acc>(1.0 / std::sqrt(double(head_dim)));
 }
 
+/// The kernels' View types for a caller's View type: inputs const, the
+/// memory traits dropped.
+template <class View>
+using in4_t = Kokkos::View<const typename View::non_const_value_type****, Kokkos::LayoutRight,
+                           typename View::memory_space>;
+template <class View>
+using out4_t = Kokkos::View<typename View::non_const_value_type****, Kokkos::LayoutRight,
+                            typename View::memory_space>;
+template <class View>
+using in3_t = Kokkos::View<const typename View::non_const_value_type***, Kokkos::LayoutRight,
+                           typename View::memory_space>;
+template <class View>
+using out3_t = Kokkos::View<typename View::non_const_value_type***, Kokkos::LayoutRight,
+                            typename View::memory_space>;
+
+/// A caller's tensor as the kernels see it: a fixed-length [batch][rows]
+/// [heads][head_dim] View converted, a packed [total][heads][head_dim] one
+/// reshaped to [1][total][heads][head_dim] (its contiguity is checked by the
+/// entry points). lse: [batch][heads][rows], or packed [heads][total] as
+/// [1][heads][total].
+template <class Result, class View>
+Result as_kernel_view(const View& view) {
+  if constexpr (view_rank<View>() == view_rank<Result>()) {
+    return Result(view);
+  } else if constexpr (view_rank<View>() == 3) {
+    return Result(view.data(), 1, view.extent(0), view.extent(1), view.extent(2));
+  } else {
+    return Result(view.data(), 1, view.extent(0), view.extent(1));
+  }
+}
+template <class View>
+in4_t<View> in4(const View& view) {
+  return as_kernel_view<in4_t<View>>(view);
+}
+template <class View>
+out4_t<View> out4(const View& view) {
+  return as_kernel_view<out4_t<View>>(view);
+}
+template <class View>
+in3_t<View> in3(const View& view) {
+  return as_kernel_view<in3_t<View>>(view);
+}
+template <class View>
+out3_t<View> out3(const View& view) {
+  return as_kernel_view<out3_t<View>>(view);
+}
+
+/// Sequences of a fixed-length call: q [batch][seqlen_q].., k [batch][seqlen_k]..
+template <class Q, class K>
+Sequences<typename Q::memory_space> batch_sequences(const Q& q, const K& k) {
+  return fixed_sequences<typename Q::memory_space>(
+      static_cast<int>(q.extent(0)), static_cast<int>(q.extent(1)), static_cast<int>(k.extent(1)));
+}
+
+/// Sequences of a packed call (offsets already validated).
+template <class Q, class CuQ, class CuK>
+Sequences<typename Q::memory_space> varlen_sequences(const CuQ& cu_seqlens_q,
+                                                     const CuK& cu_seqlens_k,
+                                                     int max_seqlen_q, int max_seqlen_k) {
+  using offsets_t = Kokkos::View<const int*, typename Q::memory_space>;
+  return packed_sequences<typename Q::memory_space>(
+      offsets_t(cu_seqlens_q.data(), cu_seqlens_q.extent(0)),
+      offsets_t(cu_seqlens_k.data(), cu_seqlens_k.extent(0)), max_seqlen_q, max_seqlen_k);
+}
+
+template <class Acc, class MemorySpace>
+KernelParams<Acc, MemorySpace> make_params(const AttentionOptions& options,
+                                           const Sequences<MemorySpace>& seq, int heads,
+                                           int heads_kv, int head_dim) {
+  KernelParams<Acc, MemorySpace> p;
+  p.seq = seq;
+  p.heads = heads;
+  p.heads_kv = heads_kv;
+  p.head_dim = head_dim;
+  p.window_left = options.window_left;
+  p.window_right = options.causal ? 0 : options.window_right;
+  p.scale = softmax_scale<Acc>(options, head_dim);
+  p.softcap = static_cast<Acc>(options.softcap);
+  p.dropout_p = options.dropout_p;
+  p.dropout_seed = options.dropout_seed;
+  return p;
+}
+
+/// True when the options need the softcap/dropout variant.
+inline bool uses_modifiers(const AttentionOptions& options) {
+  return options.softcap > 0 || options.dropout_p > 0;
+}
+
 /// Calls f(std::integral_constant<int, bucket>) for head_dim's bucket.
 template <class F>
 void dispatch_head_dim(int head_dim, F&& f) {
@@ -35,36 +138,18 @@ void dispatch_head_dim(int head_dim, F&& f) {
   }
 }
 
-template <class ExecSpace, class Q, class K, class V, class O, class Lse>
-void dispatch_forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
-                      const Lse& lse, const AttentionOptions& options) {
-  using acc_t = typename Lse::non_const_value_type;
-  using value_type = typename Q::non_const_value_type;
-  const int head_dim = static_cast<int>(q.extent(3));
-  const acc_t scale = softmax_scale<acc_t>(options, head_dim);
-  using Format = typename MmaFormat<ExecSpace, value_type>::type;
-  if constexpr (!std::is_void<Format>::value) {
-    // Tensor-core path: head_dim 64 or 128, 16-byte aligned rows, and no
-    // explicit team size (the mma kernel's teams are 4 warps by design).
-    auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
-    if ((head_dim == 64 || head_dim == 128) && options.team_size == 0 && aligned(q.data()) &&
-        aligned(k.data()) && aligned(v.data()) && aligned(o.data())) {
-      if (head_dim == 64)
-        FlashForwardMmaKernel<ExecSpace, 64, Format, Q, K, V, O, Lse>(q, k, v, o, lse, scale,
-                                                                     options.causal)
-            .launch(space);
-      else
-        FlashForwardMmaKernel<ExecSpace, 128, Format, Q, K, V, O, Lse>(q, k, v, o, lse, scale,
-                                                                      options.causal)
-            .launch(space);
-      return;
+/// Calls f(variant) with the Variant type the options and the modifier need.
+template <class ScoreMod, class F>
+void dispatch_variant(const AttentionOptions& options, F&& f) {
+  if constexpr (std::is_same<ScoreMod, NoScoreMod>::value) {
+    if (uses_modifiers(options)) {
+      f(Variant<true>{});
+    } else {
+      f(PlainVariant{});
     }
+  } else {
+    f(Variant<true, ScoreMod>{});
   }
-  dispatch_head_dim(head_dim, [&](auto bucket) {
-    FlashForwardKernel<ExecSpace, decltype(bucket)::value, Q, K, V, O, Lse> kernel(
-        q, k, v, o, lse, scale, options.causal);
-    kernel.launch(space, options.team_size);
-  });
 }
 
 /// dq = dq_acc, converted from the accumulator type.
@@ -81,75 +166,160 @@ void convert_dq(const ExecSpace& space, const AccView& dq_acc, const DQ& dq) {
       });
 }
 
+/// True when the tensor-core path of the CUDA backend applies: 16-bit types
+/// on CUDA, head_dim 64 or 128, fixed-length batches, as many k/v heads as q
+/// heads, no score modifier, softcap or dropout, no window other than
+/// causal, no explicit team size (its teams are 4 warps by design), and
+/// 16-byte aligned rows.
+template <class ExecSpace, class ValueType, class ScoreMod, class MemorySpace>
+bool mma_path_applies(const Sequences<MemorySpace>& seq, int heads_q, int heads_kv,
+                      int head_dim, const AttentionOptions& options,
+                      std::initializer_list<const void*> pointers) {
+  using Format = typename MmaFormat<ExecSpace, ValueType>::type;
+  if constexpr (std::is_void<Format>::value || !std::is_same<ScoreMod, NoScoreMod>::value) {
+    return false;
+  } else {
+    bool aligned = true;
+    for (const void* p : pointers) aligned = aligned && reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
+    return aligned && (head_dim == 64 || head_dim == 128) && !seq.packed &&
+           heads_q == heads_kv && !uses_modifiers(options) && options.team_size == 0 &&
+           options.window_left < 0 && (options.causal || options.window_right < 0);
+  }
+}
+
+template <class ScoreMod, class ExecSpace, class Q, class K, class V, class O, class Lse>
+bool try_forward_mma(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
+                     const Lse& lse, const Sequences<typename Q::memory_space>& seq,
+                     const AttentionOptions& options) {
+  using value_type = typename Q::non_const_value_type;
+  using Format = typename MmaFormat<ExecSpace, value_type>::type;
+  const int head_dim = static_cast<int>(q.extent(3));
+  if (!mma_path_applies<ExecSpace, value_type, ScoreMod>(
+          seq, static_cast<int>(q.extent(2)), static_cast<int>(k.extent(2)), head_dim, options,
+          {q.data(), k.data(), v.data(), o.data()}))
+    return false;
+  if constexpr (!std::is_void<Format>::value) {
+    const float scale = softmax_scale<float>(options, head_dim);
+    if (head_dim == 64)
+      FlashForwardMmaKernel<ExecSpace, 64, Format, Q, K, V, O, Lse>(q, k, v, o, lse, scale,
+                                                                   options.causal)
+          .launch(space);
+    else
+      FlashForwardMmaKernel<ExecSpace, 128, Format, Q, K, V, O, Lse>(q, k, v, o, lse, scale,
+                                                                    options.causal)
+          .launch(space);
+  }
+  return true;
+}
+
+/// The tensor-core backward (dQ by fp32 atomics, so not in deterministic mode).
+template <class ScoreMod, class ExecSpace, class Q, class K, class V, class Lse, class DO,
+          class DQ, class DK, class DV, class Delta>
+bool try_backward_mma(const ExecSpace& space, const Q& q, const K& k, const V& v,
+                      const Lse& lse, const DO& d_o, const DQ& dq, const DK& dk, const DV& dv,
+                      const Delta& delta, const Sequences<typename Q::memory_space>& seq,
+                      const AttentionOptions& options) {
+  using value_type = typename Q::non_const_value_type;
+  using Format = typename MmaFormat<ExecSpace, value_type>::type;
+  const int head_dim = static_cast<int>(q.extent(3));
+  if (options.deterministic ||
+      !mma_path_applies<ExecSpace, value_type, ScoreMod>(
+          seq, static_cast<int>(q.extent(2)), static_cast<int>(k.extent(2)), head_dim, options,
+          {q.data(), k.data(), v.data(), d_o.data(), dk.data(), dv.data()}))
+    return false;
+  if constexpr (!std::is_void<Format>::value) {
+    using AccView = Kokkos::View<float****, Kokkos::LayoutRight, typename ExecSpace::memory_space>;
+    const float scale = softmax_scale<float>(options, head_dim);
+    AccView dq_acc(Kokkos::view_alloc(space, std::string("kfa::bwd::dq_accum")), q.extent(0),
+                   q.extent(1), q.extent(2), q.extent(3));
+    if (head_dim == 64)
+      FlashBackwardMmaKernel<ExecSpace, 64, Format, Q, K, V, DO, Lse, Delta, AccView, DK, DV>(
+          q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, options.causal)
+          .launch(space);
+    else
+      FlashBackwardMmaKernel<ExecSpace, 128, Format, Q, K, V, DO, Lse, Delta, AccView, DK, DV>(
+          q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, options.causal)
+          .launch(space);
+    convert_dq(space, dq_acc, dq);
+  }
+  return true;
+}
+
+template <class ExecSpace, class Q, class K, class V, class O, class Lse, class ScoreMod>
+void dispatch_forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
+                      const Lse& lse, const Sequences<typename Q::memory_space>& seq,
+                      const AttentionOptions& options, const ScoreMod& score_mod) {
+  using acc_t = typename Lse::non_const_value_type;
+  const int head_dim = static_cast<int>(q.extent(3));
+  if (try_forward_mma<ScoreMod>(space, q, k, v, o, lse, seq, options)) return;
+  const auto params = make_params<acc_t>(options, seq, static_cast<int>(q.extent(2)),
+                                         static_cast<int>(k.extent(2)), head_dim);
+  dispatch_variant<ScoreMod>(options, [&](auto variant) {
+    using VariantT = decltype(variant);
+    dispatch_head_dim(head_dim, [&](auto bucket) {
+      FlashForwardKernel<ExecSpace, decltype(bucket)::value, VariantT, Q, K, V, O, Lse> kernel(
+          q, k, v, o, lse, params, score_mod);
+      kernel.launch(space, options.team_size);
+    });
+  });
+}
+
 template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DQ,
-          class DK, class DV>
+          class DK, class DV, class ScoreMod>
 void dispatch_backward(const ExecSpace& space, const Q& q, const K& k, const V& v,
                        const O& o, const Lse& lse, const DO& d_o, const DQ& dq, const DK& dk,
-                       const DV& dv, const AttentionOptions& options) {
+                       const DV& dv, const Sequences<typename Q::memory_space>& seq,
+                       const AttentionOptions& options, const ScoreMod& score_mod) {
   using value_type = typename Q::non_const_value_type;
   using acc_t = typename Lse::non_const_value_type;
   using memory_space = typename ExecSpace::memory_space;
-  const int batch = static_cast<int>(q.extent(0)), seqlen_q = static_cast<int>(q.extent(1)),
+  const int view_batch = static_cast<int>(q.extent(0)), rows = static_cast<int>(q.extent(1)),
             heads = static_cast<int>(q.extent(2)), head_dim = static_cast<int>(q.extent(3));
-  const acc_t scale = softmax_scale<acc_t>(options, head_dim);
+  const auto params =
+      make_params<acc_t>(options, seq, heads, static_cast<int>(k.extent(2)), head_dim);
 
+  // D has lse's layout: [batch][heads][seqlen_q], or [1][heads][total_q].
   Kokkos::View<acc_t***, Kokkos::LayoutRight, memory_space> delta(
-      Kokkos::view_alloc(space, Kokkos::WithoutInitializing, std::string("kfa::bwd::delta")), batch, heads,
-      seqlen_q);
-  BackwardPreprocess<ExecSpace, O, DO, decltype(delta)>{o, d_o, delta, seqlen_q, heads,
-                                                         head_dim}
+      Kokkos::view_alloc(space, Kokkos::WithoutInitializing, std::string("kfa::bwd::delta")),
+      view_batch, heads, rows);
+  BackwardPreprocess<ExecSpace, O, DO, decltype(delta)>{o, d_o, delta, rows, heads, head_dim}
       .launch(space);
 
   using AccView = Kokkos::View<acc_t****, Kokkos::LayoutRight, memory_space>;
-  using Format = typename MmaFormat<ExecSpace, value_type>::type;
-  if constexpr (!std::is_void<Format>::value) {
-    // Tensor-core path (dQ by fp32 atomics): head_dim 64 or 128, 16-byte
-    // aligned rows, not deterministic, no explicit team size.
-    auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
-    if ((head_dim == 64 || head_dim == 128) && !options.deterministic &&
-        options.team_size == 0 && aligned(q.data()) && aligned(k.data()) &&
-        aligned(v.data()) && aligned(d_o.data()) && aligned(dk.data()) && aligned(dv.data())) {
-      AccView dq_acc(Kokkos::view_alloc(space, std::string("kfa::bwd::dq_accum")), batch,
-                     seqlen_q, heads, head_dim);
-      if (head_dim == 64)
-        FlashBackwardMmaKernel<ExecSpace, 64, Format, Q, K, V, DO, Lse, decltype(delta), AccView,
-                               DK, DV>(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale,
-                                       options.causal)
-            .launch(space);
-      else
-        FlashBackwardMmaKernel<ExecSpace, 128, Format, Q, K, V, DO, Lse, decltype(delta),
-                               AccView, DK, DV>(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale,
-                                                options.causal)
-            .launch(space);
-      convert_dq(space, dq_acc, dq);
-      return;
+  if (try_backward_mma<ScoreMod>(space, q, k, v, lse, d_o, dq, dk, dv, delta, seq, options)) {
+    return;
+  }
+  // dQ accumulates with atomics in the accumulator type: in dq itself when
+  // it has that type, otherwise in a temporary converted at the end.
+  using DQAcc = std::conditional_t<std::is_same<value_type, acc_t>::value, DQ, AccView>;
+  DQAcc dq_acc;
+  if (!options.deterministic) {
+    if constexpr (std::is_same<value_type, acc_t>::value) {
+      Kokkos::deep_copy(space, dq, value_type(0));
+      dq_acc = dq;
+    } else {
+      dq_acc = AccView(Kokkos::view_alloc(space, std::string("kfa::bwd::dq_accum")), view_batch,
+                       rows, heads, head_dim);
     }
   }
-  dispatch_head_dim(head_dim, [&](auto bucket) {
-    constexpr int kHeadDim = decltype(bucket)::value;
-    // dQ accumulates with atomics in the accumulator type: in dq itself when
-    // it has that type, otherwise in a temporary converted at the end.
-    using DQAcc = std::conditional_t<std::is_same<value_type, acc_t>::value, DQ, AccView>;
-    using KVKernel =
-        FlashBackwardKVKernel<ExecSpace, kHeadDim, Q, K, V, DO, Lse, decltype(delta), DQAcc, DK, DV>;
-    if (options.deterministic) {
-      KVKernel(q, k, v, d_o, lse, delta, DQAcc(), dk, dv, scale, options.causal, false)
+  dispatch_variant<ScoreMod>(options, [&](auto variant) {
+    using VariantT = decltype(variant);
+    dispatch_head_dim(head_dim, [&](auto bucket) {
+      constexpr int kHeadDim = decltype(bucket)::value;
+      FlashBackwardKVKernel<ExecSpace, kHeadDim, VariantT, Q, K, V, DO, Lse, decltype(delta),
+                            DQAcc, DK, DV>(q, k, v, d_o, lse, delta, dq_acc, dk, dv, params,
+                                           score_mod, !options.deterministic)
           .launch(space, options.team_size);
-      FlashBackwardQKernel<ExecSpace, kHeadDim, Q, K, V, DO, Lse, decltype(delta), DQ>(
-          q, k, v, d_o, lse, delta, dq, scale, options.causal)
-          .launch(space, options.team_size);
-    } else if constexpr (std::is_same<value_type, acc_t>::value) {
-      Kokkos::deep_copy(space, dq, value_type(0));
-      KVKernel(q, k, v, d_o, lse, delta, dq, dk, dv, scale, options.causal, true)
-          .launch(space, options.team_size);
-    } else {
-      AccView dq_acc(Kokkos::view_alloc(space, std::string("kfa::bwd::dq_accum")), batch,
-                     seqlen_q, heads, head_dim);
-      KVKernel(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, options.causal, true)
-          .launch(space, options.team_size);
-      convert_dq(space, dq_acc, dq);
-    }
+      if (options.deterministic) {
+        FlashBackwardQKernel<ExecSpace, kHeadDim, VariantT, Q, K, V, DO, Lse, decltype(delta),
+                             DQ>(q, k, v, d_o, lse, delta, dq, params, score_mod)
+            .launch(space, options.team_size);
+      }
+    });
   });
+  if constexpr (!std::is_same<value_type, acc_t>::value) {
+    if (!options.deterministic) convert_dq(space, dq_acc, dq);
+  }
 }
 
 }  // namespace Impl

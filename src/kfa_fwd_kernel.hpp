@@ -4,7 +4,9 @@
 #include <kfa_compat.hpp>
 #include <kfa_mask.hpp>
 #include <kfa_online_softmax.hpp>
+#include <kfa_sequences.hpp>
 #include <kfa_traits.hpp>
+#include <kfa_variant.hpp>
 
 #include <sstream>
 #include <stdexcept>
@@ -34,11 +36,13 @@ void check_scratch(const char* kernel, int level, std::size_t bytes, int block_m
   }
 }
 
-/// Forward kernel: one team per (batch, head, query block). The team keeps
-/// its query block and the partial output in scratch and streams key/value
-/// blocks through scratch, updating the online softmax; only O and lse are
-/// written to device memory.
-template <class ExecSpace, int HeadDim, class QView, class KView, class VView,
+/// Forward kernel: one team per (sequence, query head, query block). The team
+/// keeps its query block and the partial output in scratch and streams the
+/// key/value blocks its rows can see through scratch (tiles before and after
+/// a window are skipped), updating the online softmax; only O and lse are
+/// written to device memory. Grouped-query attention reads key/value head
+/// h / group. VariantT selects softcap, dropout and a score modifier.
+template <class ExecSpace, int HeadDim, class VariantT, class QView, class KView, class VView,
           class OView, class LseView>
 class FlashForwardKernel {
  public:
@@ -48,6 +52,8 @@ class FlashForwardKernel {
   using policy_t = Kokkos::TeamPolicy<ExecSpace>;
   using member_t = typename policy_t::member_type;
   using softmax = OnlineSoftmax<acc_t>;
+  using params_t = KernelParams<acc_t, typename QView::memory_space>;
+  using pipeline_t = ScorePipeline<VariantT, acc_t>;
 
   static constexpr int kHeadDim = traits::kHeadDim;
   static constexpr int kBlockM = traits::kBlockM;
@@ -63,20 +69,23 @@ class FlashForwardKernel {
   using RowVec = typename traits::template Column<kBlockM>;
 
   FlashForwardKernel(const QView& q, const KView& k, const VView& v, const OView& o,
-                     const LseView& lse, acc_t scale, bool causal)
+                     const LseView& lse, const params_t& params,
+                     const typename VariantT::score_mod_type& score_mod)
       : m_q(q),
         m_k(k),
         m_v(v),
         m_o(o),
         m_lse(lse),
-        m_scale(scale),
-        m_batch(static_cast<int>(q.extent(0))),
-        m_seqlen_q(static_cast<int>(q.extent(1))),
-        m_heads(static_cast<int>(q.extent(2))),
-        m_head_dim(static_cast<int>(q.extent(3))),
-        m_seqlen_k(static_cast<int>(k.extent(1))),
-        m_num_q_blocks((m_seqlen_q + kBlockM - 1) / kBlockM),
-        m_mask{causal, m_seqlen_k - m_seqlen_q, m_seqlen_k} {}
+        m_seq(params.seq),
+        m_pipeline(params, score_mod),
+        m_scale(params.scale),
+        m_batch(params.seq.batch),
+        m_heads(params.heads),
+        m_group(params.group()),
+        m_head_dim(params.head_dim),
+        m_window_left(params.window_left),
+        m_window_right(params.window_right),
+        m_num_q_blocks((params.seq.max_seqlen_q + kBlockM - 1) / kBlockM) {}
 
   void launch(const ExecSpace& space, int team_size) const {
     const int league = m_num_q_blocks * m_batch * m_heads;
@@ -102,9 +111,14 @@ class FlashForwardKernel {
     const int league = member.league_rank();
     const int bh = league % (m_batch * m_heads);
     const int q_block = m_num_q_blocks - 1 - league / (m_batch * m_heads);
-    const int b = bh / m_heads, h = bh % m_heads;
+    const int b = bh / m_heads, h = bh % m_heads, h_kv = h / m_group;
+    const SequenceInfo seq = m_seq(b);
     const int row_begin = q_block * kBlockM;
-    const int rows = imin(kBlockM, m_seqlen_q - row_begin);
+    // Packed sequences shorter than the longest have fewer blocks.
+    if (row_begin >= seq.seqlen_q) return;
+    const int rows = imin(kBlockM, seq.seqlen_q - row_begin);
+    const int vb = seq.view_batch, q0 = seq.q_begin, k0 = seq.k_begin;
+    const AttentionMask mask(seq.seqlen_q, seq.seqlen_k, m_window_left, m_window_right);
 
     TileQ sQ(member.team_scratch(int(kLevel)));
     TileKt sKt(member.team_scratch(int(kLevel)));
@@ -121,7 +135,7 @@ class FlashForwardKernel {
       const bool row_ok = i < rows;
       Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, kHeadDim), [&](const int d) {
         sQ(i, d) = row_ok && d < m_head_dim
-                       ? to_acc<acc_t>(m_q(b, row_begin + i, h, d)) * m_scale
+                       ? to_acc<acc_t>(m_q(vb, q0 + row_begin + i, h, d)) * m_scale
                        : acc_t(0);
         acc_o(i, d) = 0;
       });
@@ -131,32 +145,47 @@ class FlashForwardKernel {
       });
     });
 
-    const int key_end = m_mask.key_end(row_begin + rows);
-    const int num_kv_blocks = (key_end + kBlockN - 1) / kBlockN;
-    for (int kv_block = 0; kv_block < num_kv_blocks; ++kv_block) {
+    const int key_lo = mask.key_begin(row_begin);
+    const int key_hi = mask.key_end(row_begin + rows);
+    const int kv_block_end = (key_hi + kBlockN - 1) / kBlockN;
+    for (int kv_block = key_lo / kBlockN; kv_block < kv_block_end; ++kv_block) {
       const int key_begin = kv_block * kBlockN;
-      const int cols = imin(kBlockN, m_seqlen_k - key_begin);
+      const int cols = imin(kBlockN, seq.seqlen_k - key_begin);
+      // The modifier's block predicate skips fully masked tiles (the same
+      // answer in every thread, so the barriers below stay matched).
+      if (!m_pipeline.visible(b, h, row_begin, row_begin + rows, key_begin, key_begin + cols))
+        continue;
       // Every thread is done reading the previous sKt and sV.
       member.team_barrier();
       Kokkos::parallel_for(Kokkos::TeamThreadRange(member, kBlockN), [&](const int j) {
         const bool col_ok = j < cols;
         Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, kHeadDim), [&](const int d) {
           const bool ok = col_ok && d < m_head_dim;
-          sKt(d, j) = ok ? to_acc<acc_t>(m_k(b, key_begin + j, h, d)) : acc_t(0);
-          sV(j, d) = ok ? to_acc<acc_t>(m_v(b, key_begin + j, h, d)) : acc_t(0);
+          sKt(d, j) = ok ? to_acc<acc_t>(m_k(vb, k0 + key_begin + j, h_kv, d)) : acc_t(0);
+          sV(j, d) = ok ? to_acc<acc_t>(m_v(vb, k0 + key_begin + j, h_kv, d)) : acc_t(0);
         });
       });
       // sQ (first block), sKt and sV are visible to every thread.
       member.team_barrier();
 
-      const bool needs_mask = m_mask.tile_needs_mask(row_begin, key_begin + kBlockN);
+      const bool needs_mask =
+          VariantT::kScoreMod ||
+          mask.tile_needs_mask(row_begin, row_begin + rows, key_begin, key_begin + kBlockN);
+      const bool element_pass = needs_mask || m_pipeline.modifies_scores();
       Kokkos::parallel_for(Kokkos::TeamThreadRange(member, kBlockM), [&](const int i) {
         acc_t* scores = &sP(i, 0);
+        const int row = row_begin + i;
         row_times_tile_t<kBlockN, kHeadDim>(tag{}, member, &sQ(i, 0), &sKt(0, 0), kBlockNPad,
                                             scores);
-        if (needs_mask) {
+        if (element_pass) {
           Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, kBlockN), [&](const int j) {
-            if (m_mask.masked(row_begin + i, key_begin + j)) scores[j] = math::neg_inf<acc_t>();
+            if (needs_mask && mask.masked(row, key_begin + j)) {
+              scores[j] = math::neg_inf<acc_t>();
+            } else if constexpr (VariantT::kModifiers || VariantT::kScoreMod) {
+              acc_t unused;
+              scores[j] =
+                  m_pipeline.template score<false>(seq, b, h, row, key_begin + j, scores[j], unused);
+            }
           });
         }
         acc_t block_max;
@@ -168,14 +197,28 @@ class FlashForwardKernel {
         const acc_t m_new = block_max > m_old ? block_max : m_old;
         const acc_t shift = softmax::shift(m_new);
         acc_t block_sum = 0;
-        Kokkos::parallel_reduce(
-            Kokkos::ThreadVectorRange(member, kBlockN),
-            [&](const int j, acc_t& s) {
-              const acc_t p = math::exp(scores[j] - shift);
-              scores[j] = p;
-              s += p;
-            },
-            block_sum);
+        if (m_pipeline.dropout()) {
+          // The row sum (hence lse) takes the undropped P; P·V the dropped
+          // one, scaled by 1/(1-p).
+          const std::uint64_t dropout_row = m_pipeline.dropout_row(b, h, row);
+          Kokkos::parallel_reduce(
+              Kokkos::ThreadVectorRange(member, kBlockN),
+              [&](const int j, acc_t& s) {
+                const acc_t p = math::exp(scores[j] - shift);
+                scores[j] = p * m_pipeline.keep_factor(dropout_row, key_begin + j);
+                s += p;
+              },
+              block_sum);
+        } else {
+          Kokkos::parallel_reduce(
+              Kokkos::ThreadVectorRange(member, kBlockN),
+              [&](const int j, acc_t& s) {
+                const acc_t p = math::exp(scores[j] - shift);
+                scores[j] = p;
+                s += p;
+              },
+              block_sum);
+        }
         const acc_t alpha = softmax::rescale(m_old, m_new);
         Kokkos::single(Kokkos::PerThread(member), [&]() {
           row_max(i) = m_new;
@@ -196,10 +239,11 @@ class FlashForwardKernel {
       const acc_t l = row_sum(i);
       const acc_t inv = l > acc_t(0) ? acc_t(1) / l : acc_t(0);
       Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, m_head_dim), [&](const int d) {
-        m_o(b, row_begin + i, h, d) = from_acc<value_type>(acc_o(i, d) * inv);
+        m_o(vb, q0 + row_begin + i, h, d) = from_acc<value_type>(acc_o(i, d) * inv);
       });
-      Kokkos::single(Kokkos::PerThread(member),
-                     [&]() { m_lse(b, h, row_begin + i) = softmax::lse(row_max(i), l); });
+      Kokkos::single(Kokkos::PerThread(member), [&]() {
+        m_lse(vb, h, q0 + row_begin + i) = softmax::lse(row_max(i), l);
+      });
     });
   }
 
@@ -209,9 +253,10 @@ class FlashForwardKernel {
   VView m_v;
   OView m_o;
   LseView m_lse;
+  Sequences<typename QView::memory_space> m_seq;
+  pipeline_t m_pipeline;
   acc_t m_scale;
-  int m_batch, m_seqlen_q, m_heads, m_head_dim, m_seqlen_k, m_num_q_blocks;
-  CausalMask m_mask;
+  int m_batch, m_heads, m_group, m_head_dim, m_window_left, m_window_right, m_num_q_blocks;
 };
 
 }  // namespace Impl

@@ -1,43 +1,77 @@
 #ifndef KFA_MASK_HPP
 #define KFA_MASK_HPP
 
-// Which tiles a row block or a key block touches, and the element mask.
-// Causal masking is aligned bottom-right: query i sees key j iff
-// j <= i + (seqlen_k - seqlen_q).
+// Which keys a query row sees, and which tiles a row block or a key block
+// touches (FlashAttention's block info and mask in one struct). Query i of a
+// sequence sees key j iff
+//   i < seqlen_q and j < seqlen_k,
+//   j >= i + offset - left   (left >= 0),
+//   j <= i + offset + right  (right >= 0),
+// with offset = seqlen_k - seqlen_q: windows and causal masking (right = 0)
+// are aligned to the bottom-right corner, as in FlashAttention-2. -1 leaves a
+// side unbounded.
 
-#include <Kokkos_Core.hpp>
+#include <kfa_compat.hpp>
 
 namespace kfa {
 namespace Impl {
 
-struct CausalMask {
-  bool m_causal;
-  int m_offset;  // seqlen_k - seqlen_q
-  int m_seqlen_k;
+struct AttentionMask {
+  int m_seqlen_q, m_seqlen_k, m_offset, m_left, m_right;
+
+  /// window_left, window_right as in AttentionOptions, causal already folded
+  /// into window_right. A window wider than both sequences is unbounded:
+  /// clamping it keeps i + offset ± window far from int overflow.
+  KOKKOS_INLINE_FUNCTION AttentionMask(int seqlen_q, int seqlen_k, int window_left,
+                                       int window_right)
+      : m_seqlen_q(seqlen_q),
+        m_seqlen_k(seqlen_k),
+        m_offset(seqlen_k - seqlen_q),
+        m_left(window_left > seqlen_q + seqlen_k ? -1 : window_left),
+        m_right(window_right > seqlen_q + seqlen_k ? -1 : window_right) {}
 
   KOKKOS_INLINE_FUNCTION bool masked(int i, int j) const {
-    return j >= m_seqlen_k || (m_causal && j > i + m_offset);
+    return i >= m_seqlen_q || j >= m_seqlen_k || (m_right >= 0 && j > i + m_offset + m_right) ||
+           (m_left >= 0 && j < i + m_offset - m_left);
   }
 
-  /// One past the last key any of the rows [.., row_end) sees.
+  /// First key any row of a block starting at `row_begin` sees.
+  KOKKOS_INLINE_FUNCTION int key_begin(int row_begin) const {
+    return m_left < 0 ? 0 : iclamp(row_begin + m_offset - m_left, 0, m_seqlen_k);
+  }
+
+  /// One past the last key any row before `row_end` sees. A row block sees
+  /// keys [key_begin(row_begin), key_end(row_end)): the tiles before the
+  /// window and after it are skipped.
   KOKKOS_INLINE_FUNCTION int key_end(int row_end) const {
-    if (!m_causal) return m_seqlen_k;
-    const int end = row_end + m_offset;
-    return end < 0 ? 0 : (end < m_seqlen_k ? end : m_seqlen_k);
+    return m_right < 0 ? m_seqlen_k : iclamp(row_end + m_offset + m_right, 0, m_seqlen_k);
   }
 
-  /// First query row that sees key `key` (rows before it are masked).
-  KOKKOS_INLINE_FUNCTION int first_row(int key) const {
-    if (!m_causal) return 0;
-    const int row = key - m_offset;
-    return row < 0 ? 0 : row;
+  /// First query row that sees a key at or after `key_begin`.
+  KOKKOS_INLINE_FUNCTION int row_begin(int key_begin) const {
+    return m_right < 0 ? 0 : iclamp(key_begin - m_offset - m_right, 0, m_seqlen_q);
   }
 
-  /// True when some element of the tile rows [row_begin, ..) x keys
-  /// [.., key_end) may be masked, so the element mask must be applied.
-  KOKKOS_INLINE_FUNCTION bool tile_needs_mask(int row_begin, int key_end) const {
-    return key_end > m_seqlen_k || (m_causal && key_end - 1 > row_begin + m_offset);
+  /// One past the last query row that sees a key before `key_end`. A key
+  /// block is seen by rows [row_begin(key_begin), row_end(key_end)).
+  KOKKOS_INLINE_FUNCTION int row_end(int key_end) const {
+    return m_left < 0 ? m_seqlen_q : iclamp(key_end - m_offset + m_left, 0, m_seqlen_q);
   }
+
+  /// True when some element of the tile rows [row_begin, row_end) x keys
+  /// [key_begin, key_end) may be masked, so the element mask must be applied.
+  /// Rows past seqlen_q are not considered: they are padding the kernels
+  /// never store (key_end past seqlen_k is, padded keys must not count).
+  KOKKOS_INLINE_FUNCTION bool tile_needs_mask(int row_begin, int row_end, int key_begin,
+                                              int key_end) const {
+    return key_end > m_seqlen_k || (m_right >= 0 && key_end - 1 > row_begin + m_offset + m_right) ||
+           (m_left >= 0 && key_begin < row_end - 1 + m_offset - m_left);
+  }
+};
+
+/// The window of AttentionOptions with causal folded in (causal is window_right = 0).
+struct Window {
+  int left, right;
 };
 
 }  // namespace Impl

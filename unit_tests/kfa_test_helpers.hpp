@@ -2,16 +2,21 @@
 #define KFA_TEST_HELPERS_HPP
 
 // Shared test machinery: the backend x type list, an fp64 host oracle for
-// forward and backward, a same-precision materialised backward (the baseline
-// of the gradient error rule), random inputs with printed seeds, poisoning.
+// forward and backward (every variant: windows, softcap, grouped-query heads,
+// dropout with a given keep mask, score modifiers), a same-precision
+// materialised backward (the baseline of the gradient error rule), random
+// inputs with printed seeds, poisoning.
 
 #include <kfa/kfa.hpp>
 
 #include <gtest/gtest.h>
 
+#include "kfa_test_eti.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <random>
 #include <string>
@@ -91,12 +96,30 @@ double to_double(T x) {
 
 struct Shape {
   int batch, seqlen_q, seqlen_k, heads, head_dim;
+  /// Heads of k and v (grouped-query attention); 0 means `heads`.
+  int heads_kv = 0;
 };
+
+inline int kv_heads(const Shape& s) { return s.heads_kv > 0 ? s.heads_kv : s.heads; }
 
 inline std::string to_string(const Shape& s) {
   return "batch=" + std::to_string(s.batch) + " seqlen_q=" + std::to_string(s.seqlen_q) +
          " seqlen_k=" + std::to_string(s.seqlen_k) + " heads=" + std::to_string(s.heads) +
-         " head_dim=" + std::to_string(s.head_dim);
+         " head_dim=" + std::to_string(s.head_dim) +
+         (s.heads_kv > 0 ? " heads_kv=" + std::to_string(s.heads_kv) : std::string());
+}
+
+/// The options' variant settings, for messages.
+inline std::string to_string(const kfa::AttentionOptions& o) {
+  std::string r;
+  if (o.causal) r += " causal";
+  if (o.window_left >= 0 || o.window_right >= 0)
+    r += " window=(" + std::to_string(o.window_left) + "," + std::to_string(o.window_right) + ")";
+  if (o.softcap > 0) r += " softcap=" + std::to_string(o.softcap);
+  if (o.dropout_p > 0)
+    r += " dropout=" + std::to_string(o.dropout_p) + " seed=" + std::to_string(o.dropout_seed);
+  if (o.deterministic) r += " deterministic";
+  return r;
 }
 
 /// Host tensor of doubles in the library's [b][i][h][d] / [b][h][i] layouts.
@@ -132,43 +155,95 @@ void round_to(Tensor& t) {
   for (double& x : t.data) x = to_double(from_double<T>(x));
 }
 
-inline bool ref_masked(bool causal, int i, int j, int seqlen_q, int seqlen_k) {
-  return causal && j > i + (seqlen_k - seqlen_q);
+/// Key j hidden from query i by the causal / window mask (bottom-right aligned).
+inline bool ref_masked(const kfa::AttentionOptions& opt, int i, int j, int seqlen_q,
+                       int seqlen_k) {
+  const int off = seqlen_k - seqlen_q;
+  const int right = opt.causal ? 0 : opt.window_right, left = opt.window_left;
+  return (right >= 0 && j > i + off + right) || (left >= 0 && j < i + off - left);
 }
 
 inline double ref_scale(const kfa::AttentionOptions& opt, int head_dim) {
   return opt.softmax_scale != 0 ? opt.softmax_scale : 1.0 / std::sqrt(double(head_dim));
 }
 
-/// fp64 oracle, long double sums.
+/// What the oracle needs beyond AttentionOptions: the dropout keep mask (from
+/// kfa::dropout_mask, [batch][heads][>= seqlen_q][>= seqlen_k] of 0/1) and a
+/// score modifier with its derivative (empty: additive, derivative 1).
+/// Packed batches run the oracle one sequence at a time: `batch_offset` is
+/// the sequence index of batch entry 0.
+struct RefExtras {
+  const Tensor* keep = nullptr;
+  std::function<double(int b, int h, int i, int j, double s, int seqlen_q, int seqlen_k)> mod;
+  std::function<double(int b, int h, int i, int j, double s)> mod_grad;
+  int batch_offset = 0;
+};
+
+/// The score pipeline in arithmetic A: softcap, then the modifier; `grad`
+/// gets d(result)/ds.
+template <class A>
+A ref_score(const kfa::AttentionOptions& opt, const RefExtras& x, int b, int h, int i, int j,
+            int seqlen_q, int seqlen_k, A s, A& grad) {
+  grad = 1;
+  if (opt.softcap > 0) {
+    const A c = static_cast<A>(opt.softcap);
+    const A t = std::tanh(s / c);
+    s = c * t;
+    grad = A(1) - t * t;
+  }
+  if (x.mod) {
+    const int bb = b + x.batch_offset;
+    if (x.mod_grad) grad *= static_cast<A>(x.mod_grad(bb, h, i, j, double(s)));
+    s = static_cast<A>(x.mod(bb, h, i, j, double(s), seqlen_q, seqlen_k));
+  }
+  return s;
+}
+
+/// Dropout factor of element (b, h, i, j): 1/(1-p) or 0; 1 without dropout.
+template <class A>
+A ref_keep(const kfa::AttentionOptions& opt, const RefExtras& x, int b, int h, int i, int j) {
+  if (opt.dropout_p <= 0) return 1;
+  return x.keep->at(b + x.batch_offset, h, i, j) != 0 ? static_cast<A>(1.0 / (1.0 - opt.dropout_p))
+                                                      : A(0);
+}
+
+/// fp64 oracle, long double sums. k, v may have fewer heads than q
+/// (grouped-query attention).
 inline void reference_forward(const Tensor& q, const Tensor& k, const Tensor& v,
-                              const kfa::AttentionOptions& opt, Tensor& o, Tensor& lse) {
+                              const kfa::AttentionOptions& opt, Tensor& o, Tensor& lse,
+                              const RefExtras& extras = {}) {
   const int B = q.ext[0], Sq = q.ext[1], H = q.ext[2], D = q.ext[3], Sk = k.ext[1];
-  const double scale = ref_scale(opt, D);
+  const int group = H / k.ext[2];
+  const long double scale = ref_scale(opt, D);
   o = Tensor({B, Sq, H, D});
   lse = Tensor({B, H, Sq});
-  std::vector<long double> s(Sk);
+  std::vector<long double> s(Sk), w(Sk);
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < H; ++h)
       for (int i = 0; i < Sq; ++i) {
+        const int hk = h / group;
         long double m = -INFINITY;
         for (int j = 0; j < Sk; ++j) {
-          if (ref_masked(opt.causal, i, j, Sq, Sk)) {
+          if (ref_masked(opt, i, j, Sq, Sk)) {
             s[j] = -INFINITY;
             continue;
           }
           long double acc = 0;
-          for (int d = 0; d < D; ++d) acc += (long double)q.at(b, i, h, d) * k.at(b, j, h, d);
-          s[j] = acc * scale;
+          for (int d = 0; d < D; ++d) acc += (long double)q.at(b, i, h, d) * k.at(b, j, hk, d);
+          long double grad;
+          s[j] = ref_score<long double>(opt, extras, b, h, i, j, Sq, Sk, acc * scale, grad);
           m = std::max(m, s[j]);
         }
         long double l = 0;
         for (int j = 0; j < Sk; ++j) l += s[j] == -INFINITY ? 0 : std::exp(s[j] - m);
+        for (int j = 0; j < Sk; ++j)
+          w[j] = s[j] == -INFINITY || l == 0
+                     ? 0
+                     : std::exp(s[j] - m) / l * ref_keep<long double>(opt, extras, b, h, i, j);
         for (int d = 0; d < D; ++d) {
           long double acc = 0;
-          if (l > 0)
-            for (int j = 0; j < Sk; ++j)
-              if (s[j] != -INFINITY) acc += std::exp(s[j] - m) / l * v.at(b, j, h, d);
+          for (int j = 0; j < Sk; ++j)
+            if (w[j] != 0) acc += w[j] * v.at(b, j, hk, d);
           o.at(b, i, h, d) = static_cast<double>(acc);
         }
         lse.at(b, h, i) = l > 0 ? static_cast<double>(m + std::log(l)) : -INFINITY;
@@ -178,57 +253,64 @@ inline void reference_forward(const Tensor& q, const Tensor& k, const Tensor& v,
 /// Attention backward in the arithmetic of value type T: products and sums in
 /// T's accumulator, P, dS and D rounded to T as a materialised implementation
 /// in that precision would store them. With T = double and long double sums
-/// (Exact) it is the fp64 oracle.
+/// (Exact) it is the fp64 oracle. dk and dv sum over the query heads of each
+/// key/value head.
 template <class T, bool Exact = false>
 void reference_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                         const Tensor& lse, const Tensor& d_o, const kfa::AttentionOptions& opt,
-                        Tensor& dq, Tensor& dk, Tensor& dv) {
+                        Tensor& dq, Tensor& dk, Tensor& dv, const RefExtras& extras = {}) {
   using acc = std::conditional_t<Exact, long double, kfa::accumulator_t<T>>;
   auto rnd = [](acc x) -> acc { return Exact ? x : static_cast<acc>(to_double(from_double<T>(double(x)))); };
   const int B = q.ext[0], Sq = q.ext[1], H = q.ext[2], D = q.ext[3], Sk = k.ext[1];
+  const int Hkv = k.ext[2], group = H / Hkv;
   const acc scale = static_cast<acc>(ref_scale(opt, D));
   dq = Tensor({B, Sq, H, D});
-  dk = Tensor({B, Sk, H, D});
-  dv = Tensor({B, Sk, H, D});
+  dk = Tensor({B, Sk, Hkv, D});
+  dv = Tensor({B, Sk, Hkv, D});
   std::vector<acc> p(Sk), ds(Sk);
   std::vector<acc> dk_acc(std::size_t(Sk) * D), dv_acc(std::size_t(Sk) * D);
   for (int b = 0; b < B; ++b)
-    for (int h = 0; h < H; ++h) {
+    for (int hk = 0; hk < Hkv; ++hk) {
       std::fill(dk_acc.begin(), dk_acc.end(), acc(0));
       std::fill(dv_acc.begin(), dv_acc.end(), acc(0));
-      for (int i = 0; i < Sq; ++i) {
-        acc delta = 0;
-        for (int d = 0; d < D; ++d) delta += acc(d_o.at(b, i, h, d)) * acc(o.at(b, i, h, d));
-        delta = rnd(delta);
-        const acc l = static_cast<acc>(lse.at(b, h, i));
-        for (int j = 0; j < Sk; ++j) {
-          if (ref_masked(opt.causal, i, j, Sq, Sk) || std::isinf(double(l))) {
-            p[j] = ds[j] = 0;
-            continue;
+      for (int h = hk * group; h < (hk + 1) * group; ++h)
+        for (int i = 0; i < Sq; ++i) {
+          acc delta = 0;
+          for (int d = 0; d < D; ++d) delta += acc(d_o.at(b, i, h, d)) * acc(o.at(b, i, h, d));
+          delta = rnd(delta);
+          const acc l = static_cast<acc>(lse.at(b, h, i));
+          for (int j = 0; j < Sk; ++j) {
+            if (ref_masked(opt, i, j, Sq, Sk) || std::isinf(double(l))) {
+              p[j] = ds[j] = 0;
+              continue;
+            }
+            acc s = 0, dp = 0;
+            for (int d = 0; d < D; ++d) {
+              s += acc(q.at(b, i, h, d)) * acc(k.at(b, j, hk, d));
+              dp += acc(d_o.at(b, i, h, d)) * acc(v.at(b, j, hk, d));
+            }
+            acc grad;
+            const acc x = ref_score<acc>(opt, extras, b, h, i, j, Sq, Sk, s * scale, grad);
+            const acc pr = x == acc(-INFINITY) ? acc(0) : std::exp(x - l);
+            const acc keep = ref_keep<acc>(opt, extras, b, h, i, j);
+            p[j] = rnd(pr * keep);
+            ds[j] = pr == acc(0) ? acc(0) : rnd(pr * (dp * keep - delta) * grad);
           }
-          acc s = 0, dp = 0;
           for (int d = 0; d < D; ++d) {
-            s += acc(q.at(b, i, h, d)) * acc(k.at(b, j, h, d));
-            dp += acc(d_o.at(b, i, h, d)) * acc(v.at(b, j, h, d));
+            acc g = 0;
+            for (int j = 0; j < Sk; ++j) g += ds[j] * acc(k.at(b, j, hk, d));
+            dq.at(b, i, h, d) = double(g * scale);
           }
-          p[j] = rnd(std::exp(s * scale - l));
-          ds[j] = rnd(p[j] * (dp - delta));
+          for (int j = 0; j < Sk; ++j)
+            for (int d = 0; d < D; ++d) {
+              dv_acc[std::size_t(j) * D + d] += p[j] * acc(d_o.at(b, i, h, d));
+              dk_acc[std::size_t(j) * D + d] += ds[j] * acc(q.at(b, i, h, d));
+            }
         }
-        for (int d = 0; d < D; ++d) {
-          acc g = 0;
-          for (int j = 0; j < Sk; ++j) g += ds[j] * acc(k.at(b, j, h, d));
-          dq.at(b, i, h, d) = double(g * scale);
-        }
-        for (int j = 0; j < Sk; ++j)
-          for (int d = 0; d < D; ++d) {
-            dv_acc[std::size_t(j) * D + d] += p[j] * acc(d_o.at(b, i, h, d));
-            dk_acc[std::size_t(j) * D + d] += ds[j] * acc(q.at(b, i, h, d));
-          }
-      }
       for (int j = 0; j < Sk; ++j)
         for (int d = 0; d < D; ++d) {
-          dk.at(b, j, h, d) = double(dk_acc[std::size_t(j) * D + d] * scale);
-          dv.at(b, j, h, d) = double(dv_acc[std::size_t(j) * D + d]);
+          dk.at(b, j, hk, d) = double(dk_acc[std::size_t(j) * D + d] * scale);
+          dv.at(b, j, hk, d) = double(dv_acc[std::size_t(j) * D + d]);
         }
     }
 }
@@ -237,10 +319,22 @@ template <class T, class Space>
 using DeviceView4 = Kokkos::View<T****, Kokkos::LayoutRight, typename Space::memory_space>;
 template <class T, class Space>
 using DeviceView3 = Kokkos::View<T***, Kokkos::LayoutRight, typename Space::memory_space>;
+template <class T, class Space>
+using DeviceView2 = Kokkos::View<T**, Kokkos::LayoutRight, typename Space::memory_space>;
 
 template <class T, class Space>
 DeviceView4<T, Space> to_device(const Tensor& t, const std::string& label) {
   DeviceView4<T, Space> view(label, t.ext[0], t.ext[1], t.ext[2], t.ext[3]);
+  auto host = Kokkos::create_mirror_view(view);
+  for (std::size_t n = 0; n < t.data.size(); ++n) host.data()[n] = from_double<T>(t.data[n]);
+  Kokkos::deep_copy(view, host);
+  return view;
+}
+
+/// A rank-3 host tensor on the device (packed [total][heads][head_dim]).
+template <class T, class Space>
+DeviceView3<T, Space> to_device3(const Tensor& t, const std::string& label) {
+  DeviceView3<T, Space> view(label, t.ext[0], t.ext[1], t.ext[2]);
   auto host = Kokkos::create_mirror_view(view);
   for (std::size_t n = 0; n < t.data.size(); ++n) host.data()[n] = from_double<T>(t.data[n]);
   Kokkos::deep_copy(view, host);
@@ -280,10 +374,12 @@ struct Case {
 };
 
 template <class T>
-Case make_case(const Shape& s, const kfa::AttentionOptions& options, const std::string& tag) {
+Case make_case(const Shape& s, const kfa::AttentionOptions& options, const std::string& tag,
+               const RefExtras& extras = {}) {
+  const int hk = kv_heads(s);
   Case c{s, options, Tensor({s.batch, s.seqlen_q, s.heads, s.head_dim}),
-         Tensor({s.batch, s.seqlen_k, s.heads, s.head_dim}),
-         Tensor({s.batch, s.seqlen_k, s.heads, s.head_dim}),
+         Tensor({s.batch, s.seqlen_k, hk, s.head_dim}),
+         Tensor({s.batch, s.seqlen_k, hk, s.head_dim}),
          Tensor({s.batch, s.seqlen_q, s.heads, s.head_dim}), Tensor(), Tensor()};
   const std::uint64_t seed = test_seed(tag + to_string(s) + (options.causal ? "c" : "n"));
   std::mt19937_64 rng(seed);
@@ -295,7 +391,7 @@ Case make_case(const Shape& s, const kfa::AttentionOptions& options, const std::
   round_to<T>(c.k);
   round_to<T>(c.v);
   round_to<T>(c.d_o);
-  reference_forward(c.q, c.k, c.v, options, c.o_ref, c.lse_ref);
+  reference_forward(c.q, c.k, c.v, options, c.o_ref, c.lse_ref, extras);
   return c;
 }
 
@@ -329,6 +425,257 @@ template <class T>
 double allowed_error(double baseline_error, const Tensor& ref) {
   const double ulps = std::is_same<T, double>::value ? 64 : std::is_same<T, float>::value ? 8 : 1;
   return 2 * baseline_error + ulps * epsilon<T>() * std::max(1.0, max_abs(ref));
+}
+
+/// The baseline of a comparison must itself be close to the oracle: a broken
+/// baseline would otherwise make the error rule vacuous.
+template <class T>
+double baseline_sanity_bound(const Tensor& ref) {
+  return 256 * epsilon<T>() * std::max(1.0, max_abs(ref));
+}
+
+/// Checks `got` against the oracle `ref` with the error rule, `baseline`
+/// being the same-precision plain implementation's result.
+template <class T>
+void expect_close(const std::string& what, const char* name, const Tensor& got,
+                  const Tensor& baseline, const Tensor& ref) {
+  const double err = max_abs_diff(got, ref), err_base = max_abs_diff(baseline, ref);
+  EXPECT_LE(err, allowed_error<T>(err_base, ref))
+      << what << ": " << name << " error " << err << ", baseline's " << err_base;
+  EXPECT_LE(err_base, baseline_sanity_bound<T>(ref))
+      << what << ": " << name << " baseline error " << err_base << " is not plausible";
+}
+
+/// The dropout keep mask kfa draws for `opt`, [batch][heads][seqlen_q][seqlen_k].
+template <class Space>
+Tensor dropout_keep_mask(int batch, int heads, int seqlen_q, int seqlen_k,
+                         const kfa::AttentionOptions& opt) {
+  Kokkos::View<std::uint8_t****, Kokkos::LayoutRight, typename Space::memory_space> mask(
+      "mask", batch, heads, seqlen_q, seqlen_k);
+  kfa::dropout_mask(Space(), mask, opt);
+  auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), mask);
+  Tensor t({batch, heads, seqlen_q, seqlen_k});
+  for (std::size_t n = 0; n < t.data.size(); ++n) t.data[n] = host.data()[n];
+  return t;
+}
+
+/// Runs one variant case on the device, fused and materialised, forward and
+/// backward (with and without a score modifier), and checks every output
+/// against the fp64 oracle with the error rule: forward against the
+/// materialised forward's error, gradients against the same-precision host
+/// backward's error; the materialised backward is held to the same rule.
+template <class C, class Mod = kfa::Impl::NoScoreMod>
+void check_variant(const Shape& s, kfa::AttentionOptions opt, const std::string& tag,
+                   const Mod& mod = Mod(), RefExtras extras = {}) {
+  using Space = typename C::space;
+  using T = typename C::value_type;
+  using Acc = kfa::accumulator_t<T>;
+  opt.team_size = test_team_size<Space>();
+  Tensor keep;
+  if (opt.dropout_p > 0) {
+    keep = dropout_keep_mask<Space>(s.batch, s.heads, s.seqlen_q, s.seqlen_k, opt);
+    extras.keep = &keep;
+  }
+  const Case c = make_case<T>(s, opt, tag, extras);
+  const std::string what = tag + " " + type_name<T>() + " " + Space::name() + " " +
+                           to_string(s) + to_string(opt) + " seed " +
+                           std::to_string(test_seed(tag + to_string(s) + (opt.causal ? "c" : "n")));
+  const int hk = kv_heads(s);
+  auto q = to_device<T, Space>(c.q, "q");
+  auto k = to_device<T, Space>(c.k, "k");
+  auto v = to_device<T, Space>(c.v, "v");
+  auto d_o = to_device<T, Space>(c.d_o, "d_o");
+  DeviceView4<T, Space> o_flash("o_flash", s.batch, s.seqlen_q, s.heads, s.head_dim),
+      o_std("o_std", s.batch, s.seqlen_q, s.heads, s.head_dim);
+  DeviceView3<Acc, Space> lse_flash("lse_flash", s.batch, s.heads, s.seqlen_q),
+      lse_std("lse_std", s.batch, s.heads, s.seqlen_q);
+  DeviceView4<T, Space> dq("dq", s.batch, s.seqlen_q, s.heads, s.head_dim),
+      dk("dk", s.batch, s.seqlen_k, hk, s.head_dim), dv("dv", s.batch, s.seqlen_k, hk, s.head_dim);
+
+  poison(o_flash);
+  poison(lse_flash);
+  poison(o_std);
+  poison(lse_std);
+  kfa::flash_attention_forward(Space(), q, k, v, o_flash, lse_flash, opt, mod);
+  kfa::standard_attention_forward(Space(), q, k, v, o_std, lse_std, opt, mod);
+  Space().fence();
+  expect_close<T>(what, "O", to_host(o_flash), to_host(o_std), c.o_ref);
+  expect_close<Acc>(what, "lse", to_host(lse_flash), to_host(lse_std), c.lse_ref);
+
+  Tensor dq_ref, dk_ref, dv_ref, dq_plain, dk_plain, dv_plain;
+  reference_backward<double, true>(c.q, c.k, c.v, c.o_ref, c.lse_ref, c.d_o, opt, dq_ref, dk_ref,
+                                   dv_ref, extras);
+  Tensor o_t = c.o_ref;
+  round_to<T>(o_t);
+  reference_backward<T>(c.q, c.k, c.v, o_t, c.lse_ref, c.d_o, opt, dq_plain, dk_plain, dv_plain,
+                        extras);
+  for (int pass = 0; pass < 2; ++pass) {
+    poison(dq);
+    poison(dk);
+    poison(dv);
+    if (pass == 0) {
+      kfa::flash_attention_backward(Space(), q, k, v, o_flash, lse_flash, d_o, dq, dk, dv, opt,
+                                    mod);
+    } else {
+      kfa::standard_attention_backward(Space(), q, k, v, o_flash, lse_flash, d_o, dq, dk, dv,
+                                       opt, mod);
+    }
+    Space().fence();
+    const std::string who = what + (pass == 0 ? " flash" : " standard");
+    expect_close<T>(who, "dq", to_host(dq), dq_plain, dq_ref);
+    expect_close<T>(who, "dk", to_host(dk), dk_plain, dk_ref);
+    expect_close<T>(who, "dv", to_host(dv), dv_plain, dv_ref);
+  }
+}
+
+/// A packed batch: sequence b has len_q[b] query rows and len_k[b] keys.
+/// max_q, max_k: the bounds passed to kfa (0: the actual maxima).
+struct VarlenShape {
+  std::vector<int> len_q, len_k;
+  int heads, heads_kv, head_dim;
+  int max_q = 0, max_k = 0;
+};
+
+inline std::string to_string(const VarlenShape& s) {
+  std::string r = "lengths (q,k):";
+  for (std::size_t b = 0; b < s.len_q.size(); ++b)
+    r += " (" + std::to_string(s.len_q[b]) + "," + std::to_string(s.len_k[b]) + ")";
+  return r + " heads=" + std::to_string(s.heads) + " heads_kv=" + std::to_string(s.heads_kv) +
+         " head_dim=" + std::to_string(s.head_dim) + " max=(" + std::to_string(s.max_q) + "," +
+         std::to_string(s.max_k) + ")";
+}
+
+inline std::vector<int> offsets_of(const std::vector<int>& lengths) {
+  std::vector<int> cu(1, 0);
+  for (int l : lengths) cu.push_back(cu.back() + l);
+  return cu;
+}
+
+template <class Space>
+Kokkos::View<int*, typename Space::memory_space> offsets_to_device(const std::vector<int>& cu,
+                                                                  const std::string& label) {
+  Kokkos::View<int*, typename Space::memory_space> view(label, cu.size());
+  auto host = Kokkos::create_mirror_view(view);
+  for (std::size_t n = 0; n < cu.size(); ++n) host(n) = cu[n];
+  Kokkos::deep_copy(view, host);
+  return view;
+}
+
+/// Rows [begin, begin + len) of a packed [total][heads][d] tensor as a
+/// [1][len][heads][d] batch, and back.
+inline Tensor rows_of(const Tensor& packed, int begin, int len) {
+  Tensor t({1, len, packed.ext[1], packed.ext[2]});
+  const std::size_t row = std::size_t(packed.ext[1]) * packed.ext[2];
+  std::copy(packed.data.begin() + begin * row, packed.data.begin() + (begin + len) * row,
+            t.data.begin());
+  return t;
+}
+inline void put_rows(Tensor& packed, const Tensor& t, int begin) {
+  const std::size_t row = std::size_t(packed.ext[1]) * packed.ext[2];
+  std::copy(t.data.begin(), t.data.end(), packed.data.begin() + begin * row);
+}
+/// lse [1][heads][len] of one sequence into the packed [heads][total_q].
+inline void put_lse(Tensor& packed, const Tensor& t, int begin) {
+  const int heads = packed.ext[0], total = packed.ext[1], len = t.ext[2];
+  for (int h = 0; h < heads; ++h)
+    for (int i = 0; i < len; ++i) packed.data[std::size_t(h) * total + begin + i] = t.at(0, h, i);
+}
+
+/// check_variant for a packed batch: fused and materialised varlen entry
+/// points against the oracle run one sequence at a time.
+template <class C, class Mod = kfa::Impl::NoScoreMod>
+void check_varlen(VarlenShape vs, kfa::AttentionOptions opt, const std::string& tag,
+                  const Mod& mod = Mod(), RefExtras extras = {}) {
+  using Space = typename C::space;
+  using T = typename C::value_type;
+  using Acc = kfa::accumulator_t<T>;
+  opt.team_size = test_team_size<Space>();
+  const int nseq = static_cast<int>(vs.len_q.size());
+  const int H = vs.heads, Hkv = vs.heads_kv, D = vs.head_dim;
+  for (int b = 0; b < nseq; ++b) {
+    vs.max_q = std::max(vs.max_q, vs.len_q[b]);
+    vs.max_k = std::max(vs.max_k, vs.len_k[b]);
+  }
+  const std::vector<int> cu_q = offsets_of(vs.len_q), cu_k = offsets_of(vs.len_k);
+  const int total_q = cu_q.back(), total_k = cu_k.back();
+  const std::string what = tag + " " + type_name<T>() + " " + Space::name() + " " +
+                           to_string(vs) + to_string(opt);
+
+  Tensor q({total_q, H, D}), k({total_k, Hkv, D}), v({total_k, Hkv, D}), d_o({total_q, H, D});
+  std::mt19937_64 rng(test_seed(tag + to_string(vs) + to_string(opt)));
+  for (Tensor* t : {&q, &k, &v, &d_o}) {
+    fill_random(*t, rng);
+    round_to<T>(*t);
+  }
+  Tensor keep;
+  if (opt.dropout_p > 0) {
+    keep = dropout_keep_mask<Space>(nseq, H, vs.max_q, vs.max_k, opt);
+    extras.keep = &keep;
+  }
+  // The oracle, one sequence at a time.
+  Tensor o_ref({total_q, H, D}), lse_ref({H, total_q}), dq_ref({total_q, H, D}),
+      dk_ref({total_k, Hkv, D}), dv_ref({total_k, Hkv, D}), dq_plain = dq_ref,
+      dk_plain = dk_ref, dv_plain = dv_ref;
+  for (int b = 0; b < nseq; ++b) {
+    RefExtras x = extras;
+    x.batch_offset = b;
+    const Tensor qb = rows_of(q, cu_q[b], vs.len_q[b]), kb = rows_of(k, cu_k[b], vs.len_k[b]),
+                 vb = rows_of(v, cu_k[b], vs.len_k[b]), dob = rows_of(d_o, cu_q[b], vs.len_q[b]);
+    Tensor ob, lseb, g[3];
+    reference_forward(qb, kb, vb, opt, ob, lseb, x);
+    put_rows(o_ref, ob, cu_q[b]);
+    put_lse(lse_ref, lseb, cu_q[b]);
+    reference_backward<double, true>(qb, kb, vb, ob, lseb, dob, opt, g[0], g[1], g[2], x);
+    put_rows(dq_ref, g[0], cu_q[b]);
+    put_rows(dk_ref, g[1], cu_k[b]);
+    put_rows(dv_ref, g[2], cu_k[b]);
+    round_to<T>(ob);
+    reference_backward<T>(qb, kb, vb, ob, lseb, dob, opt, g[0], g[1], g[2], x);
+    put_rows(dq_plain, g[0], cu_q[b]);
+    put_rows(dk_plain, g[1], cu_k[b]);
+    put_rows(dv_plain, g[2], cu_k[b]);
+  }
+
+  auto q_d = to_device3<T, Space>(q, "q");
+  auto k_d = to_device3<T, Space>(k, "k");
+  auto v_d = to_device3<T, Space>(v, "v");
+  auto do_d = to_device3<T, Space>(d_o, "d_o");
+  auto cu_q_d = offsets_to_device<Space>(cu_q, "cu_seqlens_q");
+  auto cu_k_d = offsets_to_device<Space>(cu_k, "cu_seqlens_k");
+  DeviceView3<T, Space> o_flash("o_flash", total_q, H, D), o_std("o_std", total_q, H, D);
+  DeviceView2<Acc, Space> lse_flash("lse_flash", H, total_q), lse_std("lse_std", H, total_q);
+  DeviceView3<T, Space> dq("dq", total_q, H, D), dk("dk", total_k, Hkv, D),
+      dv("dv", total_k, Hkv, D);
+  poison(o_flash);
+  poison(lse_flash);
+  poison(o_std);
+  poison(lse_std);
+  kfa::flash_attention_varlen_forward(Space(), q_d, k_d, v_d, cu_q_d, cu_k_d, vs.max_q,
+                                      vs.max_k, o_flash, lse_flash, opt, mod);
+  kfa::standard_attention_varlen_forward(Space(), q_d, k_d, v_d, cu_q_d, cu_k_d, vs.max_q,
+                                         vs.max_k, o_std, lse_std, opt, mod);
+  Space().fence();
+  expect_close<T>(what, "O", to_host(o_flash), to_host(o_std), o_ref);
+  expect_close<Acc>(what, "lse", to_host(lse_flash), to_host(lse_std), lse_ref);
+  for (int pass = 0; pass < 2; ++pass) {
+    poison(dq);
+    poison(dk);
+    poison(dv);
+    if (pass == 0) {
+      kfa::flash_attention_varlen_backward(Space(), q_d, k_d, v_d, cu_q_d, cu_k_d, vs.max_q,
+                                           vs.max_k, o_flash, lse_flash, do_d, dq, dk, dv, opt,
+                                           mod);
+    } else {
+      kfa::standard_attention_varlen_backward(Space(), q_d, k_d, v_d, cu_q_d, cu_k_d, vs.max_q,
+                                              vs.max_k, o_flash, lse_flash, do_d, dq, dk, dv,
+                                              opt, mod);
+    }
+    Space().fence();
+    const std::string who = what + (pass == 0 ? " flash" : " standard");
+    expect_close<T>(who, "dq", to_host(dq), dq_plain, dq_ref);
+    expect_close<T>(who, "dk", to_host(dk), dk_plain, dk_ref);
+    expect_close<T>(who, "dv", to_host(dv), dv_plain, dv_ref);
+  }
 }
 
 }  // namespace kfa_test

@@ -1,5 +1,6 @@
 // Bad input: std::invalid_argument naming the argument and its expected
-// shape, and nothing written to the outputs.
+// shape (or the valid range of an option, or what is wrong with the
+// offsets of a packed batch), and nothing written to the outputs.
 
 #include "kfa_test_helpers.hpp"
 
@@ -75,7 +76,7 @@ TYPED_TEST(BadInput, ForwardExtents) {
   expect_invalid([&] { kfa::flash_attention_forward(Space(), f.q, k_bad_dim, f.v, f.o, f.lse); },
                  {"kfa::flash_attention_forward", "k must be", "[2][12][3][16]", "[2][12][3][8]"});
   expect_invalid([&] { kfa::flash_attention_forward(Space(), f.q, f.k, v_bad_len, f.o, f.lse); },
-                 {"v must be", "[batch][seqlen_k][heads][head_dim]"});
+                 {"v must be", "[batch][seqlen_k][heads_kv][head_dim]"});
   expect_invalid([&] { kfa::flash_attention_forward(Space(), f.q, f.k, f.v, o_bad, f.lse); },
                  {"o must be", "[2][10][3][16]"});
   expect_invalid([&] { kfa::flash_attention_forward(Space(), f.q, f.k, f.v, f.o, lse_bad); },
@@ -146,6 +147,163 @@ TYPED_TEST(BadInput, BackwardExtents) {
                                       dk_rank3, f.dv);
       },
       {"dk must be a rank-4 View"});
+  f.untouched();
+}
+
+TYPED_TEST(BadInput, VariantOptions) {
+  using Space = TypeParam;
+  Fixture<Space> f;
+  auto fwd = [&](const kfa::AttentionOptions& opt) {
+    kfa::flash_attention_forward(Space(), f.q, f.k, f.v, f.o, f.lse, opt);
+  };
+  auto bwd = [&](const kfa::AttentionOptions& opt) {
+    kfa::flash_attention_backward(Space(), f.q, f.k, f.v, f.o, f.lse, f.d_o, f.dq, f.dk, f.dv,
+                                  opt);
+  };
+  auto std_fwd = [&](const kfa::AttentionOptions& opt) {
+    kfa::standard_attention_forward(Space(), f.q, f.k, f.v, f.o, f.lse, opt);
+  };
+  kfa::AttentionOptions opt;
+  opt.window_left = -2;
+  expect_invalid([&] { fwd(opt); }, {"window_left", "-1 for an unbounded side", "(-2, -1)"});
+  opt = {};
+  opt.window_right = -5;
+  opt.causal = true;
+  expect_invalid([&] { bwd(opt); }, {"kfa::flash_attention_backward", "window_right", "-5"});
+  for (const double p : {1.0, -0.1, 1.5, std::numeric_limits<double>::quiet_NaN()}) {
+    opt = {};
+    opt.dropout_p = p;
+    expect_invalid([&] { fwd(opt); }, {"dropout_p", "[0, 1)"});
+    expect_invalid([&] { bwd(opt); }, {"dropout_p"});
+    expect_invalid([&] { std_fwd(opt); }, {"kfa::standard_attention_forward", "dropout_p"});
+  }
+  for (const double c : {-1.0, -1e-30, std::numeric_limits<double>::infinity(),
+                         std::numeric_limits<double>::quiet_NaN()}) {
+    opt = {};
+    opt.softcap = c;
+    expect_invalid([&] { fwd(opt); }, {"softcap", ">= 0"});
+    expect_invalid([&] { bwd(opt); }, {"softcap"});
+  }
+  opt = {};
+  opt.dropout_p = 1;
+  Kokkos::View<std::uint8_t****, Kokkos::LayoutRight, typename Space::memory_space> mask(
+      "mask", 1, 1, 2, 2);
+  expect_invalid([&] { kfa::dropout_mask(Space(), mask, opt); },
+                 {"kfa::dropout_mask", "dropout_p"});
+  f.untouched();
+}
+
+TYPED_TEST(BadInput, GroupedQueryHeads) {
+  using Space = TypeParam;
+  Fixture<Space> f;
+  using V4 = typename Fixture<Space>::V4;
+  // 3 query heads cannot share 2 key/value heads.
+  V4 k2("k", 2, 12, 2, 16), v2("v", 2, 12, 2, 16);
+  expect_invalid([&] { kfa::flash_attention_forward(Space(), f.q, k2, v2, f.o, f.lse); },
+                 {"heads of q (3)", "multiple of heads_kv", "(2)"});
+  expect_invalid(
+      [&] {
+        kfa::flash_attention_backward(Space(), f.q, k2, v2, f.o, f.lse, f.d_o, f.dq, f.dk, f.dv);
+      },
+      {"multiple of heads_kv"});
+  // One key/value head (multi-query): v and dk must follow k's heads.
+  V4 k1("k", 2, 12, 1, 16), v1("v", 2, 12, 1, 16);
+  expect_invalid([&] { kfa::flash_attention_forward(Space(), f.q, k1, f.v, f.o, f.lse); },
+                 {"v must be", "[batch][seqlen_k][heads_kv][head_dim]", "[2][12][1][16]"});
+  expect_invalid(
+      [&] {
+        kfa::flash_attention_backward(Space(), f.q, k1, v1, f.o, f.lse, f.d_o, f.dq, f.dk, f.dv);
+      },
+      {"dk must be", "[2][12][1][16]", "[2][12][3][16]"});
+  f.untouched();
+}
+
+TYPED_TEST(BadInput, PackedOffsets) {
+  using Space = TypeParam;
+  using mem = typename Space::memory_space;
+  using V3 = DeviceView3<float, Space>;
+  using V2 = DeviceView2<float, Space>;
+  using Cu = Kokkos::View<int*, mem>;
+  // Two sequences: 4 + 6 query rows, 5 + 7 keys.
+  V3 q("q", 10, 3, 16), k("k", 12, 3, 16), v("v", 12, 3, 16), o("o", 10, 3, 16),
+      d_o("d_o", 10, 3, 16), dq("dq", 10, 3, 16), dk("dk", 12, 3, 16), dv("dv", 12, 3, 16);
+  V2 lse("lse", 3, 10);
+  for (const auto& out : {o, dq, dk, dv}) Kokkos::deep_copy(out, 7.0f);
+  Kokkos::deep_copy(lse, 7.0f);
+  auto offsets = [](std::vector<int> values) {
+    return offsets_to_device<Space>(values, "cu_seqlens");
+  };
+  const Cu cu_q = offsets({0, 4, 10}), cu_k = offsets({0, 5, 12});
+  auto fwd = [&](const Cu& cq, const Cu& ck, int max_q, int max_k) {
+    kfa::flash_attention_varlen_forward(Space(), q, k, v, cq, ck, max_q, max_k, o, lse);
+  };
+  auto bwd = [&](const Cu& cq, const Cu& ck, int max_q, int max_k) {
+    kfa::flash_attention_varlen_backward(Space(), q, k, v, cq, ck, max_q, max_k, o, lse, d_o, dq,
+                                         dk, dv);
+  };
+  expect_invalid([&] { fwd(offsets({0, 6, 4, 10}), offsets({0, 5, 6, 12}), 10, 10); },
+                 {"kfa::flash_attention_varlen_forward", "cu_seqlens_q", "non-decreasing",
+                  "cu_seqlens_q[1] = 6 > cu_seqlens_q[2] = 4"});
+  expect_invalid([&] { bwd(cu_q, offsets({0, 7, 5}), 10, 10); },
+                 {"kfa::flash_attention_varlen_backward", "cu_seqlens_k", "non-decreasing"});
+  expect_invalid([&] { fwd(offsets({1, 4, 10}), cu_k, 10, 10); },
+                 {"cu_seqlens_q", "must start at 0", "got cu_seqlens_q[0] = 1"});
+  expect_invalid([&] { fwd(offsets({0, 4, 9}), cu_k, 10, 10); },
+                 {"must end at total_q (q.extent(0)) = 10", "cu_seqlens_q[2] = 9"});
+  expect_invalid([&] { fwd(cu_q, offsets({0, 5, 13}), 10, 10); },
+                 {"cu_seqlens_k", "must end at total_k (k.extent(0)) = 12", "13"});
+  expect_invalid([&] { fwd(cu_q, cu_k, 5, 10); },
+                 {"cu_seqlens_q", "length 6", "max_seqlen_q = 5"});
+  expect_invalid([&] { bwd(cu_q, cu_k, 10, 6); }, {"cu_seqlens_k", "length 7", "max_seqlen_k = 6"});
+  expect_invalid([&] { fwd(cu_q, offsets({0, 12}), 10, 12); },
+                 {"cu_seqlens_q and cu_seqlens_k must both be [batch + 1]", "[3] and [2]"});
+  expect_invalid([&] { fwd(cu_q, cu_k, -1, 10); }, {"max_seqlen_q", ">= 0"});
+  V2 lse_bad("lse", 10, 3);
+  expect_invalid(
+      [&] {
+        kfa::flash_attention_varlen_forward(Space(), q, k, v, cu_q, cu_k, 6, 7, o, lse_bad);
+      },
+      {"lse must be", "[heads][total_q]", "[3][10]"});
+  V3 k_bad("k", 12, 2, 16);
+  expect_invalid(
+      [&] { kfa::flash_attention_varlen_forward(Space(), q, k_bad, k_bad, cu_q, cu_k, 6, 7, o, lse); },
+      {"multiple of heads_kv"});
+  Kokkos::View<int**, mem> cu_rank2("cu", 3, 1);
+  expect_invalid(
+      [&] { kfa::flash_attention_varlen_forward(Space(), q, k, v, cu_rank2, cu_k, 6, 7, o, lse); },
+      {"cu_seqlens_q must be a rank-1 View"});
+  expect_invalid(
+      [&] {
+        kfa::standard_attention_varlen_forward(Space(), q, k, v, offsets({0, 11, 10}), cu_k, 11,
+                                               7, o, lse);
+      },
+      {"kfa::standard_attention_varlen_forward", "non-decreasing"});
+  // A valid call goes through (and writes).
+  fwd(cu_q, cu_k, 6, 7);
+  Space().fence();
+  EXPECT_NE(to_host(o).data[0], 7.0);
+  Kokkos::deep_copy(o, 7.0f);
+  Kokkos::deep_copy(lse, 7.0f);
+  for (const auto& out : {o, dq, dk, dv}) expect_untouched(out, 7.0);
+  expect_untouched(lse, 7.0);
+}
+
+TYPED_TEST(BadInput, AlibiSlopesShape) {
+  using Space = TypeParam;
+  Fixture<Space> f;
+  Kokkos::View<float*, typename Space::memory_space> per_head("slopes", 2);
+  Kokkos::View<float**, Kokkos::LayoutRight, typename Space::memory_space> per_batch("slopes", 3, 3);
+  expect_invalid(
+      [&] {
+        kfa::flash_attention_forward(Space(), f.q, f.k, f.v, f.o, f.lse, {}, kfa::alibi(per_head));
+      },
+      {"ALiBi slopes must be [heads] = [3] or [batch][heads] = [2][3]", "got [2]"});
+  expect_invalid(
+      [&] {
+        kfa::flash_attention_backward(Space(), f.q, f.k, f.v, f.o, f.lse, f.d_o, f.dq, f.dk, f.dv,
+                                      {}, kfa::alibi(per_batch));
+      },
+      {"got [3][3]"});
   f.untouched();
 }
 

@@ -56,7 +56,7 @@ class FlashBackwardMmaKernel {
         m_heads(static_cast<int>(q.extent(2))),
         m_seqlen_k(static_cast<int>(k.extent(1))),
         m_num_kv_blocks((m_seqlen_k + kBlockN - 1) / kBlockN),
-        m_mask{causal, m_seqlen_k - m_seqlen_q, m_seqlen_k} {}
+        m_mask(m_seqlen_q, m_seqlen_k, -1, causal ? 0 : -1) {}
 
   void launch(const ExecSpace& space) const {
     const int league = m_num_kv_blocks * m_batch * m_heads;
@@ -141,7 +141,7 @@ class FlashBackwardMmaKernel {
       for (int e = 0; e < 4; ++e) acc_dk[n][e] = acc_dv[n][e] = 0;
 
     const int key0 = key_begin + warp * 16 + lane / 4, key1 = key0 + 8;
-    const int first_q_block = m_mask.first_row(key_begin) / kBlockM;
+    const int first_q_block = m_mask.row_begin(key_begin) / kBlockM;
     const int num_q_blocks = (m_seqlen_q + kBlockM - 1) / kBlockM;
     for (int q_block = first_q_block; q_block < num_q_blocks; ++q_block) {
       const int row_begin = q_block * kBlockM;
@@ -180,7 +180,7 @@ class FlashBackwardMmaKernel {
         }
 
       // Pᵀ and dSᵀ in registers (rows = keys, columns = queries).
-      const bool needs_mask = m_mask.tile_needs_mask(row_begin, key_begin + kBlockN);
+      const bool needs_mask = m_mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin, key_begin + kBlockN);
       const float scale_log2 = m_scale * kLog2e;
       for (int n = 0; n < kTilesS; ++n)
         for (int e = 0; e < 4; ++e) {
@@ -285,7 +285,7 @@ class FlashBackwardMmaKernel {
   std::uint16_t* m_dv;
   float m_scale;
   int m_batch, m_seqlen_q, m_heads, m_seqlen_k, m_num_kv_blocks;
-  CausalMask m_mask;
+  AttentionMask m_mask;
 };
 
 }  // namespace Impl

@@ -70,7 +70,7 @@ class FlashForwardMmaKernel {
         m_heads(static_cast<int>(q.extent(2))),
         m_seqlen_k(static_cast<int>(k.extent(1))),
         m_num_q_blocks((m_seqlen_q + kBlockM - 1) / kBlockM),
-        m_mask{causal, m_seqlen_k - m_seqlen_q, m_seqlen_k} {}
+        m_mask(m_seqlen_q, m_seqlen_k, -1, causal ? 0 : -1) {}
 
   void launch(const ExecSpace& space) const {
     const int league = m_num_q_blocks * m_batch * m_heads;
@@ -173,7 +173,7 @@ class FlashForwardMmaKernel {
 
       // Scale (base 2), mask, online softmax in registers. Row max and the
       // rescale are reduced over the 4 lanes (a quad) that share a row.
-      const bool needs_mask = m_mask.tile_needs_mask(row_begin, key_begin + kBlockN);
+      const bool needs_mask = m_mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin, key_begin + kBlockN);
       float block_max[2] = {row_max[0], row_max[1]};
       for (int n = 0; n < kTilesS; ++n)
         for (int e = 0; e < 4; ++e) {
@@ -265,7 +265,7 @@ class FlashForwardMmaKernel {
   float* m_lse;
   float m_scale_log2;
   int m_batch, m_seqlen_q, m_heads, m_seqlen_k, m_num_q_blocks;
-  CausalMask m_mask;
+  AttentionMask m_mask;
 };
 
 }  // namespace Impl

@@ -1,0 +1,8 @@
+// The test build's single instantiation of the entry points on the Serial
+// backend (see kfa_test_eti.hpp).
+
+#include "kfa_test_eti.hpp"
+
+#ifdef KOKKOS_ENABLE_SERIAL
+KFA_TEST_ETI_SPACE(, Kokkos::Serial)
+#endif

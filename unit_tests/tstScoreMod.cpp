@@ -1,0 +1,264 @@
+// Score modifiers (FlexAttention's score_mod / mask_mod for Kokkos): a
+// document mask with its block predicate, a relative position bias, a
+// non-additive modifier with its derivative hook, alone and combined with the
+// built-in variants; fully masked tiles are skipped (the modifier is not even
+// called there). ALiBi, kfa's own modifier, is in tstAlibi.cpp.
+
+#include "kfa_test_helpers.hpp"
+
+namespace kfa_test {
+
+/// One modifier type for every test (each type compiles its own kernels):
+/// the features are switched by `modes`.
+template <class MemorySpace>
+struct TestScoreMod {
+  enum : int {
+    kDocument = 1,      // mask unless doc_q(b, i) == doc_k(b, j); block predicate from the ids
+    kRelativeBias = 2,  // + rel(h, clamp(j - i, -radius, radius) + radius)
+    kNonlinear = 4,     // temp(h)·s - 0.05·s², with score_grad
+    kRecordTiles = 8,   // visible() marks tiles(row_begin, key_begin)
+    kCountCalls = 16,   // operator() counts its calls in calls(0)
+    kHideAll = 32       // visible() is false everywhere
+  };
+  int modes = 0;
+  Kokkos::View<const int**, MemorySpace> doc_q, doc_k;
+  Kokkos::View<const float**, MemorySpace> rel;
+  int radius = 0;
+  Kokkos::View<const float*, MemorySpace> temp;
+  Kokkos::View<int**, MemorySpace> tiles;
+  Kokkos::View<int*, MemorySpace> calls;
+
+  template <class Acc>
+  KOKKOS_INLINE_FUNCTION Acc operator()(int b, int h, int i, int j, Acc s) const {
+    if (modes & kCountCalls) Kokkos::atomic_add(&calls(0), 1);
+    if ((modes & kDocument) && doc_q(b, i) != doc_k(b, j)) return kfa::masked_score<Acc>();
+    if (modes & kNonlinear) s = static_cast<Acc>(temp(h)) * s - Acc(0.05) * s * s;
+    if (modes & kRelativeBias) {
+      const int r = j - i < -radius ? -radius : (j - i > radius ? radius : j - i);
+      s += static_cast<Acc>(rel(h, r + radius));
+    }
+    return s;
+  }
+
+  template <class Acc>
+  KOKKOS_INLINE_FUNCTION Acc score_grad(int, int h, int, int, Acc s) const {
+    return (modes & kNonlinear) ? static_cast<Acc>(temp(h)) - Acc(0.1) * s : Acc(1);
+  }
+
+  KOKKOS_INLINE_FUNCTION bool visible(int b, int, int row_begin, int row_end, int key_begin,
+                                      int key_end) const {
+    if (modes & kRecordTiles) tiles(row_begin, key_begin) = 1;
+    if (modes & kHideAll) return false;
+    if (modes & kDocument) {
+      // Document ids are non-decreasing: disjoint id ranges share no document.
+      return doc_q(b, row_begin) <= doc_k(b, key_end - 1) &&
+             doc_k(b, key_begin) <= doc_q(b, row_end - 1);
+    }
+    return true;
+  }
+};
+
+namespace {
+
+template <class C>
+class ScoreMod : public ::testing::Test {};
+TYPED_TEST_SUITE(ScoreMod, AllConfigs);
+
+template <class Space>
+using Mod = TestScoreMod<typename Space::memory_space>;
+
+/// Documents of random lengths (1..max_len) covering `n` positions.
+inline std::vector<int> random_documents(int n, int max_len, std::mt19937_64& rng) {
+  std::vector<int> ids(n);
+  int doc = 0, left = 0;
+  for (int i = 0; i < n; ++i) {
+    if (left == 0) {
+      ++doc;
+      left = 1 + static_cast<int>(rng() % max_len);
+    }
+    ids[i] = doc;
+    --left;
+  }
+  return ids;
+}
+
+/// A TestScoreMod on the device plus the oracle's view of it.
+template <class Space>
+struct ModSetup {
+  Mod<Space> mod;
+  RefExtras extras;
+  std::vector<std::vector<int>> doc_q, doc_k;
+  std::vector<float> rel, temp;
+  Kokkos::View<int**, typename Space::memory_space> tiles;
+  Kokkos::View<int*, typename Space::memory_space> calls;
+
+  ModSetup(int modes, const Shape& s, std::uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    using mem = typename Space::memory_space;
+    mod.modes = modes;
+    // Both sequences cut into the same documents, scaled to their lengths.
+    Kokkos::View<int**, mem> dq("doc_q", s.batch, s.seqlen_q), dk("doc_k", s.batch, s.seqlen_k);
+    auto hq = Kokkos::create_mirror_view(dq);
+    auto hk = Kokkos::create_mirror_view(dk);
+    for (int b = 0; b < s.batch; ++b) {
+      doc_q.push_back(random_documents(s.seqlen_q, 40, rng));
+      doc_k.push_back(std::vector<int>(s.seqlen_k));
+      const int docs = doc_q[b].empty() ? 1 : doc_q[b].back();
+      for (int j = 0; j < s.seqlen_k; ++j)
+        doc_k[b][j] = 1 + static_cast<int>(std::int64_t(j) * docs / std::max(1, s.seqlen_k));
+      for (int i = 0; i < s.seqlen_q; ++i) hq(b, i) = doc_q[b][i];
+      for (int j = 0; j < s.seqlen_k; ++j) hk(b, j) = doc_k[b][j];
+    }
+    Kokkos::deep_copy(dq, hq);
+    Kokkos::deep_copy(dk, hk);
+    mod.doc_q = dq;
+    mod.doc_k = dk;
+    mod.radius = 16;
+    Kokkos::View<float**, mem> r("rel", s.heads, 2 * mod.radius + 1);
+    Kokkos::View<float*, mem> t("temp", s.heads);
+    auto hr = Kokkos::create_mirror_view(r);
+    auto ht = Kokkos::create_mirror_view(t);
+    std::uniform_real_distribution<float> bias(-1.5f, 1.5f), temperature(0.5f, 2.0f);
+    for (int h = 0; h < s.heads; ++h) {
+      for (int x = 0; x <= 2 * mod.radius; ++x) rel.push_back(hr(h, x) = bias(rng));
+      temp.push_back(ht(h) = temperature(rng));
+    }
+    Kokkos::deep_copy(r, hr);
+    Kokkos::deep_copy(t, ht);
+    mod.rel = r;
+    mod.temp = t;
+    tiles = decltype(tiles)("tiles", std::max(1, s.seqlen_q), std::max(1, s.seqlen_k));
+    calls = decltype(calls)("calls", 1);
+    mod.tiles = tiles;
+    mod.calls = calls;
+
+    const int radius = mod.radius, heads_rel = 2 * radius + 1;
+    extras.mod = [this, modes, radius, heads_rel](int b, int h, int i, int j, double x, int,
+                                                  int) {
+      if ((modes & Mod<Space>::kDocument) && doc_q[b][i] != doc_k[b][j]) return -double(INFINITY);
+      if (modes & Mod<Space>::kNonlinear) x = double(temp[h]) * x - 0.05 * x * x;
+      if (modes & Mod<Space>::kRelativeBias)
+        x += rel[std::size_t(h) * heads_rel + std::clamp(j - i, -radius, radius) + radius];
+      return x;
+    };
+    extras.mod_grad = [this, modes](int, int h, int, int, double x) {
+      return (modes & Mod<Space>::kNonlinear) ? double(temp[h]) - 0.1 * x : 1.0;
+    };
+  }
+};
+
+TYPED_TEST(ScoreMod, DocumentMask) {
+  using Space = typename TypeParam::space;
+  if (is_duplicate_config<TypeParam>()) GTEST_SKIP() << "half is float here";
+  for (const Shape& s : {Shape{2, 203, 203, 2, 64}, Shape{1, 113, 97, 3, 59, 1}}) {
+    ModSetup<Space> setup(Mod<Space>::kDocument, s, test_seed("doc" + to_string(s)));
+    check_variant<TypeParam>(s, {}, "document", setup.mod, setup.extras);
+  }
+}
+
+TYPED_TEST(ScoreMod, RelativePositionBias) {
+  using Space = typename TypeParam::space;
+  if (is_duplicate_config<TypeParam>()) GTEST_SKIP() << "half is float here";
+  const Shape s{2, 97, 113, 2, 80};
+  ModSetup<Space> setup(Mod<Space>::kRelativeBias, s, test_seed("rel"));
+  kfa::AttentionOptions opt;
+  opt.causal = true;
+  check_variant<TypeParam>(s, opt, "relative-bias", setup.mod, setup.extras);
+}
+
+// A modifier that is not additive needs its derivative (score_grad).
+TYPED_TEST(ScoreMod, NonlinearWithDerivativeHook) {
+  using Space = typename TypeParam::space;
+  if (is_duplicate_config<TypeParam>()) GTEST_SKIP() << "half is float here";
+  const Shape s{1, 113, 203, 2, 32};
+  ModSetup<Space> setup(Mod<Space>::kNonlinear | Mod<Space>::kRelativeBias, s,
+                        test_seed("nonlinear"));
+  kfa::AttentionOptions opt;
+  opt.deterministic = true;
+  check_variant<TypeParam>(s, opt, "nonlinear", setup.mod, setup.extras);
+}
+
+// Modifier, softcap (applied first), dropout, window and grouped-query heads.
+TYPED_TEST(ScoreMod, CombinedWithBuiltInVariants) {
+  using Space = typename TypeParam::space;
+  if (is_duplicate_config<TypeParam>()) GTEST_SKIP() << "half is float here";
+  const Shape s{2, 130, 150, 4, 48, 2};
+  ModSetup<Space> setup(Mod<Space>::kDocument | Mod<Space>::kRelativeBias, s,
+                        test_seed("mod-combined"));
+  kfa::AttentionOptions opt;
+  opt.causal = true;
+  opt.window_left = 70;
+  opt.softcap = 4;
+  opt.dropout_p = 0.15;
+  opt.dropout_seed = 11;
+  check_variant<TypeParam>(s, opt, "mod-combined", setup.mod, setup.extras);
+}
+
+// The block predicate skips fully masked tiles: the modifier is called once
+// per element of the tiles it lets through and never for the others, and a
+// predicate that hides everything gives empty rows (O = 0, lse = -inf) and
+// zero gradients without calling the modifier at all.
+TYPED_TEST(ScoreMod, BlockPredicateSkipsTiles) {
+  using Space = typename TypeParam::space;
+  using T = typename TypeParam::value_type;
+  using Acc = kfa::accumulator_t<T>;
+  if (is_duplicate_config<TypeParam>()) GTEST_SKIP() << "half is float here";
+  const Shape s{1, 256, 256, 1, 64};
+  using traits = kfa::Impl::KernelTraits<Space, T, kfa::Impl::head_dim_bucket(64)>;
+  const int bm = traits::kBlockM, bn = traits::kBlockN;
+  ModSetup<Space> setup(Mod<Space>::kDocument | Mod<Space>::kCountCalls |
+                            Mod<Space>::kRecordTiles,
+                        s, test_seed("skip"));
+  const Case c = make_case<T>(s, {}, "skip", setup.extras);
+  auto q = to_device<T, Space>(c.q, "q");
+  auto k = to_device<T, Space>(c.k, "k");
+  auto v = to_device<T, Space>(c.v, "v");
+  DeviceView4<T, Space> o("o", s.batch, s.seqlen_q, s.heads, s.head_dim);
+  DeviceView3<Acc, Space> lse("lse", s.batch, s.heads, s.seqlen_q);
+  kfa::AttentionOptions opt;
+  opt.team_size = test_team_size<Space>();
+  kfa::flash_attention_forward(Space(), q, k, v, o, lse, opt, setup.mod);
+  auto calls = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), setup.calls);
+  auto tiles = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), setup.tiles);
+  long expected_calls = 0, tiles_total = 0, tiles_kept = 0;
+  for (int r0 = 0; r0 < s.seqlen_q; r0 += bm)
+    for (int k0 = 0; k0 < s.seqlen_k; k0 += bn) {
+      const int r1 = std::min(s.seqlen_q, r0 + bm), k1 = std::min(s.seqlen_k, k0 + bn);
+      ++tiles_total;
+      EXPECT_EQ(tiles(r0, k0), 1) << "tile " << r0 << "," << k0 << " not asked";
+      if (setup.doc_q[0][r0] <= setup.doc_k[0][k1 - 1] &&
+          setup.doc_k[0][k0] <= setup.doc_q[0][r1 - 1]) {
+        ++tiles_kept;
+        expected_calls += long(r1 - r0) * (k1 - k0);
+      }
+    }
+  EXPECT_EQ(calls(0), expected_calls) << tiles_kept << " of " << tiles_total << " tiles kept";
+  EXPECT_LT(tiles_kept, tiles_total);
+  EXPECT_LE(max_abs_diff(to_host(o), c.o_ref), 64 * epsilon<T>() * std::max(1.0, max_abs(c.o_ref)));
+
+  setup.mod.modes = Mod<Space>::kHideAll | Mod<Space>::kCountCalls;
+  Kokkos::deep_copy(setup.calls, 0);
+  poison(o);
+  poison(lse);
+  kfa::flash_attention_forward(Space(), q, k, v, o, lse, opt, setup.mod);
+  for (double x : to_host(o).data) ASSERT_EQ(x, 0.0);
+  for (double x : to_host(lse).data) ASSERT_TRUE(std::isinf(x) && x < 0);
+  auto d_o = to_device<T, Space>(c.d_o, "d_o");
+  DeviceView4<T, Space> dq("dq", s.batch, s.seqlen_q, s.heads, s.head_dim),
+      dk("dk", s.batch, s.seqlen_k, s.heads, s.head_dim),
+      dv("dv", s.batch, s.seqlen_k, s.heads, s.head_dim);
+  for (const bool deterministic : {false, true}) {
+    opt.deterministic = deterministic;
+    poison(dq);
+    poison(dk);
+    poison(dv);
+    kfa::flash_attention_backward(Space(), q, k, v, o, lse, d_o, dq, dk, dv, opt, setup.mod);
+    for (const auto& g : {to_host(dq), to_host(dk), to_host(dv)})
+      for (double x : g.data) ASSERT_EQ(x, 0.0);
+  }
+  Kokkos::deep_copy(calls, setup.calls);
+  EXPECT_EQ(calls(0), 0);
+}
+
+}  // namespace
+}  // namespace kfa_test

@@ -1,0 +1,191 @@
+// Attention variants on fixed-length batches: grouped-query / multi-query
+// attention, sliding windows (with causal, bottom-right aligned), softcap,
+// dropout, and all of them at once. Fused and materialised, forward and
+// backward, against the fp64 oracle with the error rule of the core tests.
+// Also: the mask's tile queries against brute force, and the dropout mask.
+
+#include "kfa_test_helpers.hpp"
+
+namespace kfa_test {
+namespace {
+
+// The tile queries of the mask agree with the element mask: every visible
+// element lies inside the key range of its row block and the row range of
+// its key block, and a tile said not to need the element mask has no masked
+// element. Windows also skip the tiles before them, not only after.
+TEST(AttentionMask, TileQueriesMatchBruteForce) {
+  struct Window {
+    bool causal;
+    int left, right;
+  };
+  const Window windows[] = {{false, -1, -1}, {true, -1, -1}, {false, 5, 0},  {true, 16, -1},
+                            {false, 0, 0},   {false, -1, 3}, {false, 7, -1}, {false, 12, 30},
+                            {true, 1000, -1}};
+  const int shapes[][2] = {{97, 97}, {40, 150}, {150, 40}, {1, 64}, {64, 1}, {33, 0}};
+  const int blocks[][2] = {{64, 64}, {16, 8}, {7, 5}};
+  for (const Window& w : windows)
+    for (const auto& shape : shapes)
+      for (const auto& block : blocks) {
+        const int sq = shape[0], sk = shape[1], bm = block[0], bn = block[1];
+        kfa::AttentionOptions opt;
+        opt.causal = w.causal;
+        opt.window_left = w.left;
+        opt.window_right = w.right;
+        const kfa::Impl::AttentionMask mask(sq, sk, w.left, w.causal ? 0 : w.right);
+        const std::string what = "sq=" + std::to_string(sq) + " sk=" + std::to_string(sk) +
+                                 " block " + std::to_string(bm) + "x" + std::to_string(bn) +
+                                 to_string(opt);
+        for (int i = 0; i < sq; ++i)
+          for (int j = 0; j < sk; ++j)
+            ASSERT_EQ(mask.masked(i, j), ref_masked(opt, i, j, sq, sk)) << what;
+        int visited = 0, needed = 0;
+        for (int r0 = 0; r0 < sq; r0 += bm) {
+          const int r1 = std::min(sq, r0 + bm);
+          const int key_lo = mask.key_begin(r0), key_hi = mask.key_end(r1);
+          for (int k0 = 0; k0 < sk; k0 += bn) {
+            const int k1 = std::min(sk, k0 + bn);
+            bool any = false, all = true;
+            for (int i = r0; i < r1; ++i)
+              for (int j = k0; j < k0 + bn; ++j) {
+                const bool visible = j < sk && !ref_masked(opt, i, j, sq, sk);
+                any = any || visible;
+                all = all && visible;
+                if (visible) {
+                  ASSERT_TRUE(j >= key_lo && j < key_hi) << what << " row " << i << " key " << j;
+                  ASSERT_TRUE(i >= mask.row_begin(k0) && i < mask.row_end(k1))
+                      << what << " row " << i << " key " << j;
+                }
+              }
+            if (!mask.tile_needs_mask(r0, r1, k0, k0 + bn))
+              ASSERT_TRUE(all) << what << " tile " << r0 << "," << k0;
+            const bool in_range = k1 > key_lo && k0 < key_hi;
+            visited += in_range;
+            needed += any;
+          }
+        }
+        // The ranges are tight up to one tile per row block at each end.
+        EXPECT_LE(visited, needed + 2 * ((sq + bm - 1) / bm)) << what;
+      }
+}
+
+template <class C>
+class Variants : public ::testing::Test {};
+TYPED_TEST_SUITE(Variants, AllConfigs);
+
+kfa::AttentionOptions window(int left, int right, bool causal = false) {
+  kfa::AttentionOptions opt;
+  opt.window_left = left;
+  opt.window_right = right;
+  opt.causal = causal;
+  return opt;
+}
+
+// Grouped-query (heads_kv = 2 for 6 query heads) and multi-query
+// (heads_kv = 1) attention; dk and dv sum over each group's query heads.
+TYPED_TEST(Variants, GroupedQueryAttention) {
+  if (is_duplicate_config<TypeParam>()) GTEST_SKIP() << "half is float here";
+  check_variant<TypeParam>({2, 97, 113, 6, 59, 2}, {}, "gqa");
+  check_variant<TypeParam>({1, 113, 203, 4, 80, 1}, window(-1, -1, true), "mqa");
+  kfa::AttentionOptions det = window(-1, -1, true);
+  det.deterministic = true;
+  check_variant<TypeParam>({2, 64, 70, 4, 32, 2}, det, "gqa-det");
+}
+
+// Sliding windows, alone and with causal, seqlen_q below, equal to and above
+// seqlen_k (bottom-right alignment), including rows that see no key.
+TYPED_TEST(Variants, SlidingWindow) {
+  if (is_duplicate_config<TypeParam>()) GTEST_SKIP() << "half is float here";
+  check_variant<TypeParam>({1, 203, 113, 2, 64}, window(16, -1, true), "window");
+  check_variant<TypeParam>({1, 203, 113, 2, 64}, window(40, 7), "window");
+  check_variant<TypeParam>({2, 97, 97, 2, 32}, window(0, 0), "window");
+  check_variant<TypeParam>({1, 113, 203, 3, 59}, window(-1, 9), "window");
+  check_variant<TypeParam>({1, 113, 203, 3, 59}, window(23, -1), "window");
+  check_variant<TypeParam>({1, 150, 40, 2, 16}, window(8, -1, true), "window");
+  kfa::AttentionOptions det = window(30, 30);
+  det.deterministic = true;
+  check_variant<TypeParam>({1, 120, 130, 2, 48}, det, "window-det");
+}
+
+// Softcap: scores become softcap·tanh(s/softcap); the backward multiplies dS
+// by 1 - tanh².
+TYPED_TEST(Variants, Softcap) {
+  if (is_duplicate_config<TypeParam>()) GTEST_SKIP() << "half is float here";
+  kfa::AttentionOptions opt;
+  opt.softcap = 1.5;
+  check_variant<TypeParam>({2, 113, 203, 3, 80}, opt, "softcap");
+  opt.softcap = 0.7;
+  opt.softmax_scale = 0.5;
+  opt.causal = true;
+  opt.deterministic = true;
+  check_variant<TypeParam>({1, 97, 97, 2, 59}, opt, "softcap");
+}
+
+// Dropout against the oracle given kfa's keep mask: the forward and both
+// backward kernels must draw exactly that mask.
+TYPED_TEST(Variants, Dropout) {
+  if (is_duplicate_config<TypeParam>()) GTEST_SKIP() << "half is float here";
+  kfa::AttentionOptions opt;
+  opt.dropout_p = 0.17;
+  opt.dropout_seed = 42;
+  check_variant<TypeParam>({2, 97, 113, 2, 59}, opt, "dropout");
+  opt.dropout_p = 0.5;
+  opt.dropout_seed = 7;
+  opt.causal = true;
+  opt.deterministic = true;
+  check_variant<TypeParam>({1, 113, 97, 3, 32}, opt, "dropout");
+}
+
+// Everything at once, and the largest head dimension (the smallest CUDA tiles).
+TYPED_TEST(Variants, Combined) {
+  if (is_duplicate_config<TypeParam>()) GTEST_SKIP() << "half is float here";
+  kfa::AttentionOptions opt = window(37, -1, true);
+  opt.softcap = 3;
+  opt.dropout_p = 0.1;
+  opt.dropout_seed = 2024;
+  check_variant<TypeParam>({2, 130, 150, 4, 64, 2}, opt, "combined");
+  opt = window(20, 20);
+  opt.softcap = 2;
+  opt.dropout_p = 0.2;
+  opt.dropout_seed = 5;
+  opt.deterministic = true;
+  check_variant<TypeParam>({1, 70, 90, 2, 256, 1}, opt, "combined");
+}
+
+// The dropout mask: the kept fraction is 1 - p, a function of (seed, b, h,
+// i, j) only (repeatable, different per seed), and the host draws the same
+// mask as the device.
+TYPED_TEST(Variants, DropoutMask) {
+  using Space = typename TypeParam::space;
+  if (!std::is_same<typename TypeParam::value_type, double>::value)
+    GTEST_SKIP() << "the mask does not depend on the value type";
+  const int B = 2, H = 3, Sq = 250, Sk = 300;
+  for (const double p : {0.0, 0.1, 0.5, 0.9}) {
+    kfa::AttentionOptions opt;
+    opt.dropout_p = p;
+    opt.dropout_seed = 12345;
+    const Tensor mask = dropout_keep_mask<Space>(B, H, Sq, Sk, opt);
+    double kept = 0;
+    for (double x : mask.data) kept += x;
+    const double n = double(mask.data.size());
+    const double sigma = std::sqrt(n * p * (1 - p));
+    EXPECT_NEAR(kept, n * (1 - p), 5 * sigma + 1e-9) << "p " << p;
+    EXPECT_EQ(dropout_keep_mask<Space>(B, H, Sq, Sk, opt).data, mask.data) << "p " << p;
+    const kfa::Impl::DropoutGenerator host(p, opt.dropout_seed);
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < H; ++h)
+        for (int i = 0; i < Sq; i += 7)
+          for (int j = 0; j < Sk; j += 5)
+            ASSERT_EQ(mask.at(b, h, i, j), host.kept(host.row_key(b, h, i), j) ? 1.0 : 0.0);
+    if (p > 0) {
+      opt.dropout_seed = 12346;
+      const Tensor other = dropout_keep_mask<Space>(B, H, Sq, Sk, opt);
+      double same = 0;
+      for (std::size_t e = 0; e < n; ++e) same += other.data[e] == mask.data[e];
+      // Independent masks agree with probability p² + (1-p)².
+      EXPECT_NEAR(same, n * (p * p + (1 - p) * (1 - p)), 5 * std::sqrt(n) + 1e-9) << "p " << p;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kfa_test

@@ -1,0 +1,110 @@
+// Packed variable-length batches (cu_seqlens): fused and materialised,
+// forward and backward, against the fp64 oracle run one sequence at a time;
+// empty sequences, sequences whose rows see no key, grouped-query heads,
+// windows, softcap and dropout; a packed batch of equal lengths gives the
+// fixed-length batch's results bit for bit.
+
+#include "kfa_test_helpers.hpp"
+
+namespace kfa_test {
+namespace {
+
+template <class C>
+class Varlen : public ::testing::Test {};
+TYPED_TEST_SUITE(Varlen, AllConfigs);
+
+TYPED_TEST(Varlen, SelfAttentionWithEmptySequences) {
+  if (is_duplicate_config<TypeParam>()) GTEST_SKIP() << "half is float here";
+  const std::vector<int> lengths{37, 0, 113, 1, 64};
+  check_varlen<TypeParam>({lengths, lengths, 3, 3, 59}, {}, "varlen");
+  // Bounds above the actual lengths: the extra blocks are skipped.
+  kfa::AttentionOptions causal;
+  causal.causal = true;
+  check_varlen<TypeParam>({lengths, lengths, 3, 3, 59, 150, 150}, causal, "varlen");
+}
+
+// seqlen_q != seqlen_k per sequence (bottom-right alignment per sequence), a
+// sequence without queries (its dk, dv are 0) and one without keys (its rows
+// give O = 0, lse = -inf), grouped-query heads, both dQ modes.
+TYPED_TEST(Varlen, CrossLengthsCausalGroupedQuery) {
+  if (is_duplicate_config<TypeParam>()) GTEST_SKIP() << "half is float here";
+  const VarlenShape shape{{50, 97, 0, 13}, {70, 40, 25, 0}, 4, 2, 80};
+  kfa::AttentionOptions opt;
+  opt.causal = true;
+  check_varlen<TypeParam>(shape, opt, "varlen-cross");
+  opt.deterministic = true;
+  check_varlen<TypeParam>(shape, opt, "varlen-cross");
+}
+
+TYPED_TEST(Varlen, WindowSoftcapDropout) {
+  if (is_duplicate_config<TypeParam>()) GTEST_SKIP() << "half is float here";
+  kfa::AttentionOptions opt;
+  opt.window_left = 20;
+  opt.window_right = 5;
+  opt.softcap = 2;
+  opt.dropout_p = 0.2;
+  opt.dropout_seed = 99;
+  check_varlen<TypeParam>({{97, 113, 31}, {113, 97, 60}, 2, 1, 32}, opt, "varlen-window");
+}
+
+// The packed and the fixed-length entry points run the same kernels: equal
+// lengths must give identical bits (deterministic mode, so dQ's order is fixed).
+TYPED_TEST(Varlen, EqualLengthsMatchFixedBatchBitwise) {
+  using Space = typename TypeParam::space;
+  using T = typename TypeParam::value_type;
+  using Acc = kfa::accumulator_t<T>;
+  if (is_duplicate_config<TypeParam>()) GTEST_SKIP() << "half is float here";
+  const Shape s{3, 77, 90, 4, 40, 2};
+  kfa::AttentionOptions opt;
+  opt.causal = true;
+  opt.deterministic = true;
+  opt.dropout_p = 0.3;
+  opt.dropout_seed = 3;
+  opt.team_size = test_team_size<Space>();
+  const Case c = make_case<T>(s, {}, "varlen-bitwise");
+  auto q = to_device<T, Space>(c.q, "q");
+  auto k = to_device<T, Space>(c.k, "k");
+  auto v = to_device<T, Space>(c.v, "v");
+  auto d_o = to_device<T, Space>(c.d_o, "d_o");
+  DeviceView4<T, Space> o("o", s.batch, s.seqlen_q, s.heads, s.head_dim),
+      dq("dq", s.batch, s.seqlen_q, s.heads, s.head_dim),
+      dk("dk", s.batch, s.seqlen_k, s.heads_kv, s.head_dim),
+      dv("dv", s.batch, s.seqlen_k, s.heads_kv, s.head_dim);
+  DeviceView3<Acc, Space> lse("lse", s.batch, s.heads, s.seqlen_q);
+  kfa::flash_attention_forward(Space(), q, k, v, o, lse, opt);
+  kfa::flash_attention_backward(Space(), q, k, v, o, lse, d_o, dq, dk, dv, opt);
+
+  // The same tensors packed: [batch][seqlen] rows are [batch·seqlen] rows.
+  const int tq = s.batch * s.seqlen_q, tk = s.batch * s.seqlen_k;
+  auto packed = [](const DeviceView4<T, Space>& x, int total) {
+    return DeviceView3<T, Space>(x.data(), total, x.extent(2), x.extent(3));
+  };
+  DeviceView3<T, Space> o_p("o_p", tq, s.heads, s.head_dim), dq_p("dq_p", tq, s.heads, s.head_dim),
+      dk_p("dk_p", tk, s.heads_kv, s.head_dim), dv_p("dv_p", tk, s.heads_kv, s.head_dim);
+  DeviceView2<Acc, Space> lse_p("lse_p", s.heads, tq);
+  const auto cu_q = offsets_to_device<Space>(offsets_of(std::vector<int>(s.batch, s.seqlen_q)), "cu_q");
+  const auto cu_k = offsets_to_device<Space>(offsets_of(std::vector<int>(s.batch, s.seqlen_k)), "cu_k");
+  poison(o_p);
+  poison(lse_p);
+  poison(dq_p);
+  poison(dk_p);
+  poison(dv_p);
+  kfa::flash_attention_varlen_forward(Space(), packed(q, tq), packed(k, tk), packed(v, tk), cu_q,
+                                      cu_k, s.seqlen_q, s.seqlen_k, o_p, lse_p, opt);
+  kfa::flash_attention_varlen_backward(Space(), packed(q, tq), packed(k, tk), packed(v, tk), cu_q,
+                                       cu_k, s.seqlen_q, s.seqlen_k, o_p, lse_p,
+                                       packed(d_o, tq), dq_p, dk_p, dv_p, opt);
+  EXPECT_EQ(to_host(o_p).data, to_host(o).data);
+  EXPECT_EQ(to_host(dq_p).data, to_host(dq).data);
+  EXPECT_EQ(to_host(dk_p).data, to_host(dk).data);
+  EXPECT_EQ(to_host(dv_p).data, to_host(dv).data);
+  // lse: [batch][heads][seqlen_q] against the packed [heads][batch·seqlen_q].
+  const Tensor l = to_host(lse), lp = to_host(lse_p);
+  for (int b = 0; b < s.batch; ++b)
+    for (int h = 0; h < s.heads; ++h)
+      for (int i = 0; i < s.seqlen_q; ++i)
+        ASSERT_EQ(lp.data[std::size_t(h) * tq + b * s.seqlen_q + i], l.at(b, h, i));
+}
+
+}  // namespace
+}  // namespace kfa_test
