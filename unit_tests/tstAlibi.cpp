@@ -54,7 +54,8 @@ TYPED_TEST(Alibi, PerHeadAndPerBatch) {
   slopes2[2] *= 3;
   slopes2[3] *= 0.25f;
   auto flat = slopes_on_device<Space>(slopes2);
-  Kokkos::View<float**, typename Space::memory_space> slopes_2d(flat.data(), 2, 2);
+  Kokkos::View<float**, Kokkos::LayoutRight, typename Space::memory_space> slopes_2d(flat.data(),
+                                                                                  2, 2);
   opt = {};
   opt.window_left = opt.window_right = 30;
   check_variant<TypeParam>(per_batch, opt, "alibi-batch", kfa::alibi(slopes_2d),
