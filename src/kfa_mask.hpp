@@ -69,11 +69,6 @@ struct AttentionMask {
   }
 };
 
-/// The window of AttentionOptions with causal folded in (causal is window_right = 0).
-struct Window {
-  int left, right;
-};
-
 }  // namespace Impl
 }  // namespace kfa
 

@@ -129,8 +129,10 @@ struct ScorePipeline {
   /// Score of element (i, j) of sequence b, head h from the scaled score s;
   /// `grad` receives d(result)/ds. Only for unmasked elements.
   template <bool WithGrad>
-  KOKKOS_FORCEINLINE_FUNCTION Acc score(const SequenceInfo& seq, int b, int h, int i, int j,
-                                        Acc s, Acc& grad) const {
+  KOKKOS_FORCEINLINE_FUNCTION Acc score([[maybe_unused]] const SequenceInfo& seq,
+                                        [[maybe_unused]] int b, [[maybe_unused]] int h,
+                                        [[maybe_unused]] int i, [[maybe_unused]] int j, Acc s,
+                                        [[maybe_unused]] Acc& grad) const {
     if constexpr (kModifiers) {
       if (m_softcap != Acc(0)) {
         const Acc t = math::tanh(s * m_inv_softcap);
@@ -150,27 +152,20 @@ struct ScorePipeline {
       }
       s = modified;
     }
-    (void)seq;
-    (void)b;
-    (void)h;
-    (void)i;
-    (void)j;
     return s;
   }
 
   /// False when the modifier's block predicate says the tile is fully masked.
-  KOKKOS_FORCEINLINE_FUNCTION bool visible(int b, int h, int row_begin, int row_end,
-                                           int key_begin, int key_end) const {
+  KOKKOS_FORCEINLINE_FUNCTION bool visible([[maybe_unused]] int b, [[maybe_unused]] int h,
+                                           [[maybe_unused]] int row_begin,
+                                           [[maybe_unused]] int row_end,
+                                           [[maybe_unused]] int key_begin,
+                                           [[maybe_unused]] int key_end) const {
     if constexpr (kScoreMod && score_mod_has_visible<score_mod_type>::value) {
       return m_mod.visible(b, h, row_begin, row_end, key_begin, key_end);
+    } else {
+      return true;
     }
-    (void)b;
-    (void)h;
-    (void)row_begin;
-    (void)row_end;
-    (void)key_begin;
-    (void)key_end;
-    return true;
   }
 
   /// Dropout row key of query row i (see DropoutGenerator).
