@@ -203,15 +203,9 @@ class FlashBackwardKVKernel {
         m_num_kv_blocks((params.seq.max_seqlen_k + kBlockN - 1) / kBlockN) {}
 
   void launch(const ExecSpace& space, int team_size) const {
-    const int league = m_num_kv_blocks * m_batch * m_heads_kv;
-    if (league == 0) return;
-    policy_t probe(space, league, 1, traits::kVectorLength);
-    const int team = clamp_team_size(probe, *this, team_size > 0 ? team_size : traits::kBwdTeamSize);
-    policy_t policy(space, league, team, traits::kVectorLength);
-    check_scratch<policy_t>("kfa::bwd::dk_dv", kLevel, scratch_bytes(), kBlockM, kBlockN,
-                            kHeadDim);
-    policy.set_scratch_size(kLevel, Kokkos::PerTeam(scratch_bytes()));
-    Kokkos::parallel_for("kfa::bwd::dk_dv", policy, *this);
+    launch_team_kernel<traits>(space, "kfa::bwd::dk_dv", *this,
+                               m_num_kv_blocks * m_batch * m_heads_kv, team_size,
+                               traits::kBwdTeamSize);
   }
 
   static std::size_t scratch_bytes() {
@@ -372,15 +366,8 @@ class FlashBackwardQKernel {
         m_num_q_blocks((params.seq.max_seqlen_q + kBlockM - 1) / kBlockM) {}
 
   void launch(const ExecSpace& space, int team_size) const {
-    const int league = m_num_q_blocks * m_batch * m_heads;
-    if (league == 0) return;
-    policy_t probe(space, league, 1, traits::kVectorLength);
-    const int team = clamp_team_size(probe, *this, team_size > 0 ? team_size : traits::kBwdTeamSize);
-    policy_t policy(space, league, team, traits::kVectorLength);
-    check_scratch<policy_t>("kfa::bwd::dq", kLevel, scratch_bytes(), kBlockM, kBlockN,
-                            kHeadDim);
-    policy.set_scratch_size(kLevel, Kokkos::PerTeam(scratch_bytes()));
-    Kokkos::parallel_for("kfa::bwd::dq", policy, *this);
+    launch_team_kernel<traits>(space, "kfa::bwd::dq", *this, m_num_q_blocks * m_batch * m_heads,
+                               team_size, traits::kBwdTeamSize);
   }
 
   static std::size_t scratch_bytes() {

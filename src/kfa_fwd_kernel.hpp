@@ -36,6 +36,24 @@ void check_scratch(const char* kernel, int level, std::size_t bytes, int block_m
   }
 }
 
+/// Launches a team kernel of the portable path: `team_size` threads per team
+/// (0 = `default_team`, clamped to what the backend accepts), the kernel's
+/// scratch checked against the backend's limit, then parallel_for.
+template <class Traits, class Kernel, class ExecSpace>
+void launch_team_kernel(const ExecSpace& space, const char* label, const Kernel& kernel,
+                        int league, int team_size, int default_team) {
+  using policy_t = Kokkos::TeamPolicy<ExecSpace>;
+  if (league == 0) return;
+  policy_t probe(space, league, 1, Traits::kVectorLength);
+  const int team = clamp_team_size(probe, kernel, team_size > 0 ? team_size : default_team);
+  policy_t policy(space, league, team, Traits::kVectorLength);
+  constexpr int level = Traits::kScratchLevel;
+  check_scratch<policy_t>(label, level, Kernel::scratch_bytes(), Kernel::kBlockM,
+                          Kernel::kBlockN, Traits::kHeadDim);
+  policy.set_scratch_size(level, Kokkos::PerTeam(Kernel::scratch_bytes()));
+  Kokkos::parallel_for(label, policy, kernel);
+}
+
 /// Forward kernel: one team per (sequence, query head, query block). The team
 /// keeps its query block and the partial output in scratch and streams the
 /// key/value blocks its rows can see through scratch (tiles before and after
@@ -88,15 +106,8 @@ class FlashForwardKernel {
         m_num_q_blocks((params.seq.max_seqlen_q + kBlockM - 1) / kBlockM) {}
 
   void launch(const ExecSpace& space, int team_size) const {
-    const int league = m_num_q_blocks * m_batch * m_heads;
-    if (league == 0) return;
-    policy_t probe(space, league, 1, traits::kVectorLength);
-    const int team = clamp_team_size(probe, *this, team_size > 0 ? team_size : traits::kTeamSize);
-    policy_t policy(space, league, team, traits::kVectorLength);
-    check_scratch<policy_t>("kfa::fwd::main_loop", kLevel, scratch_bytes(), kBlockM, kBlockN,
-                            kHeadDim);
-    policy.set_scratch_size(kLevel, Kokkos::PerTeam(scratch_bytes()));
-    Kokkos::parallel_for("kfa::fwd::main_loop", policy, *this);
+    launch_team_kernel<traits>(space, "kfa::fwd::main_loop", *this,
+                               m_num_q_blocks * m_batch * m_heads, team_size, traits::kTeamSize);
   }
 
   static std::size_t scratch_bytes() {
