@@ -11,6 +11,8 @@
 #include <kfa/kfa.hpp>
 #include <kfa/memory_tracker.hpp>
 
+#include "example_common.hpp"
+
 #include <Kokkos_Core.hpp>
 #include <Kokkos_Random.hpp>
 
@@ -29,39 +31,16 @@
 
 namespace {
 
-struct Args {
-  int batch = 1, seqlen = 4096, heads = 4, head_dim = 64, repeat = 3;
-  bool causal = false, use_double = false;
+struct Args : kfa_example::CommonArgs {
+  Args() { seqlen = 4096; }
 };
 
 Args parse(int argc, char* argv[]) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string s = argv[i];
-    auto next = [&]() { return i + 1 < argc ? std::atoi(argv[++i]) : 0; };
-    if (s == "--batch") a.batch = next();
-    else if (s == "--seqlen") a.seqlen = next();
-    else if (s == "--heads") a.heads = next();
-    else if (s == "--head-dim") a.head_dim = next();
-    else if (s == "--repeat") a.repeat = std::max(1, next());
-    else if (s == "--causal") a.causal = true;
-    else if (s == "--double") a.use_double = true;
-  }
-  return a;
+  return kfa_example::parse_args(argc, argv, Args{},
+                                 [](Args&, const std::string&, auto&&) { return false; });
 }
 
-template <class ViewA, class ViewB>
-double max_abs_diff(const ViewA& a, const ViewB& b) {
-  auto ha = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), a);
-  auto hb = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b);
-  double err = 0;
-  for (std::size_t n = 0; n < ha.size(); ++n) {
-    const double x = static_cast<double>(ha.data()[n]), y = static_cast<double>(hb.data()[n]);
-    if (std::isinf(x) && x == y) continue;
-    err = std::isnan(x - y) ? INFINITY : std::max(err, std::abs(x - y));
-  }
-  return err;
-}
+using kfa_example::max_abs_diff;
 
 struct Measure {
   double seconds;

@@ -15,6 +15,8 @@
 
 #include <kfa/kfa.hpp>
 
+#include "example_common.hpp"
+
 #include <Kokkos_Core.hpp>
 #include <Kokkos_Random.hpp>
 
@@ -65,37 +67,22 @@ struct RelativePositionBias {
   }
 };
 
-struct Args {
-  int seqlen = 2048, heads = 4, head_dim = 64, doc_length = 300;
-  bool causal = false;
+/// The common flags (--batch, --repeat and --double are read but not used:
+/// this example runs one float sequence) and --doc-length.
+struct Args : kfa_example::CommonArgs {
+  int doc_length = 300;
 };
 
 Args parse(int argc, char* argv[]) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string s = argv[i];
-    auto next = [&]() { return i + 1 < argc ? std::atoi(argv[++i]) : 0; };
-    if (s == "--seqlen") a.seqlen = next();
-    else if (s == "--heads") a.heads = next();
-    else if (s == "--head-dim") a.head_dim = next();
-    else if (s == "--doc-length") a.doc_length = std::max(1, next());
-    else if (s == "--causal") a.causal = true;
-  }
-  return a;
+  return kfa_example::parse_args(argc, argv, Args{},
+                                 [](Args& a, const std::string& s, auto&& next) {
+                                   if (s != "--doc-length") return false;
+                                   a.doc_length = std::max(1, next());
+                                   return true;
+                                 });
 }
 
-template <class ViewA, class ViewB>
-double max_abs_diff(const ViewA& a, const ViewB& b) {
-  auto ha = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), a);
-  auto hb = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b);
-  double err = 0;
-  for (std::size_t n = 0; n < ha.size(); ++n) {
-    const double x = ha.data()[n], y = hb.data()[n];
-    if (std::isinf(x) && x == y) continue;
-    err = std::isnan(x - y) ? INFINITY : std::max(err, std::abs(x - y));
-  }
-  return err;
-}
+using kfa_example::max_abs_diff;
 
 using View4 = Kokkos::View<float****, Kokkos::LayoutRight, memory_space>;
 using View3 = Kokkos::View<float***, Kokkos::LayoutRight, memory_space>;
