@@ -170,17 +170,49 @@ constexpr void check_input_types() {
                 "kfa: k and v must have q's value type");
 }
 
+/// Throws unless rank-4 `view` has the extents of `like`.
+template <class ViewType, class Like>
+void check_extents_like(const char* function, const char* name, const char* shape,
+                        const ViewType& view, const Like& like) {
+  check_extents(function, name, shape, view,
+                {like.extent(0), like.extent(1), like.extent(2), like.extent(3)});
+}
+
+/// The expected shapes of the tensors, as the messages print them.
+constexpr const char* kShapeQ = "[batch][seqlen_q][heads][head_dim]";
+constexpr const char* kShapeK = "[batch][seqlen_k][heads_kv][head_dim]";
+constexpr const char* kShapeLse = "[batch][heads][seqlen_q]";
+
+/// The kinds (View, rank, layout, memory space) of the forward's tensors, which
+/// the backward also takes.
+template <class ExecSpace, class Q, class K, class V, class O, class Lse>
+void check_forward_view_kinds(const char* function) {
+  check_view_kind<ExecSpace, Q>(function, "q", kShapeQ, 4);
+  check_view_kind<ExecSpace, K>(function, "k", kShapeK, 4);
+  check_view_kind<ExecSpace, V>(function, "v", kShapeK, 4);
+  check_view_kind<ExecSpace, O>(function, "o", kShapeQ, 4);
+  check_view_kind<ExecSpace, Lse>(function, "lse", kShapeLse, 3);
+}
+
+/// head_dim, the head grouping, and the extents that q and k fix for k, v, o
+/// and lse.
+template <class Q, class K, class V, class O, class Lse>
+void check_forward_extents(const char* function, const Q& q, const K& k, const V& v, const O& o,
+                           const Lse& lse) {
+  const std::size_t batch = q.extent(0), seqlen_q = q.extent(1), heads = q.extent(2),
+                    head_dim = q.extent(3), seqlen_k = k.extent(1), heads_kv = k.extent(2);
+  check_head_dim(function, head_dim, extents_string(q));
+  check_heads(function, heads, heads_kv);
+  check_extents(function, "k", kShapeK, k, {batch, seqlen_k, heads_kv, head_dim});
+  check_extents(function, "v", kShapeK, v, {batch, seqlen_k, heads_kv, head_dim});
+  check_extents(function, "o", kShapeQ, o, {batch, seqlen_q, heads, head_dim});
+  check_extents(function, "lse", kShapeLse, lse, {batch, heads, seqlen_q});
+}
+
 template <class ExecSpace, class Q, class K, class V, class O, class Lse>
 void check_forward_arguments(const char* function, const Q& q, const K& k, const V& v,
                              const O& o, const Lse& lse, const AttentionOptions& options) {
-  const char* shape_q = "[batch][seqlen_q][heads][head_dim]";
-  const char* shape_k = "[batch][seqlen_k][heads_kv][head_dim]";
-  const char* shape_lse = "[batch][heads][seqlen_q]";
-  check_view_kind<ExecSpace, Q>(function, "q", shape_q, 4);
-  check_view_kind<ExecSpace, K>(function, "k", shape_k, 4);
-  check_view_kind<ExecSpace, V>(function, "v", shape_k, 4);
-  check_view_kind<ExecSpace, O>(function, "o", shape_q, 4);
-  check_view_kind<ExecSpace, Lse>(function, "lse", shape_lse, 3);
+  check_forward_view_kinds<ExecSpace, Q, K, V, O, Lse>(function);
   if constexpr (forward_types_ok<ExecSpace, Q, K, V, O, Lse>()) {
     using T = typename Q::non_const_value_type;
     check_input_types<T, K, V, O>();
@@ -189,14 +221,7 @@ void check_forward_arguments(const char* function, const Q& q, const K& k, const
     static_assert(std::is_same<typename Lse::value_type, accumulator_t<T>>::value,
                   "kfa: lse must be a non-const View of kfa::accumulator_t<value type> "
                   "(double for double, float otherwise)");
-    const std::size_t batch = q.extent(0), seqlen_q = q.extent(1), heads = q.extent(2),
-                      head_dim = q.extent(3), seqlen_k = k.extent(1), heads_kv = k.extent(2);
-    check_head_dim(function, head_dim, extents_string(q));
-    check_heads(function, heads, heads_kv);
-    check_extents(function, "k", shape_k, k, {batch, seqlen_k, heads_kv, head_dim});
-    check_extents(function, "v", shape_k, v, {batch, seqlen_k, heads_kv, head_dim});
-    check_extents(function, "o", shape_q, o, {batch, seqlen_q, heads, head_dim});
-    check_extents(function, "lse", shape_lse, lse, {batch, heads, seqlen_q});
+    check_forward_extents(function, q, k, v, o, lse);
     if (overlaps(o, q) || overlaps(o, k) || overlaps(o, v) || overlaps(lse, q) ||
         overlaps(lse, k) || overlaps(lse, v) || overlaps(o, lse)) {
       throw_invalid(function, "the outputs o and lse must not overlap the inputs or "
@@ -211,18 +236,11 @@ template <class ExecSpace, class Q, class K, class V, class O, class Lse, class 
 void check_backward_arguments(const char* function, const Q& q, const K& k, const V& v,
                               const O& o, const Lse& lse, const DO& d_o, const DQ& dq,
                               const DK& dk, const DV& dv, const AttentionOptions& options) {
-  const char* shape_q = "[batch][seqlen_q][heads][head_dim]";
-  const char* shape_k = "[batch][seqlen_k][heads_kv][head_dim]";
-  const char* shape_lse = "[batch][heads][seqlen_q]";
-  check_view_kind<ExecSpace, DO>(function, "d_o", shape_q, 4);
-  check_view_kind<ExecSpace, DQ>(function, "dq", shape_q, 4);
-  check_view_kind<ExecSpace, DK>(function, "dk", shape_k, 4);
-  check_view_kind<ExecSpace, DV>(function, "dv", shape_k, 4);
-  check_view_kind<ExecSpace, Q>(function, "q", shape_q, 4);
-  check_view_kind<ExecSpace, K>(function, "k", shape_k, 4);
-  check_view_kind<ExecSpace, V>(function, "v", shape_k, 4);
-  check_view_kind<ExecSpace, O>(function, "o", shape_q, 4);
-  check_view_kind<ExecSpace, Lse>(function, "lse", shape_lse, 3);
+  check_view_kind<ExecSpace, DO>(function, "d_o", kShapeQ, 4);
+  check_view_kind<ExecSpace, DQ>(function, "dq", kShapeQ, 4);
+  check_view_kind<ExecSpace, DK>(function, "dk", kShapeK, 4);
+  check_view_kind<ExecSpace, DV>(function, "dv", kShapeK, 4);
+  check_forward_view_kinds<ExecSpace, Q, K, V, O, Lse>(function);
   if constexpr (backward_types_ok<ExecSpace, Q, K, V, O, Lse, DO, DQ, DK, DV>()) {
     using T = typename Q::non_const_value_type;
     check_input_types<T, K, V, O>();
@@ -237,18 +255,11 @@ void check_backward_arguments(const char* function, const Q& q, const K& k, cons
     static_assert(std::is_same<typename Lse::non_const_value_type, accumulator_t<T>>::value,
                   "kfa::flash_attention_backward: lse must be a View of "
                   "kfa::accumulator_t<value type>");
-    const std::size_t batch = q.extent(0), seqlen_q = q.extent(1), heads = q.extent(2),
-                      head_dim = q.extent(3), seqlen_k = k.extent(1), heads_kv = k.extent(2);
-    check_head_dim(function, head_dim, extents_string(q));
-    check_heads(function, heads, heads_kv);
-    check_extents(function, "k", shape_k, k, {batch, seqlen_k, heads_kv, head_dim});
-    check_extents(function, "v", shape_k, v, {batch, seqlen_k, heads_kv, head_dim});
-    check_extents(function, "o", shape_q, o, {batch, seqlen_q, heads, head_dim});
-    check_extents(function, "lse", shape_lse, lse, {batch, heads, seqlen_q});
-    check_extents(function, "d_o", shape_q, d_o, {batch, seqlen_q, heads, head_dim});
-    check_extents(function, "dq", shape_q, dq, {batch, seqlen_q, heads, head_dim});
-    check_extents(function, "dk", shape_k, dk, {batch, seqlen_k, heads_kv, head_dim});
-    check_extents(function, "dv", shape_k, dv, {batch, seqlen_k, heads_kv, head_dim});
+    check_forward_extents(function, q, k, v, o, lse);
+    check_extents_like(function, "d_o", kShapeQ, d_o, q);
+    check_extents_like(function, "dq", kShapeQ, dq, q);
+    check_extents_like(function, "dk", kShapeK, dk, k);
+    check_extents_like(function, "dv", kShapeK, dv, k);
     auto overlaps_inputs = [&](const auto& out) {
       return overlaps(out, q) || overlaps(out, k) || overlaps(out, v) ||
              overlaps(out, o) || overlaps(out, lse) || overlaps(out, d_o);
