@@ -15,7 +15,7 @@
 //
 //   mpirun -np P bench_ring [--batch B] [--seqlen N] [--heads H] [--head-dim D]
 //       [--causal] [--contiguous|--zigzag] [--transport mpi|staged|direct|nccl]
-//       [--double] [--repeat R] [--no-weak]
+//       [--dtype float|double|bf16|fp16] [--double] [--repeat R] [--no-weak]
 
 #include <kfa/kfa.hpp>
 #include <kfa/ring_attention.hpp>
@@ -23,13 +23,13 @@
 #include <comm/kfa_ring_transport.hpp>
 
 #include <Kokkos_Core.hpp>
-#include <Kokkos_Random.hpp>
 
 #include <mpi.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -42,7 +42,8 @@ using clock_type = std::chrono::steady_clock;
 
 struct Args {
   int batch = 1, seqlen = 4096, heads = 4, head_dim = 64, repeat = 3;
-  bool causal = false, use_double = false, weak = true;
+  bool causal = false, weak = true;
+  std::string dtype = "float";
   kfa::RingSharding sharding = kfa::RingSharding::zigzag;
   kfa::RingTransport transport = kfa::RingTransport::mpi;
 };
@@ -58,7 +59,8 @@ Args parse(int argc, char* argv[]) {
     else if (s == "--head-dim") a.head_dim = std::atoi(next().c_str());
     else if (s == "--repeat") a.repeat = std::max(1, std::atoi(next().c_str()));
     else if (s == "--causal") a.causal = true;
-    else if (s == "--double") a.use_double = true;
+    else if (s == "--double") a.dtype = "double";
+    else if (s == "--dtype") a.dtype = next();
     else if (s == "--no-weak") a.weak = false;
     else if (s == "--contiguous") a.sharding = kfa::RingSharding::contiguous;
     else if (s == "--zigzag") a.sharding = kfa::RingSharding::zigzag;
@@ -92,6 +94,25 @@ struct PassStats {
   double steps = 0;
 };
 
+/// Uniform values in [-1, 1) from a counter hash (any value type, Kokkos 3
+/// and 4 alike); `seed` separates tensors and ranks.
+template <class View>
+void fill_uniform(const View& view, std::uint64_t seed) {
+  using T = typename View::value_type;
+  const auto flat = Kokkos::View<T*, typename View::memory_space,
+                                 Kokkos::MemoryTraits<Kokkos::Unmanaged>>(view.data(),
+                                                                          view.span());
+  Kokkos::parallel_for(
+      "kfa::bench_ring::fill", Kokkos::RangePolicy<Space>(0, flat.extent(0)),
+      KOKKOS_LAMBDA(const std::size_t n) {
+        std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + n;
+        x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+        x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+        x ^= x >> 31;
+        flat(n) = static_cast<T>(static_cast<float>(x >> 40) * (2.0f / 16777216.0f) - 1.0f);
+      });
+}
+
 template <class T>
 class RingProblem {
  public:
@@ -113,11 +134,11 @@ class RingProblem {
     m_dk = View4("dk", B, L, H, D);
     m_dv = View4("dv", B, L, H, D);
     m_lse = View3("lse", B, H, L);
-    Kokkos::Random_XorShift64_Pool<Space> pool(12345 + comm.rank());
-    Kokkos::fill_random(m_q, pool, T(-1), T(1));
-    Kokkos::fill_random(m_k, pool, T(-1), T(1));
-    Kokkos::fill_random(m_v, pool, T(-1), T(1));
-    Kokkos::fill_random(m_do, pool, T(-1), T(1));
+    const std::uint64_t seed = 4 * (12345 + std::uint64_t(comm.rank()));
+    fill_uniform(m_q, seed);
+    fill_uniform(m_k, seed + 1);
+    fill_uniform(m_v, seed + 2);
+    fill_uniform(m_do, seed + 3);
     m_options.causal = a.causal;
     m_options.sharding = a.sharding;
     m_options.transport = a.transport;
@@ -232,11 +253,10 @@ void single_rank(const Args& a, int seqlen, double& fwd, double& bwd) {
       o("o", B, seqlen, H, D), d_o("d_o", B, seqlen, H, D), dq("dq", B, seqlen, H, D),
       dk("dk", B, seqlen, H, D), dv("dv", B, seqlen, H, D);
   View3 lse("lse", B, H, seqlen);
-  Kokkos::Random_XorShift64_Pool<Space> pool(12345);
-  Kokkos::fill_random(q, pool, T(-1), T(1));
-  Kokkos::fill_random(k, pool, T(-1), T(1));
-  Kokkos::fill_random(v, pool, T(-1), T(1));
-  Kokkos::fill_random(d_o, pool, T(-1), T(1));
+  fill_uniform(q, 4 * 12345);
+  fill_uniform(k, 4 * 12345 + 1);
+  fill_uniform(v, 4 * 12345 + 2);
+  fill_uniform(d_o, 4 * 12345 + 3);
   kfa::AttentionOptions options;
   options.causal = a.causal;
   auto median = [&](auto&& f) {
@@ -308,7 +328,7 @@ void run(const Args& a) {
     std::printf("%s, execution space %s, %d rank(s), %s, batch %d, heads %d, head_dim %d, %s, %s "
                 "sharding\n",
                 kfa::configuration().c_str(), Space::name(), ranks,
-                std::is_same<T, double>::value ? "double" : "float", a.batch, a.heads, a.head_dim,
+                a.dtype.c_str(), a.batch, a.heads, a.head_dim,
                 a.causal ? "causal" : "full",
                 a.sharding == kfa::RingSharding::zigzag ? "zigzag" : "contiguous");
   }
@@ -346,10 +366,14 @@ int main(int argc, char* argv[]) {
   {
     Kokkos::ScopeGuard guard(argc, argv);
     const Args args = parse(argc, argv);
-    if (args.use_double)
-      run<double>(args);
-    else
-      run<float>(args);
+    if (args.dtype == "double") run<double>(args);
+    else if (args.dtype == "float") run<float>(args);
+    else if (args.dtype == "bf16") run<kfa::bfloat16>(args);
+    else if (args.dtype == "fp16") run<kfa::half>(args);
+    else {
+      std::fprintf(stderr, "bench_ring: --dtype must be float, double, bf16 or fp16\n");
+      MPI_Abort(MPI_COMM_WORLD, 2);
+    }
   }
   MPI_Finalize();
   return 0;
