@@ -187,6 +187,31 @@ bool mma_path_applies(const Sequences<MemorySpace>& seq, int heads_q, int heads_
   }
 }
 
+/// Whether the tensor-core kernels may use their opt-in shared-memory shapes
+/// (launched by the backend layer) where the GPU grants them; false keeps
+/// every kernel inside Kokkos' TeamPolicy scratch. A switch for tests and
+/// for comparisons, process-wide, not thread-safe against running calls.
+inline bool& use_opt_in_shared_memory() {
+  static bool enabled = true;
+  return enabled;
+}
+
+/// The tensor-core forward in its large shape (opt-in shared memory) where
+/// the GPU grants it, else in the shape that fits Kokkos' TeamPolicy.
+template <class ExecSpace, int HeadDim, class Format, class Q, class K, class V, class O,
+          class Lse>
+void launch_forward_mma(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
+                        const Lse& lse, float scale, bool causal) {
+  using large_t = FlashForwardMmaKernel<ExecSpace, HeadDim, Format, Q, K, V, O, Lse,
+                                        FwdMmaLargeShape<HeadDim>>;
+  using policy_t = FlashForwardMmaKernel<ExecSpace, HeadDim, Format, Q, K, V, O, Lse,
+                                         FwdMmaPolicyShape<HeadDim>>;
+  if (use_opt_in_shared_memory() && large_t::fits(space))
+    large_t(q, k, v, o, lse, scale, causal).launch(space);
+  else
+    policy_t(q, k, v, o, lse, scale, causal).launch(space);
+}
+
 template <class ScoreMod, class ExecSpace, class Q, class K, class V, class O, class Lse>
 bool try_forward_mma(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
                      const Lse& lse, const Sequences<typename Q::memory_space>& seq,
@@ -201,13 +226,9 @@ bool try_forward_mma(const ExecSpace& space, const Q& q, const K& k, const V& v,
   if constexpr (!std::is_void<Format>::value) {
     const float scale = softmax_scale<float>(options, head_dim);
     if (head_dim == 64)
-      FlashForwardMmaKernel<ExecSpace, 64, Format, Q, K, V, O, Lse>(q, k, v, o, lse, scale,
-                                                                   options.causal)
-          .launch(space);
+      launch_forward_mma<ExecSpace, 64, Format>(space, q, k, v, o, lse, scale, options.causal);
     else
-      FlashForwardMmaKernel<ExecSpace, 128, Format, Q, K, V, O, Lse>(q, k, v, o, lse, scale,
-                                                                    options.causal)
-          .launch(space);
+      launch_forward_mma<ExecSpace, 128, Format>(space, q, k, v, o, lse, scale, options.causal);
   }
   return true;
 }
@@ -232,14 +253,21 @@ bool try_backward_mma(const ExecSpace& space, const Q& q, const K& k, const V& v
     const float scale = softmax_scale<float>(options, head_dim);
     AccView dq_acc(Kokkos::view_alloc(space, std::string("kfa::bwd::dq_accum")), q.extent(0),
                    q.extent(1), q.extent(2), q.extent(3));
+    auto run = [&](auto head_dim_tag) {
+      constexpr int D = decltype(head_dim_tag)::value;
+      using staged_t = FlashBackwardMmaKernel<ExecSpace, D, Format, Q, K, V, DO, Lse, Delta,
+                                              AccView, DK, DV, 2>;
+      using policy_t = FlashBackwardMmaKernel<ExecSpace, D, Format, Q, K, V, DO, Lse, Delta,
+                                              AccView, DK, DV, 1>;
+      if (use_opt_in_shared_memory() && staged_t::fits(space))
+        staged_t(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, options.causal).launch(space);
+      else
+        policy_t(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, options.causal).launch(space);
+    };
     if (head_dim == 64)
-      FlashBackwardMmaKernel<ExecSpace, 64, Format, Q, K, V, DO, Lse, Delta, AccView, DK, DV>(
-          q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, options.causal)
-          .launch(space);
+      run(std::integral_constant<int, 64>());
     else
-      FlashBackwardMmaKernel<ExecSpace, 128, Format, Q, K, V, DO, Lse, Delta, AccView, DK, DV>(
-          q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, options.causal)
-          .launch(space);
+      run(std::integral_constant<int, 128>());
     convert_dq(space, dq_acc, dq);
   }
   return true;

@@ -3,6 +3,11 @@
 
 #include "kfa_test_helpers.hpp"
 
+#ifdef KOKKOS_ENABLE_CUDA
+#include <kfa_fwd_kernel.hpp>  // before the mma header, which uses its check_scratch
+#include <impl/backend/kfa_cuda_fwd_mma.hpp>
+#endif
+
 namespace kfa_test {
 namespace {
 
@@ -131,6 +136,64 @@ TYPED_TEST(FlashForward, ExplicitScale) {
   kfa::flash_attention_forward(Space(), q, k, v, o, lse, opt);
   EXPECT_LE(max_abs_diff(to_host(o), c.o_ref), allowed_error<T>(err_std, c.o_ref));
 }
+
+#ifdef KOKKOS_ENABLE_CUDA
+// The tensor-core forward has two tile shapes: the large one (opt-in shared
+// memory, Q in scratch, K/V double buffered) that the library launches where
+// the GPU grants it, and the one that fits Kokkos' TeamPolicy scratch, its
+// fallback. The entry point only ever runs one of them on a given GPU, so
+// both are launched here directly and checked against the oracle.
+template <class MmaShape, int HeadDim, class T>
+void check_mma_shape(const Shape& s, bool causal) {
+  using Space = Kokkos::Cuda;
+  using View4 = DeviceView4<T, Space>;
+  using In4 = Kokkos::View<const T****, Kokkos::LayoutRight, Space::memory_space>;
+  using View3 = DeviceView3<float, Space>;
+  using Format = typename kfa::Impl::MmaFormat<Space, T>::type;
+  kfa::AttentionOptions opt;
+  opt.causal = causal;
+  const Case c = make_case<T>(s, opt, "mma_shape");
+  // The entry point takes the View types the test build instantiates once
+  // (kfa_test_eti.hpp): a second instantiation of the standard attention in
+  // this file would give nvcc's extended lambdas inside it two definitions,
+  // and the one the linker keeps crashed when called from the other file.
+  const View4 q = to_device<T, Space>(c.q, "q"), k = to_device<T, Space>(c.k, "k"),
+              v = to_device<T, Space>(c.v, "v");
+  View4 o("o", s.batch, s.seqlen_q, s.heads, s.head_dim);
+  View3 lse("lse", s.batch, s.heads, s.seqlen_q);
+  kfa::standard_attention_forward(Space(), q, k, v, o, lse, opt);
+  const double err_std = max_abs_diff(to_host(o), c.o_ref);
+  const double err_lse_std = max_abs_diff(to_host(lse), c.lse_ref);
+  poison(o);
+  poison(lse);
+  kfa::Impl::FlashForwardMmaKernel<Space, HeadDim, Format, In4, In4, In4, View4, View3, MmaShape>
+      kernel(In4(q), In4(k), In4(v), o, lse, 1.0f / std::sqrt(float(HeadDim)), causal);
+  ASSERT_TRUE(kernel.fits(Space()));
+  kernel.launch(Space());
+  Space().fence();
+  const std::string what = type_name<T>() + " " + to_string(s) + (causal ? " causal" : "") +
+                           " shape: " + std::to_string(kernel.kBlockM) + " rows, " +
+                           std::to_string(kernel.kBlockN) + " keys, " +
+                           std::to_string(kernel.kStages) + " stage(s)";
+  EXPECT_LE(max_abs_diff(to_host(o), c.o_ref), allowed_error<T>(err_std, c.o_ref)) << what;
+  EXPECT_LE(max_abs_diff(to_host(lse), c.lse_ref), allowed_error<float>(err_lse_std, c.lse_ref))
+      << what;
+}
+
+TEST(FlashForwardCuda, TensorCoreTileShapes) {
+  using namespace kfa::Impl;
+  for (bool causal : {false, true}) {
+    for (const Shape& s : {Shape{2, 190, 333, 2, 64}, Shape{1, 1000, 257, 1, 64}}) {
+      check_mma_shape<FwdMmaLargeShape<64>, 64, kfa::bfloat16>(s, causal);
+      check_mma_shape<FwdMmaPolicyShape<64>, 64, kfa::half>(s, causal);
+    }
+    for (const Shape& s : {Shape{1, 300, 129, 2, 128}, Shape{1, 257, 1000, 1, 128}}) {
+      check_mma_shape<FwdMmaLargeShape<128>, 128, kfa::half>(s, causal);
+      check_mma_shape<FwdMmaPolicyShape<128>, 128, kfa::bfloat16>(s, causal);
+    }
+  }
+}
+#endif
 
 #ifdef KOKKOS_ENABLE_OPENMP
 // Rows are owned by one thread whatever the team size, so the result must not

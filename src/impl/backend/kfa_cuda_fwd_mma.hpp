@@ -1,20 +1,30 @@
 #ifndef KFA_CUDA_FWD_MMA_HPP
 #define KFA_CUDA_FWD_MMA_HPP
 
-// Tensor-core forward for 16-bit types on the CUDA backend, called from a
-// Kokkos TeamPolicy (4 teams threads x 32 vector lanes = 4 warps). Each warp
-// owns 16 query rows of a 64-row query block; Q fragments stay in registers,
-// K and V blocks of 64 keys stream through team scratch with cp.async (V_j
-// and K_{j+1} load while the previous product runs), S = Q·Kᵀ and O += P·V
-// run on mma.m16n8k16 with fp32 accumulation, the online softmax runs in
-// registers in base 2 with the scale folded in, and P is rounded to the
-// operand format in registers and fed straight into P·V. Scratch: K and V
-// tiles with rows padded by 16 bytes so ldmatrix is conflict-free; 35 KB at
-// head_dim 128, inside Kokkos' ~40 KB level-0 limit.
+// Tensor-core forward for 16-bit types on the CUDA backend. A team of Warps
+// warps (32 lanes in x, warps in y) owns a block of query rows, MTiles x 16
+// rows per warp; K and V blocks of BlockN keys stream through team scratch
+// with cp.async; S = Q·Kᵀ and O += P·V run on mma.m16n8k16 with fp32
+// accumulation; the online softmax runs in registers in base 2 with the scale
+// folded in; P is rounded to the operand format in registers and fed straight
+// into P·V. A K or V fragment read from scratch feeds MTiles products, so two
+// m-tiles per warp halve the scratch traffic per flop. Scratch rows are padded
+// by 16 bytes so ldmatrix is conflict-free.
+//
+// Two pipelines (FwdMmaShape):
+//  - Stages = 1, launched through Kokkos' TeamPolicy, inside its ~40 KB of
+//    level-0 scratch: Q staged once into registers, one K and one V buffer;
+//    V_j and K_{j+1} load while the previous product runs.
+//  - Stages = 2, launched by launch_cuda_team with opt-in shared memory (the
+//    FlashAttention-2 shape): Q stays in scratch, K and V are double
+//    buffered, so block j+1 loads during all of block j's work. ~104 KB at
+//    head_dim 128.
 
+#include <kfa_fwd_kernel.hpp>  // check_scratch
 #include <kfa_mask.hpp>
 #include <kfa_traits.hpp>
 
+#include <impl/backend/kfa_cuda_launch.hpp>
 #include <impl/backend/kfa_cuda_mma.hpp>
 
 #include <cstdint>
@@ -39,23 +49,54 @@ struct MmaFormat<Kokkos::Cuda, Kokkos::Experimental::bhalf_t> {
 };
 #endif
 
-/// Warps x 16 query rows per team (4 or 8: the Q block is staged through the
-/// K and V tiles, 128 rows at most). MinBlocksPerSM becomes the launch bound:
-/// it caps registers so that that many teams fit on a multiprocessor.
+/// A tile shape of the tensor-core forward: warps per team, m-tiles (16 query
+/// rows) per warp, keys per block, pipeline stages (1: TeamPolicy launch,
+/// Q in registers; 2: opt-in shared memory, Q in scratch, K/V double
+/// buffered), and the launch bound (teams per multiprocessor, which caps the
+/// registers per thread).
+template <int Warps, int MTiles, int BlockN, int Stages, int MinBlocksPerSM>
+struct FwdMmaShape {
+  static constexpr int kWarps = Warps;
+  static constexpr int kMTiles = MTiles;
+  static constexpr int kBlockN = BlockN;
+  static constexpr int kStages = Stages;
+  static constexpr int kMinBlocksPerSM = MinBlocksPerSM;
+};
+
+/// The library's shapes: the FlashAttention-2 shape (128 query rows, 64 keys,
+/// double buffered) where the GPU grants the shared memory, else the shape
+/// that fits Kokkos' TeamPolicy scratch.
+template <int HeadDim>
+using FwdMmaLargeShape = FwdMmaShape<4, 2, 64, 2, 2>;
+template <int HeadDim>
+using FwdMmaPolicyShape = FwdMmaShape<4, 1, 64, 1, 2>;
+
 template <class ExecSpace, int HeadDim, class Format, class QView, class KView, class VView,
-          class OView, class LseView, int Warps = 4, int MinBlocksPerSM = 8 / Warps>
+          class OView, class LseView, class Shape = FwdMmaPolicyShape<HeadDim>>
 class FlashForwardMmaKernel {
  public:
-  using policy_t =
-      Kokkos::TeamPolicy<ExecSpace, Kokkos::LaunchBounds<32 * Warps, MinBlocksPerSM>>;
-  using member_t = typename policy_t::member_type;
   static constexpr int kHeadDim = HeadDim;
-  static constexpr int kWarps = Warps;
-  static constexpr int kBlockM = 16 * Warps;
-  static constexpr int kBlockN = 64;
-  static_assert(Warps == 4 || Warps == 8, "kfa: the mma forward runs 4 or 8 warps per team");
-  static constexpr int kPitch = kHeadDim + 8;  // halves per scratch row
+  static constexpr int kWarps = Shape::kWarps;
+  static constexpr int kMTiles = Shape::kMTiles;
+  static constexpr int kStages = Shape::kStages;
+  static constexpr int kMinBlocksPerSM = Shape::kMinBlocksPerSM;
+  static constexpr int kWarpRows = 16 * kMTiles;
+  static constexpr int kBlockM = kWarpRows * kWarps;
+  static constexpr int kBlockN = Shape::kBlockN;
+  static_assert(kWarps == 4 || kWarps == 8, "kfa: the mma forward runs 4 or 8 warps per team");
+  static_assert(kMTiles == 1 || kMTiles == 2, "kfa: the mma forward runs 1 or 2 m-tiles per warp");
+  static_assert(kBlockN == 32 || kBlockN == 64, "kfa: the mma forward streams 32 or 64 keys");
+  static_assert(kStages == 1 || kStages == 2, "kfa: the mma forward has 1 or 2 stages");
   static_assert(kHeadDim % 16 == 0, "kfa: the mma forward needs head_dim % 16 == 0");
+  static constexpr int kPitch = kHeadDim + 8;  // halves per scratch row
+  /// Scratch rows. Stages 1: K and V blocks, with room to stage the Q block
+  /// through them once. Stages 2: the Q block, then K and V per stage.
+  static constexpr int kScratchRows = kStages == 1
+                                          ? (2 * kBlockN > kBlockM ? 2 * kBlockN : kBlockM)
+                                          : kBlockM + 2 * kStages * kBlockN;
+  using policy_t =
+      Kokkos::TeamPolicy<ExecSpace, Kokkos::LaunchBounds<32 * kWarps, kMinBlocksPerSM>>;
+  using member_t = typename policy_t::member_type;
 
   FlashForwardMmaKernel(const QView& q, const KView& k, const VView& v, const OView& o,
                         const LseView& lse, float scale, bool causal)
@@ -72,30 +113,47 @@ class FlashForwardMmaKernel {
         m_num_q_blocks((m_seqlen_q + kBlockM - 1) / kBlockM),
         m_mask(m_seqlen_q, m_seqlen_k, -1, causal ? 0 : -1) {}
 
+  /// Whether `space`'s GPU gives a team this shape's scratch.
+  static bool fits(const ExecSpace& space) {
+    if constexpr (kStages == 1) {
+      return true;
+    } else {
+      return scratch_bytes() <= cuda_team_scratch_max(space);
+    }
+  }
+
   void launch(const ExecSpace& space) const {
     const int league = m_num_q_blocks * m_batch * m_heads;
-    if (league == 0) return;
-    policy_t policy(space, league, kWarps, 32);
-    check_scratch<policy_t>("kfa::fwd::mma_main_loop", 0, scratch_bytes(), kBlockM, kBlockN,
-                            kHeadDim);
-    policy.set_scratch_size(0, Kokkos::PerTeam(scratch_bytes()));
-    Kokkos::parallel_for("kfa::fwd::mma_main_loop", policy, *this);
+    if constexpr (kStages == 1) {
+      if (league == 0) return;
+      policy_t policy(space, league, kWarps, 32);
+      check_scratch<policy_t>("kfa::fwd::mma_main_loop", 0, scratch_bytes(), kBlockM, kBlockN,
+                              kHeadDim);
+      policy.set_scratch_size(0, Kokkos::PerTeam(scratch_bytes()));
+      Kokkos::parallel_for("kfa::fwd::mma_main_loop", policy, *this);
+    } else {
+      launch_cuda_team(space, "kfa::fwd::mma_main_loop", *this, league, scratch_bytes());
+    }
   }
 
   KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
-    return 2 * std::size_t(kBlockN) * kPitch * sizeof(std::uint16_t) + 16;
+    return std::size_t(kScratchRows) * kPitch * sizeof(std::uint16_t) + 16;
   }
 
   KOKKOS_INLINE_FUNCTION void operator()(const member_t& member) const {
+    body(member, member.team_scratch(0).get_shmem(scratch_bytes()));
+  }
+
+  /// The kernel for one team: `team` gives league_rank() and team_barrier(),
+  /// `raw` the team's scratch_bytes() of shared memory.
+  template <class Team>
+  KOKKOS_INLINE_FUNCTION void body(const Team& team, void* raw) const {
 #if KFA_CUDA_MMA_DEVICE
     using namespace cuda_mma;
-    constexpr int kSteps = kHeadDim / 16;  // k-steps of Q·Kᵀ
-    constexpr int kTilesS = kBlockN / 8;   // n-tiles of S per warp
-    constexpr int kTilesO = kHeadDim / 8;  // n-tiles of O per warp
     const int lane = threadIdx.x, warp = threadIdx.y;
     const int tid = warp * 32 + lane;
 
-    const int league = member.league_rank();
+    const int league = team.league_rank();
     const int bh = league % (m_batch * m_heads);
     const int q_block = m_num_q_blocks - 1 - league / (m_batch * m_heads);
     const int b = bh / m_heads, h = bh % m_heads;
@@ -104,16 +162,13 @@ class FlashForwardMmaKernel {
     const std::uint16_t* gQ = m_q + (long(b) * m_seqlen_q * m_heads + h) * kHeadDim;
     const std::uint16_t* gK = m_k + (long(b) * m_seqlen_k * m_heads + h) * kHeadDim;
     const std::uint16_t* gV = m_v + (long(b) * m_seqlen_k * m_heads + h) * kHeadDim;
-
-    char* raw = static_cast<char*>(member.team_scratch(0).get_shmem(scratch_bytes()));
-    std::uint16_t* sK = reinterpret_cast<std::uint16_t*>(
+    std::uint16_t* scratch = reinterpret_cast<std::uint16_t*>(
         (reinterpret_cast<std::uintptr_t>(raw) + 15) & ~std::uintptr_t(15));
-    std::uint16_t* sV = sK + kBlockN * kPitch;
 
     // `rows` rows x head_dim of a [b][i][h][d] tensor into a scratch tile,
     // rows past `rows_total` zero-filled.
     auto load_tile = [&](std::uint16_t* dst, const std::uint16_t* src, int first_row,
-                         int rows_total, int rows = kBlockN) {
+                         int rows_total, int rows) {
       constexpr int kChunks = kHeadDim / 8;
       for (int c = tid; c < rows * kChunks; c += kWarps * 32) {
         const int r = c / kChunks, cc = c % kChunks;
@@ -123,128 +178,238 @@ class FlashForwardMmaKernel {
       }
     };
 
-    // Q block through scratch into registers (A fragments), once.
-    // (sK and sV are contiguous: 128 rows.)
-    load_tile(sK, gQ, row_begin, m_seqlen_q, kBlockM);
-    cp_async_commit();
-    cp_async_wait<0>();
-    // The Q tile is in scratch for every warp.
-    member.team_barrier();
-    std::uint32_t q_frag[kSteps][4];
-    for (int ks = 0; ks < kSteps; ++ks)
-      ldmatrix_x4(q_frag[ks], sK + (warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kPitch +
-                                  ks * 16 + (lane / 16) * 8);
-    // Every warp holds its Q fragments; the tile may be overwritten by K.
-    member.team_barrier();
-
     const int rows = imin(kBlockM, m_seqlen_q - row_begin);
     const int key_end = m_mask.key_end(row_begin + rows);
     const int num_kv_blocks = (key_end + kBlockN - 1) / kBlockN;
-    const int row0 = row_begin + warp * 16 + lane / 4, row1 = row0 + 8;
+    // Rows of accumulator element (mt, e): row0 + mt * 16 + (e / 2) * 8.
+    const int row0 = row_begin + warp * kWarpRows + lane / 4;
 
-    float acc_o[kTilesO][4];
-    for (int n = 0; n < kTilesO; ++n) acc_o[n][0] = acc_o[n][1] = acc_o[n][2] = acc_o[n][3] = 0;
-    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0, 0};
+    float acc_o[kMTiles][kTilesO][4];
+    for (int mt = 0; mt < kMTiles; ++mt)
+      for (int n = 0; n < kTilesO; ++n)
+        acc_o[mt][n][0] = acc_o[mt][n][1] = acc_o[mt][n][2] = acc_o[mt][n][3] = 0;
+    float row_max[kRows], row_sum[kRows];
+    for (int r = 0; r < kRows; ++r) row_max[r] = -INFINITY, row_sum[r] = 0;
+    float s[kMTiles][kTilesS][4];
 
-    if (num_kv_blocks > 0) load_tile(sK, gK, 0, m_seqlen_k);
-    cp_async_commit();
-    for (int kv_block = 0; kv_block < num_kv_blocks; ++kv_block) {
-      const int key_begin = kv_block * kBlockN;
-      load_tile(sV, gV, key_begin, m_seqlen_k);
+    if constexpr (kStages == 1) {
+      std::uint16_t* sK = scratch;
+      std::uint16_t* sV = sK + kBlockN * kPitch;
+      // Q block through scratch into registers (A fragments), once. (The
+      // scratch holds kScratchRows >= kBlockM rows from sK on.)
+      load_tile(sK, gQ, row_begin, m_seqlen_q, kBlockM);
       cp_async_commit();
-      cp_async_wait<1>();
-      // K_j is in scratch (V_j may still be in flight).
-      member.team_barrier();
+      cp_async_wait<0>();
+      // The Q tile is in scratch for every warp.
+      team.team_barrier();
+      std::uint32_t q_frag[kMTiles][kSteps][4];
+      for (int mt = 0; mt < kMTiles; ++mt)
+        for (int ks = 0; ks < kSteps; ++ks)
+          ldmatrix_x4(q_frag[mt][ks], sK + a_fragment_offset(warp * kWarpRows + mt * 16, ks, lane));
+      // Every warp holds its Q fragments; the tile may be overwritten by K.
+      team.team_barrier();
 
-      float s[kTilesS][4];
-      for (int n = 0; n < kTilesS; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0;
-      for (int ks = 0; ks < kSteps; ++ks)
-        for (int np = 0; np < kTilesS / 2; ++np) {
-          std::uint32_t kb[4];
-          ldmatrix_x4(kb, sK + (np * 16 + (lane % 8) + (lane / 16) * 8) * kPitch + ks * 16 +
-                              ((lane / 8) % 2) * 8);
-          mma_16816<Format>(s[2 * np], q_frag[ks], kb[0], kb[1]);
-          mma_16816<Format>(s[2 * np + 1], q_frag[ks], kb[2], kb[3]);
-        }
-      // Every warp is done reading K_j: K_{j+1} may land in its place.
-      member.team_barrier();
-      if (kv_block + 1 < num_kv_blocks) load_tile(sK, gK, key_begin + kBlockN, m_seqlen_k);
+      if (num_kv_blocks > 0) load_tile(sK, gK, 0, m_seqlen_k, kBlockN);
       cp_async_commit();
-
-      // Scale (base 2), mask, online softmax in registers. Row max and the
-      // rescale are reduced over the 4 lanes (a quad) that share a row.
-      const bool needs_mask = m_mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin, key_begin + kBlockN);
-      float block_max[2] = {row_max[0], row_max[1]};
-      for (int n = 0; n < kTilesS; ++n)
-        for (int e = 0; e < 4; ++e) {
-          const int row = e < 2 ? row0 : row1;
-          const int col = key_begin + n * 8 + (lane % 4) * 2 + (e & 1);
-          float x = s[n][e] * m_scale_log2;
-          if (needs_mask && m_mask.masked(row, col)) x = -INFINITY;
-          s[n][e] = x;
-          block_max[e / 2] = fmaxf(block_max[e / 2], x);
-        }
-      float shift[2], alpha[2];
-      for (int r = 0; r < 2; ++r) {
-        block_max[r] = fmaxf(block_max[r], shfl_xor(block_max[r], 1));
-        block_max[r] = fmaxf(block_max[r], shfl_xor(block_max[r], 2));
-        // A row whose every score so far is masked keeps max -inf: shift by
-        // 0 so exp2(-inf - shift) = 0 instead of NaN.
-        shift[r] = block_max[r] == -INFINITY ? 0.f : block_max[r];
-        alpha[r] = row_max[r] == -INFINITY ? 0.f : exp2_approx(row_max[r] - shift[r]);
-        row_max[r] = block_max[r];
+      for (int kv_block = 0; kv_block < num_kv_blocks; ++kv_block) {
+        const int key_begin = kv_block * kBlockN;
+        load_tile(sV, gV, key_begin, m_seqlen_k, kBlockN);
+        cp_async_commit();
+        cp_async_wait<1>();
+        // K_j is in scratch (V_j may still be in flight).
+        team.team_barrier();
+        scores(s, sK, [&](int mt, int ks, std::uint32_t(&a)[4]) {
+          for (int i = 0; i < 4; ++i) a[i] = q_frag[mt][ks][i];
+        });
+        // Every warp is done reading K_j: K_{j+1} may land in its place.
+        team.team_barrier();
+        if (kv_block + 1 < num_kv_blocks)
+          load_tile(sK, gK, key_begin + kBlockN, m_seqlen_k, kBlockN);
+        cp_async_commit();
+        softmax_update(s, acc_o, row_max, row_sum, row_begin, row0, key_begin);
+        cp_async_wait<1>();
+        // V_j is in scratch for every warp.
+        team.team_barrier();
+        accumulate_pv(s, acc_o, sV);
+        // Every warp is done reading V_j before V_{j+1} is loaded.
+        team.team_barrier();
       }
-      float block_sum[2] = {0, 0};
-      for (int n = 0; n < kTilesS; ++n)
-        for (int e = 0; e < 4; ++e) {
-          const float p = exp2_approx(s[n][e] - shift[e / 2]);
-          s[n][e] = p;
-          block_sum[e / 2] += p;
-        }
-      for (int r = 0; r < 2; ++r) row_sum[r] = alpha[r] * row_sum[r] + block_sum[r];
-      for (int n = 0; n < kTilesO; ++n) {
-        acc_o[n][0] *= alpha[0];
-        acc_o[n][1] *= alpha[0];
-        acc_o[n][2] *= alpha[1];
-        acc_o[n][3] *= alpha[1];
+      cp_async_wait<0>();
+    } else {
+      std::uint16_t* sQ = scratch;
+      auto sK = [&](int stage) { return scratch + (kBlockM + 2 * stage * kBlockN) * kPitch; };
+      auto sV = [&](int stage) { return sK(stage) + kBlockN * kPitch; };
+      auto load_kv = [&](int kv_block) {
+        const int stage = kv_block % kStages;
+        load_tile(sK(stage), gK, kv_block * kBlockN, m_seqlen_k, kBlockN);
+        load_tile(sV(stage), gV, kv_block * kBlockN, m_seqlen_k, kBlockN);
+      };
+      load_tile(sQ, gQ, row_begin, m_seqlen_q, kBlockM);
+      if (num_kv_blocks > 0) load_kv(0);
+      cp_async_commit();
+      for (int kv_block = 0; kv_block < num_kv_blocks; ++kv_block) {
+        const int key_begin = kv_block * kBlockN;
+        cp_async_wait<0>();
+        // K_j and V_j (and Q) are in scratch for every warp, and every warp
+        // is done with block j-1, whose stage block j+1 now reuses.
+        team.team_barrier();
+        if (kv_block + 1 < num_kv_blocks) load_kv(kv_block + 1);
+        cp_async_commit();
+        scores(s, sK(kv_block % kStages), [&](int mt, int ks, std::uint32_t(&a)[4]) {
+          ldmatrix_x4(a, sQ + a_fragment_offset(warp * kWarpRows + mt * 16, ks, lane));
+        });
+        softmax_update(s, acc_o, row_max, row_sum, row_begin, row0, key_begin);
+        accumulate_pv(s, acc_o, sV(kv_block % kStages));
       }
-
-      cp_async_wait<1>();
-      // V_j is in scratch for every warp.
-      member.team_barrier();
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        // The S accumulators of n-tiles 2kk, 2kk+1 are exactly the A fragment
-        // of the 16-key slice kk: P never leaves registers.
-        const std::uint32_t p_frag[4] = {pack2<Format>(s[2 * kk][0], s[2 * kk][1]),
-                                         pack2<Format>(s[2 * kk][2], s[2 * kk][3]),
-                                         pack2<Format>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                         pack2<Format>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-        for (int np = 0; np < kTilesO / 2; ++np) {
-          std::uint32_t vb[4];
-          ldmatrix_x4_trans(vb, sV + (kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kPitch +
-                                    np * 16 + (lane / 16) * 8);
-          mma_16816<Format>(acc_o[2 * np], p_frag, vb[0], vb[1]);
-          mma_16816<Format>(acc_o[2 * np + 1], p_frag, vb[2], vb[3]);
-        }
-      }
-      // Every warp is done reading V_j before V_{j+1} is loaded.
-      member.team_barrier();
+      cp_async_wait<0>();
     }
-    cp_async_wait<0>();
+    write_output(acc_o, row_max, row_sum, row0, b, h);
+#else
+    (void)team;
+    (void)raw;
+#endif
+  }
 
-    for (int r = 0; r < 2; ++r) {
+ private:
+  static constexpr int kSteps = kHeadDim / 16;  // k-steps of Q·Kᵀ
+  static constexpr int kTilesS = kBlockN / 8;   // n-tiles of S per m-tile
+  static constexpr int kTilesO = kHeadDim / 8;  // n-tiles of O per m-tile
+  static constexpr int kRows = 2 * kMTiles;     // rows per thread, r = 2 * mt + e / 2
+
+#if KFA_CUDA_MMA_DEVICE
+  /// Offset of this lane's ldmatrix row for the A fragment (16 x 16) at
+  /// tile row `row`, k-step `ks`.
+  KOKKOS_FORCEINLINE_FUNCTION static int a_fragment_offset(int row, int ks, int lane) {
+    return (row + (lane % 8) + ((lane / 8) % 2) * 8) * kPitch + ks * 16 + (lane / 16) * 8;
+  }
+
+  /// S = Q·K_jᵀ for this warp's m-tiles; `q_fragment(mt, ks, a)` provides
+  /// the A fragment of Q (from registers or scratch).
+  template <class QFragment>
+  KOKKOS_FORCEINLINE_FUNCTION void scores(float (&s)[kMTiles][kTilesS][4],
+                                          const std::uint16_t* sK,
+                                          const QFragment& q_fragment) const {
+    using namespace cuda_mma;
+    const int lane = threadIdx.x;
+    for (int mt = 0; mt < kMTiles; ++mt)
+      for (int n = 0; n < kTilesS; ++n) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0;
+    for (int ks = 0; ks < kSteps; ++ks) {
+      std::uint32_t a[kMTiles][4];
+      for (int mt = 0; mt < kMTiles; ++mt) q_fragment(mt, ks, a[mt]);
+      for (int np = 0; np < kTilesS / 2; ++np) {
+        std::uint32_t kb[4];
+        ldmatrix_x4(kb, sK + (np * 16 + (lane % 8) + (lane / 16) * 8) * kPitch + ks * 16 +
+                            ((lane / 8) % 2) * 8);
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          mma_16816<Format>(s[mt][2 * np], a[mt], kb[0], kb[1]);
+          mma_16816<Format>(s[mt][2 * np + 1], a[mt], kb[2], kb[3]);
+        }
+      }
+    }
+  }
+
+  /// Scale (base 2), mask, online softmax in registers: S becomes P, the
+  /// running max and sum move on, O is rescaled. Row max and sum are reduced
+  /// over the 4 lanes (a quad) that share a row.
+  KOKKOS_FORCEINLINE_FUNCTION void softmax_update(float (&s)[kMTiles][kTilesS][4],
+                                                  float (&acc_o)[kMTiles][kTilesO][4],
+                                                  float (&row_max)[kRows],
+                                                  float (&row_sum)[kRows], int row_begin,
+                                                  int row0, int key_begin) const {
+    using namespace cuda_mma;
+    const int lane = threadIdx.x;
+    const bool needs_mask =
+        m_mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin, key_begin + kBlockN);
+    float block_max[kRows];
+    for (int r = 0; r < kRows; ++r) block_max[r] = row_max[r];
+    for (int mt = 0; mt < kMTiles; ++mt)
+      for (int n = 0; n < kTilesS; ++n)
+        for (int e = 0; e < 4; ++e) {
+          const int row = row0 + mt * 16 + (e / 2) * 8;
+          const int col = key_begin + n * 8 + (lane % 4) * 2 + (e & 1);
+          float x = s[mt][n][e] * m_scale_log2;
+          if (needs_mask && m_mask.masked(row, col)) x = -INFINITY;
+          s[mt][n][e] = x;
+          block_max[2 * mt + e / 2] = fmaxf(block_max[2 * mt + e / 2], x);
+        }
+    float shift[kRows], alpha[kRows];
+    for (int r = 0; r < kRows; ++r) {
+      block_max[r] = fmaxf(block_max[r], shfl_xor(block_max[r], 1));
+      block_max[r] = fmaxf(block_max[r], shfl_xor(block_max[r], 2));
+      // A row whose every score so far is masked keeps max -inf: shift by
+      // 0 so exp2(-inf - shift) = 0 instead of NaN.
+      shift[r] = block_max[r] == -INFINITY ? 0.f : block_max[r];
+      alpha[r] = row_max[r] == -INFINITY ? 0.f : exp2_approx(row_max[r] - shift[r]);
+      row_max[r] = block_max[r];
+    }
+    float block_sum[kRows];
+    for (int r = 0; r < kRows; ++r) block_sum[r] = 0;
+    for (int mt = 0; mt < kMTiles; ++mt)
+      for (int n = 0; n < kTilesS; ++n)
+        for (int e = 0; e < 4; ++e) {
+          const float p = exp2_approx(s[mt][n][e] - shift[2 * mt + e / 2]);
+          s[mt][n][e] = p;
+          block_sum[2 * mt + e / 2] += p;
+        }
+    for (int r = 0; r < kRows; ++r) row_sum[r] = alpha[r] * row_sum[r] + block_sum[r];
+    for (int mt = 0; mt < kMTiles; ++mt)
+      for (int n = 0; n < kTilesO; ++n) {
+        acc_o[mt][n][0] *= alpha[2 * mt];
+        acc_o[mt][n][1] *= alpha[2 * mt];
+        acc_o[mt][n][2] *= alpha[2 * mt + 1];
+        acc_o[mt][n][3] *= alpha[2 * mt + 1];
+      }
+  }
+
+  /// O += P·V_j. The S accumulators of n-tiles 2kk, 2kk+1 are exactly the A
+  /// fragment of the 16-key slice kk: P never leaves registers.
+  KOKKOS_FORCEINLINE_FUNCTION void accumulate_pv(const float (&s)[kMTiles][kTilesS][4],
+                                                 float (&acc_o)[kMTiles][kTilesO][4],
+                                                 const std::uint16_t* sV) const {
+    using namespace cuda_mma;
+    const int lane = threadIdx.x;
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      std::uint32_t p_frag[kMTiles][4];
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        p_frag[mt][0] = pack2<Format>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        p_frag[mt][1] = pack2<Format>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        p_frag[mt][2] = pack2<Format>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        p_frag[mt][3] = pack2<Format>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
+      for (int np = 0; np < kTilesO / 2; ++np) {
+        std::uint32_t vb[4];
+        ldmatrix_x4_trans(vb, sV + (kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kPitch +
+                                  np * 16 + (lane / 16) * 8);
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          mma_16816<Format>(acc_o[mt][2 * np], p_frag[mt], vb[0], vb[1]);
+          mma_16816<Format>(acc_o[mt][2 * np + 1], p_frag[mt], vb[2], vb[3]);
+        }
+      }
+    }
+  }
+
+  /// O = acc_o / row_sum in the value type, lse = ln(sum) + max (natural log).
+  KOKKOS_FORCEINLINE_FUNCTION void write_output(const float (&acc_o)[kMTiles][kTilesO][4],
+                                                const float (&row_max)[kRows],
+                                                float (&row_sum)[kRows], int row0, int b,
+                                                int h) const {
+    using namespace cuda_mma;
+    const int lane = threadIdx.x;
+    const long row_stride = long(m_heads) * kHeadDim;
+    for (int r = 0; r < kRows; ++r) {
       row_sum[r] += shfl_xor(row_sum[r], 1);
       row_sum[r] += shfl_xor(row_sum[r], 2);
     }
-    for (int r = 0; r < 2; ++r) {
-      const int row = r == 0 ? row0 : row1;
+    for (int r = 0; r < kRows; ++r) {
+      const int mt = r / 2, half = r % 2;
+      const int row = row0 + mt * 16 + half * 8;
       if (row >= m_seqlen_q) continue;
       const float inv = row_sum[r] > 0.f ? 1.f / row_sum[r] : 0.f;
       std::uint16_t* gO = m_o + (long(b) * m_seqlen_q * m_heads + h) * kHeadDim + row * row_stride;
       for (int n = 0; n < kTilesO; ++n) {
         const int d = n * 8 + (lane % 4) * 2;
-        *reinterpret_cast<std::uint32_t*>(gO + d) =
-            pack2<Format>(acc_o[n][2 * r] * inv, acc_o[n][2 * r + 1] * inv);
+        *reinterpret_cast<std::uint32_t*>(gO + d) = pack2<Format>(
+            acc_o[mt][n][2 * half] * inv, acc_o[mt][n][2 * half + 1] * inv);
       }
       if (lane % 4 == 0) {
         m_lse[(long(b) * m_heads + h) * m_seqlen_q + row] =
@@ -252,12 +417,9 @@ class FlashForwardMmaKernel {
                              : -INFINITY;
       }
     }
-#else
-    (void)member;
-#endif
   }
+#endif
 
- private:
   const std::uint16_t* m_q;
   const std::uint16_t* m_k;
   const std::uint16_t* m_v;

@@ -1,0 +1,88 @@
+#ifndef KFA_CUDA_LAUNCH_HPP
+#define KFA_CUDA_LAUNCH_HPP
+
+// Launch of a tensor-core team kernel with more team scratch than Kokkos'
+// CUDA TeamPolicy grants. Kokkos checks level-0 scratch against the 48 KB
+// static shared-memory limit (about 40 KB once its own reserve is taken),
+// while sm_80+ blocks may opt in to far more (227 KB on Hopper), which the
+// FlashAttention-2 tile shapes need: a 128-row Q block and double-buffered
+// K and V blocks are ~100 KB at head_dim 128.
+//
+// The functor is the one the TeamPolicy path runs: its body is a template on
+// the team handle, Kokkos' team member there and CudaTeam here (same block
+// shape: 32 lanes in x, the team's warps in y). The launch is enqueued on the
+// execution space instance's stream, reported to Kokkos Tools as a
+// parallel_for under the kernel's label, and every CUDA error is turned into
+// an exception.
+
+#include <Kokkos_Core.hpp>
+
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+
+namespace kfa {
+namespace Impl {
+
+#if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
+
+/// The team handle of a kernel launched by launch_cuda_team: one team per
+/// block, the league along blockIdx.x.
+struct CudaTeam {
+  __device__ int league_rank() const { return static_cast<int>(blockIdx.x); }
+  __device__ void team_barrier() const { __syncthreads(); }
+};
+
+// static, as Kokkos declares its launch kernels: each translation unit keeps
+// its own kernel and host stub.
+template <class Functor>
+__global__ static void __launch_bounds__(32 * Functor::kWarps, Functor::kMinBlocksPerSM)
+    kfa_cuda_team_kernel(const Functor functor) {
+  extern __shared__ __align__(16) unsigned char kfa_team_scratch[];
+  functor.body(CudaTeam{}, kfa_team_scratch);
+}
+
+/// Largest team scratch a launch_cuda_team kernel can have on `space`'s GPU.
+inline std::size_t cuda_team_scratch_max(const Kokkos::Cuda& space) {
+  return space.cuda_device_prop().sharedMemPerBlockOptin;
+}
+
+/// Runs `functor.body(team, scratch)` on `league` teams of Functor::kWarps
+/// warps with `scratch_bytes` of shared memory each, on `space`'s stream.
+template <class Functor>
+void launch_cuda_team(const Kokkos::Cuda& space, const std::string& label,
+                      const Functor& functor, int league, std::size_t scratch_bytes) {
+  if (league == 0) return;
+  if (scratch_bytes > cuda_team_scratch_max(space)) {
+    throw std::runtime_error(label + ": the kernel's tiles need " +
+                             std::to_string(scratch_bytes) + " bytes of shared memory, the GPU " +
+                             "gives a block at most " +
+                             std::to_string(cuda_team_scratch_max(space)));
+  }
+  auto check = [&](cudaError_t err, const char* what) {
+    if (err != cudaSuccess) {
+      throw std::runtime_error(label + ": " + what + " failed: " + cudaGetErrorString(err));
+    }
+  };
+  const auto kernel = &kfa_cuda_team_kernel<Functor>;
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(scratch_bytes)),
+        "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  std::uint64_t kernel_id = 0;
+  if (Kokkos::Tools::profileLibraryLoaded()) {
+    Kokkos::Tools::beginParallelFor(label, Kokkos::Tools::Experimental::device_id(space),
+                                    &kernel_id);
+  }
+  void* args[] = {const_cast<Functor*>(&functor)};
+  check(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), dim3(league),
+                         dim3(32, Functor::kWarps), args, scratch_bytes, space.cuda_stream()),
+        "cudaLaunchKernel");
+  if (Kokkos::Tools::profileLibraryLoaded()) Kokkos::Tools::endParallelFor(kernel_id);
+}
+
+#endif
+
+}  // namespace Impl
+}  // namespace kfa
+
+#endif
