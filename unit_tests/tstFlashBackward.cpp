@@ -89,6 +89,26 @@ TYPED_TEST(FlashBackward, AwkwardShapesCausal) {
   check_backward<TypeParam>({1, 40, 150, 2, 16}, true, false);
 }
 
+#ifdef KOKKOS_ENABLE_CUDA
+// Where the GPU grants opt-in shared memory the tensor-core kernels run in
+// their large shapes (launched by the backend layer); elsewhere in the shapes
+// that fit Kokkos' TeamPolicy scratch. The typed tests above run the former
+// on this GPU; this one runs the latter, forward and backward.
+TEST(FlashBackwardCuda, TeamPolicyShapesWithoutOptInSharedMemory) {
+  struct Restore {
+    ~Restore() { kfa::Impl::use_opt_in_shared_memory() = true; }
+  } restore;
+  kfa::Impl::use_opt_in_shared_memory() = false;
+  using C16 = Config<Kokkos::Cuda, kfa::bfloat16>;
+  using C16h = Config<Kokkos::Cuda, kfa::half, true>;
+  for (bool causal : {false, true}) {
+    check_backward<C16>({2, 190, 333, 2, 64}, causal, false);
+    check_backward<C16>({1, 300, 129, 2, 128}, causal, false);
+    check_backward<C16h>({1, 129, 300, 2, 128}, causal, false);
+  }
+}
+#endif
+
 TYPED_TEST(FlashBackward, DeterministicIsAccurateAndBitwiseReproducible) {
   using Space = typename TypeParam::space;
   using T = typename TypeParam::value_type;

@@ -11,11 +11,20 @@
 // and dSᵀ feed the tensor cores straight from their accumulators), stages dSᵀ
 // in scratch and adds dQ += dS·K·scale to an fp32 accumulator with atomics.
 // Scratch: K [64][d+8], Q and dO [Br][d+8], dSᵀ [64][Br+8], lse and D rows;
-// Br = 64 at head_dim 64 and 32 at head_dim 128 to stay under ~40 KB.
+// Br = 64 at head_dim 64 and 32 at head_dim 128 (registers: K and V
+// fragments and the dK, dV accumulators fill them).
+//
+// Stages = 1: launched through Kokkos' TeamPolicy (under its ~40 KB), the
+// next query block's Q, dO, lse and D load after the current one is done.
+// Stages = 2: launched by launch_cuda_team with opt-in shared memory; Q, dO,
+// lse and D are double buffered, so the next query block loads during the
+// current one's products (57 KB at head_dim 128).
 
+#include <kfa_fwd_kernel.hpp>  // check_scratch
 #include <kfa_mask.hpp>
 #include <kfa_traits.hpp>
 
+#include <impl/backend/kfa_cuda_launch.hpp>
 #include <impl/backend/kfa_cuda_mma.hpp>
 
 #include <cstdint>
@@ -25,9 +34,12 @@ namespace Impl {
 
 template <class ExecSpace, int HeadDim, class Format, class QView, class KView, class VView,
           class DOView, class LseView, class DeltaView, class DQAccView, class DKView,
-          class DVView>
+          class DVView, int Stages = 1>
 class FlashBackwardMmaKernel {
  public:
+  static constexpr int kStages = Stages;
+  static_assert(Stages == 1 || Stages == 2, "kfa: the mma backward has 1 or 2 stages");
+  static constexpr int kMinBlocksPerSM = 1;
   using policy_t = Kokkos::TeamPolicy<ExecSpace>;
   using member_t = typename policy_t::member_type;
   static constexpr int kHeadDim = HeadDim;
@@ -58,24 +70,45 @@ class FlashBackwardMmaKernel {
         m_num_kv_blocks((m_seqlen_k + kBlockN - 1) / kBlockN),
         m_mask(m_seqlen_q, m_seqlen_k, -1, causal ? 0 : -1) {}
 
-  void launch(const ExecSpace& space) const {
-    const int league = m_num_kv_blocks * m_batch * m_heads;
-    if (league == 0) return;
-    policy_t policy(space, league, kWarps, 32);
-    check_scratch<policy_t>("kfa::bwd::mma_dk_dv", 0, scratch_bytes(), kBlockM, kBlockN,
-                            kHeadDim);
-    policy.set_scratch_size(0, Kokkos::PerTeam(scratch_bytes()));
-    Kokkos::parallel_for("kfa::bwd::mma_dk_dv", policy, *this);
+  /// Whether `space`'s GPU gives a team this shape's scratch.
+  static bool fits(const ExecSpace& space) {
+    if constexpr (kStages == 1) {
+      return true;
+    } else {
+      return scratch_bytes() <= cuda_team_scratch_max(space);
+    }
   }
 
+  void launch(const ExecSpace& space) const {
+    const int league = m_num_kv_blocks * m_batch * m_heads;
+    if constexpr (kStages == 1) {
+      if (league == 0) return;
+      policy_t policy(space, league, kWarps, 32);
+      check_scratch<policy_t>("kfa::bwd::mma_dk_dv", 0, scratch_bytes(), kBlockM, kBlockN,
+                              kHeadDim);
+      policy.set_scratch_size(0, Kokkos::PerTeam(scratch_bytes()));
+      Kokkos::parallel_for("kfa::bwd::mma_dk_dv", policy, *this);
+    } else {
+      launch_cuda_team(space, "kfa::bwd::mma_dk_dv", *this, league, scratch_bytes());
+    }
+  }
+
+  /// K, per stage Q and dO, dSᵀ, per stage lse and D.
   KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
     return sizeof(std::uint16_t) *
-               (std::size_t(kBlockN) * kPitch + 2 * std::size_t(kBlockM) * kPitch +
+               (std::size_t(kBlockN) * kPitch + 2 * kStages * std::size_t(kBlockM) * kPitch +
                 std::size_t(kBlockN) * kPitchS) +
-           2 * sizeof(float) * kBlockM + 16;
+           2 * kStages * sizeof(float) * kBlockM + 16;
   }
 
   KOKKOS_INLINE_FUNCTION void operator()(const member_t& member) const {
+    body(member, member.team_scratch(0).get_shmem(scratch_bytes()));
+  }
+
+  /// The kernel for one team: `team` gives league_rank() and team_barrier(),
+  /// `raw` the team's scratch_bytes() of shared memory.
+  template <class Team>
+  KOKKOS_INLINE_FUNCTION void body(const Team& member, void* raw) const {
 #if KFA_CUDA_MMA_DEVICE
     using namespace cuda_mma;
     constexpr int kSteps = kHeadDim / 16;  // k-steps over head_dim
@@ -101,14 +134,15 @@ class FlashBackwardMmaKernel {
     const float* g_lse = m_lse + (long(b) * m_heads + h) * m_seqlen_q;
     const float* g_delta = m_delta + (long(b) * m_heads + h) * m_seqlen_q;
 
-    char* raw = static_cast<char*>(member.team_scratch(0).get_shmem(scratch_bytes()));
     std::uint16_t* sK = reinterpret_cast<std::uint16_t*>(
         (reinterpret_cast<std::uintptr_t>(raw) + 15) & ~std::uintptr_t(15));
-    std::uint16_t* sQ = sK + kBlockN * kPitch;
-    std::uint16_t* sdO = sQ + kBlockM * kPitch;
-    std::uint16_t* sdS = sdO + kBlockM * kPitch;
-    float* s_lse = reinterpret_cast<float*>(sdS + kBlockN * kPitchS);
-    float* s_delta = s_lse + kBlockM;
+    // Stage s: Q rows, then dO rows (contiguous: V is staged through stage
+    // 0's 2·kBlockM >= kBlockN rows), lse and D.
+    std::uint16_t* const sQ0 = sK + kBlockN * kPitch;
+    std::uint16_t* const sdS = sQ0 + 2 * kStages * kBlockM * kPitch;
+    float* const s_lse0 = reinterpret_cast<float*>(sdS + kBlockN * kPitchS);
+    auto stage_q = [&](int s) { return sQ0 + 2 * s * kBlockM * kPitch; };
+    auto stage_lse = [&](int s) { return s_lse0 + 2 * s * kBlockM; };
 
     auto load_rows = [&](std::uint16_t* dst, const std::uint16_t* src, int first_row,
                          int rows, int rows_total) {
@@ -124,7 +158,7 @@ class FlashBackwardMmaKernel {
     // K and V rows of this warp into registers as A fragments; V goes
     // through the (contiguous) Q and dO tiles, K stays in scratch for dQ.
     load_rows(sK, m_k + k_offset, key_begin, kBlockN, m_seqlen_k);
-    load_rows(sQ, m_v + k_offset, key_begin, kBlockN, m_seqlen_k);
+    load_rows(sQ0, m_v + k_offset, key_begin, kBlockN, m_seqlen_k);
     cp_async_commit();
     cp_async_wait<0>();
     // K and V tiles are in scratch.
@@ -134,7 +168,7 @@ class FlashBackwardMmaKernel {
       const int offset =
           (warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kPitch + ks * 16 + (lane / 16) * 8;
       ldmatrix_x4(k_frag[ks], sK + offset);
-      ldmatrix_x4(v_frag[ks], sQ + offset);
+      ldmatrix_x4(v_frag[ks], sQ0 + offset);
     }
     float acc_dk[kTilesD][4], acc_dv[kTilesD][4];
     for (int n = 0; n < kTilesD; ++n)
@@ -143,25 +177,49 @@ class FlashBackwardMmaKernel {
     const int key0 = key_begin + warp * 16 + lane / 4, key1 = key0 + 8;
     const int first_q_block = m_mask.row_begin(key_begin) / kBlockM;
     const int num_q_blocks = (m_seqlen_q + kBlockM - 1) / kBlockM;
-    for (int q_block = first_q_block; q_block < num_q_blocks; ++q_block) {
+    // Q, dO (asynchronous copies), lse and D of a query block into a stage.
+    auto load_q_block = [&](int q_block, int stage) {
       const int row_begin = q_block * kBlockM;
-      // Every warp is done with the previous block's Q, dO, dSᵀ (and, on the
-      // first pass, with the V tile staged in sQ).
-      member.team_barrier();
-      load_rows(sQ, m_q + q_offset, row_begin, kBlockM, m_seqlen_q);
-      load_rows(sdO, m_do + q_offset, row_begin, kBlockM, m_seqlen_q);
+      load_rows(stage_q(stage), m_q + q_offset, row_begin, kBlockM, m_seqlen_q);
+      load_rows(stage_q(stage) + kBlockM * kPitch, m_do + q_offset, row_begin, kBlockM,
+                m_seqlen_q);
       cp_async_commit();
       if (tid < kBlockM) {
         const int row = row_begin + tid;
         const bool ok = row < m_seqlen_q;
         const float l = ok ? g_lse[row] : -INFINITY;
         // lse = -inf (a row that saw no key, or past the end) gives P = 0.
-        s_lse[tid] = l == -INFINITY ? INFINITY : l * kLog2e;
-        s_delta[tid] = ok ? g_delta[row] : 0.f;
+        stage_lse(stage)[tid] = l == -INFINITY ? INFINITY : l * kLog2e;
+        stage_lse(stage)[kBlockM + tid] = ok ? g_delta[row] : 0.f;
       }
-      cp_async_wait<0>();
-      // Q, dO, lse and D of this query block are in scratch.
+    };
+    if constexpr (kStages == 2) {
+      // Every warp holds its V fragments: stage 0 may receive Q and dO.
       member.team_barrier();
+      if (first_q_block < num_q_blocks) load_q_block(first_q_block, 0);
+    }
+    for (int q_block = first_q_block; q_block < num_q_blocks; ++q_block) {
+      const int row_begin = q_block * kBlockM;
+      const int stage = kStages == 1 ? 0 : (q_block - first_q_block) % 2;
+      if constexpr (kStages == 1) {
+        // Every warp is done with the previous block's Q, dO, dSᵀ (and, on
+        // the first pass, with the V tile staged in stage 0).
+        member.team_barrier();
+        load_q_block(q_block, 0);
+        cp_async_wait<0>();
+        // Q, dO, lse and D of this query block are in scratch.
+        member.team_barrier();
+      } else {
+        cp_async_wait<0>();
+        // This block's stage is in scratch for every warp, and every warp is
+        // done with the previous block (its stage and dSᵀ).
+        member.team_barrier();
+        if (q_block + 1 < num_q_blocks) load_q_block(q_block + 1, 1 - stage);
+      }
+      const std::uint16_t* sQ = stage_q(stage);
+      const std::uint16_t* sdO = sQ + kBlockM * kPitch;
+      const float* s_lse = stage_lse(stage);
+      const float* s_delta = s_lse + kBlockM;
 
       float st[kTilesS][4], dpt[kTilesS][4];
       for (int n = 0; n < kTilesS; ++n)
@@ -270,6 +328,7 @@ class FlashBackwardMmaKernel {
     }
 #else
     (void)member;
+    (void)raw;
 #endif
   }
 
