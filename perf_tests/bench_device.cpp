@@ -30,9 +30,8 @@ struct Args {
   int batch = 1, seqlen = 1024, heads = 16, head_dim = 128, iters = 20, warmup = 3;
   bool causal = false, backward = true;
   /// Forward kernel variant for experiments on the tensor-core path:
-  /// "default" (the library's dispatch) or "lb3" (launch bound of 3 blocks
-  /// per SM instead of 2, i.e. at most 170 registers per thread) or "w8"
-  /// (8 warps, 128 query rows per team: half the K/V traffic from L2).
+  /// "default" (the library's dispatch), or a tile shape of
+  /// mma_forward_variant(). (Earlier variants, lb3 and w8, are in RESULTS.md.)
   std::string fwd_variant = "default";
 };
 
@@ -96,6 +95,52 @@ double median_ms(int warmup, int iters, F&& f) {
   return t[t.size() / 2];
 }
 
+/// The tensor-core forward with a tile shape other than the library's
+/// choice (launch_forward_mma), for experiments.
+template <class Shape, class T, class View4, class View3>
+std::function<void()> mma_forward_shape(const Args& a, View4 q, View4 k, View4 v, View4 o,
+                                        View3 lse) {
+  using Space = Kokkos::DefaultExecutionSpace;
+  using Format = typename kfa::Impl::MmaFormat<Space, T>::type;
+  if constexpr (std::is_void<Format>::value) {
+    throw std::invalid_argument("--fwd-variant needs bf16 or fp16 on CUDA");
+  } else {
+    using kfa::Impl::FlashForwardMmaKernel;
+    const float scale = 1.0f / std::sqrt(float(a.head_dim));
+    const bool causal = a.causal;
+    if (a.head_dim == 64)
+      return [=] {
+        FlashForwardMmaKernel<Space, 64, Format, View4, View4, View4, View4, View3, Shape>(
+            q, k, v, o, lse, scale, causal)
+            .launch(Space());
+      };
+    if (a.head_dim == 128)
+      return [=] {
+        FlashForwardMmaKernel<Space, 128, Format, View4, View4, View4, View4, View3, Shape>(
+            q, k, v, o, lse, scale, causal)
+            .launch(Space());
+      };
+    throw std::invalid_argument("--fwd-variant needs head_dim 64 or 128");
+  }
+}
+
+/// "policy": the shape that fits Kokkos' TeamPolicy scratch (4 warps of 16
+/// query rows, 64 keys, one stage; the default before opt-in shared memory);
+/// "policy_m2": the same with 2 m-tiles per warp and 32-key blocks;
+/// "large_8w": the large shape with 8 warps of 16 rows.
+template <class T, class View4, class View3>
+std::function<void()> mma_forward_variant(const Args& a, View4 q, View4 k, View4 v, View4 o,
+                                          View3 lse) {
+  using kfa::Impl::FwdMmaShape;
+  if (a.fwd_variant == "policy")
+    return mma_forward_shape<FwdMmaShape<4, 1, 64, 1, 2>, T>(a, q, k, v, o, lse);
+  if (a.fwd_variant == "policy_m2")
+    return mma_forward_shape<FwdMmaShape<4, 2, 32, 1, 1>, T>(a, q, k, v, o, lse);
+  if (a.fwd_variant == "large_8w")
+    return mma_forward_shape<FwdMmaShape<8, 1, 64, 2, 1>, T>(a, q, k, v, o, lse);
+  throw std::invalid_argument("--fwd-variant must be default, policy, policy_m2 or large_8w");
+}
+
 template <class T>
 void run(const Args& a) {
   using Space = Kokkos::DefaultExecutionSpace;
@@ -114,44 +159,7 @@ void run(const Args& a) {
   opt.causal = a.causal;
   const Space space;
   std::function<void()> fwd = [&] { kfa::flash_attention_forward(space, q, k, v, o, lse, opt); };
-  if (a.fwd_variant == "w8") {
-    using Format = typename kfa::Impl::MmaFormat<Space, T>::type;
-    if constexpr (!std::is_void<Format>::value) {
-      const float scale = 1.0f / std::sqrt(float(D));
-      if (D == 128) {
-        fwd = [&, scale] {
-          kfa::Impl::FlashForwardMmaKernel<Space, 128, Format, View4, View4, View4, View4, View3, 8>(
-              q, k, v, o, lse, scale, a.causal)
-              .launch(space);
-        };
-      } else if (D == 64) {
-        fwd = [&, scale] {
-          kfa::Impl::FlashForwardMmaKernel<Space, 64, Format, View4, View4, View4, View4, View3, 8>(
-              q, k, v, o, lse, scale, a.causal)
-              .launch(space);
-        };
-      }
-    }
-  }
-  if (a.fwd_variant == "lb3") {
-    using Format = typename kfa::Impl::MmaFormat<Space, T>::type;
-    if constexpr (!std::is_void<Format>::value) {
-      const float scale = 1.0f / std::sqrt(float(D));
-      if (D == 128) {
-        fwd = [&, scale] {
-          kfa::Impl::FlashForwardMmaKernel<Space, 128, Format, View4, View4, View4, View4, View3, 4, 3>(
-              q, k, v, o, lse, scale, a.causal)
-              .launch(space);
-        };
-      } else if (D == 64) {
-        fwd = [&, scale] {
-          kfa::Impl::FlashForwardMmaKernel<Space, 64, Format, View4, View4, View4, View4, View3, 4, 3>(
-              q, k, v, o, lse, scale, a.causal)
-              .launch(space);
-        };
-      }
-    }
-  }
+  if (a.fwd_variant != "default") fwd = mma_forward_variant<T>(a, q, k, v, o, lse);
   auto bwd = [&] { kfa::flash_attention_backward(space, q, k, v, o, lse, d_o, dq, dk, dv, opt); };
   const double t_fwd = median_ms(a.warmup, a.iters, fwd);
   double t_bwd = -1, t_fwd_bwd = -1;

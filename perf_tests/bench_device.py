@@ -38,7 +38,8 @@ def configs(which):
             out.append(("bf16", 2, 8192, 16, 128, causal))
         out.append(("bf16", 16, 1024, 16, 128, False))
         out.append(("fp16", 2, 8192, 16, 128, False))
-        out.append(("bf16", 2, 8192, 32, 64, False))
+        for causal in (False, True):
+            out.append(("bf16", 2, 8192, 32, 64, causal))
         out.append(("fp32", 4, 4096, 16, 128, False))
         out.append(("fp64", 8, 2048, 16, 128, False))
         return out
@@ -136,7 +137,7 @@ def main():
     p.add_argument("--dtypes", default="bf16,fp16,fp32,fp64", help="types to run")
     p.add_argument("--json", default="")
     p.add_argument("--fwd-variants", default="",
-                   help="comma-separated extra forward variants of bench_device (e.g. lb3), "
+                   help="comma-separated extra forward variants of bench_device (e.g. m2), "
                         "timed on 16-bit configs beside the default")
     args = p.parse_args()
     os.makedirs(args.dir, exist_ok=True)
@@ -163,22 +164,29 @@ def main():
                   flush=True)
             continue
         kfa_t = json.loads(res.stdout.strip().splitlines()[-1])
-        variants = {}
-        if args.fwd_variants and dt in ("bf16", "fp16"):
-            for var in args.fwd_variants.split(","):
-                vr = subprocess.run(cmd + ["--no-bwd", "--fwd-variant", var], capture_output=True,
-                                    text=True)
-                if vr.returncode == 0:
-                    variants[var] = json.loads(vr.stdout.strip().splitlines()[-1])["fwd_ms"]
+        lse_dtype = torch.float64 if dt == "fp64" else torch.float32
         o = read(f"{args.dir}/o_kfa.bin", (B, N, H, D), dtype)
-        lse = read(f"{args.dir}/lse_kfa.bin", (B, H, N),
-                   torch.float64 if dt == "fp64" else torch.float32)
+        lse = read(f"{args.dir}/lse_kfa.bin", (B, H, N), lse_dtype)
         ref = reference_slice(q, k, v, do, causal)
         errs = {"o": max_err(o[:1, :, :2], ref[0]), "lse": max_err(lse[:1, :2], ref[1])}
         if not args.no_bwd:
             for i, g in enumerate(("dq", "dk", "dv")):
                 kg = read(f"{args.dir}/{g}_kfa.bin", (B, N, H, D), dtype)
                 errs[g] = max_err(kg[:1, :, :2], ref[2 + i])
+        # Extra forward variants: timed, and their own O checked against the reference.
+        variants, variant_errs = {}, {}
+        if args.fwd_variants and dt in ("bf16", "fp16"):
+            for var in args.fwd_variants.split(","):
+                vr = subprocess.run(cmd + ["--no-bwd", "--fwd-variant", var], capture_output=True,
+                                    text=True)
+                if vr.returncode != 0:
+                    print(f"variant {var} failed: {vr.stderr.strip()}", flush=True)
+                    continue
+                variants[var] = json.loads(vr.stdout.strip().splitlines()[-1])["fwd_ms"]
+                vo = read(f"{args.dir}/o_kfa.bin", (B, N, H, D), dtype)
+                vl = read(f"{args.dir}/lse_kfa.bin", (B, H, N), lse_dtype)
+                variant_errs[var] = max(max_err(vo[:1, :, :2], ref[0]),
+                                        max_err(vl[:1, :2], ref[1]))
         # PyTorch's own error on the same slice, with its fast backend for this type.
         anchors = {}
         if dtype in (torch.bfloat16, torch.float16):
@@ -207,6 +215,7 @@ def main():
                "seconds": time.time() - t0}
         for var, ms in variants.items():
             row[f"kfa_fwd_{var}"] = tf(ms)
+            row[f"err_{var}"] = variant_errs[var]
         for name, (f_ms, b_ms) in anchors.items():
             row[f"{name}_fwd"] = tf(f_ms)
             row[f"{name}_fwd_bwd"] = tf(b_ms, 3.5)
@@ -217,7 +226,8 @@ def main():
               + " ".join(f"{n} fwd {row[n + '_fwd']:7.2f} f+b {row[n + '_fwd_bwd']:7.2f}"
                          for n in anchors if row.get(n + '_fwd') is not None)
               + f" | fwd ratio vs {a0} {row['kfa_fwd'] / row[a0 + '_fwd']:.3f}"
-              + "".join(f" | fwd {var} {row['kfa_fwd_' + var]:7.2f}" for var in variants)
+              + "".join(f" | fwd {var} {row['kfa_fwd_' + var]:7.2f} (err o/lse {row['err_' + var]:.1e})"
+                        for var in variants)
               + f" | err kfa o {errs['o']:.2e} torch o {terr['o']:.2e}"
               + (f" kfa dq {errs['dq']:.2e} torch dq {terr['dq']:.2e}" if 'dq' in errs else ""),
               flush=True)
