@@ -45,19 +45,31 @@ void merge_attention(const ExecSpace& space, const OA& o_a, const LseA& lse_a, c
     Impl::check_extents(function, "lse_a", shape_lse, lse_a, {batch, heads, seqlen});
     Impl::check_extents(function, "lse_b", shape_lse, lse_b, {batch, heads, seqlen});
     using softmax = Impl::OnlineSoftmax<acc_t>;
-    const int d_count = static_cast<int>(head_dim);
+    // Two passes, each parallel over contiguous elements (coalesced on GPUs):
+    // O first, every element recomputing its row's weights from lse_a and
+    // lse_b, which it only reads; then lse_a. (One thread per row looping
+    // over head_dim made neighbouring threads read rows head_dim apart.)
+    const std::size_t rows = batch * seqlen * heads, elements = rows * head_dim;
+    const std::size_t d_count = head_dim;
     Kokkos::parallel_for(
-        "kfa::merge_attention",
-        Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>>(space, {0, 0, 0},
-                                                          {batch, seqlen, heads}),
-        KOKKOS_LAMBDA(const int b, const int i, const int h) {
+        "kfa::merge_attention::o", Kokkos::RangePolicy<ExecSpace>(space, 0, elements),
+        KOKKOS_LAMBDA(const std::size_t n) {
+          const std::size_t row = n / d_count, d = n % d_count;
+          const std::size_t h = row % heads, bi = row / heads;
+          const std::size_t i = bi % seqlen, b = bi / seqlen;
           acc_t w_a, w_b, lse;
           softmax::merge_weights(lse_a(b, h, i), lse_b(b, h, i), w_a, w_b, lse);
-          for (int d = 0; d < d_count; ++d) {
-            const acc_t x = w_a == acc_t(0) ? acc_t(0) : w_a * Impl::to_acc<acc_t>(o_a(b, i, h, d));
-            const acc_t y = w_b == acc_t(0) ? acc_t(0) : w_b * Impl::to_acc<acc_t>(o_b(b, i, h, d));
-            o_a(b, i, h, d) = Impl::from_acc<std::remove_cv_t<value_a>>(x + y);
-          }
+          const acc_t x = w_a == acc_t(0) ? acc_t(0) : w_a * Impl::to_acc<acc_t>(o_a(b, i, h, d));
+          const acc_t y = w_b == acc_t(0) ? acc_t(0) : w_b * Impl::to_acc<acc_t>(o_b(b, i, h, d));
+          o_a(b, i, h, d) = Impl::from_acc<std::remove_cv_t<value_a>>(x + y);
+        });
+    Kokkos::parallel_for(
+        "kfa::merge_attention::lse", Kokkos::RangePolicy<ExecSpace>(space, 0, rows),
+        KOKKOS_LAMBDA(const std::size_t row) {
+          const std::size_t i = row % seqlen, bh = row / seqlen;
+          const std::size_t h = bh % heads, b = bh / heads;
+          acc_t w_a, w_b, lse;
+          softmax::merge_weights(lse_a(b, h, i), lse_b(b, h, i), w_a, w_b, lse);
           lse_a(b, h, i) = lse;
         });
   }
