@@ -4,7 +4,6 @@
 #include "kfa_test_helpers.hpp"
 
 #ifdef KOKKOS_ENABLE_CUDA
-#include <kfa_fwd_kernel.hpp>  // before the mma header, which uses its check_scratch
 #include <impl/backend/kfa_cuda_fwd_mma.hpp>
 #endif
 

@@ -20,7 +20,6 @@
 // lse and D are double buffered, so the next query block loads during the
 // current one's products (57 KB at head_dim 128).
 
-#include <kfa_fwd_kernel.hpp>  // check_scratch
 #include <kfa_mask.hpp>
 #include <kfa_traits.hpp>
 
@@ -72,25 +71,11 @@ class FlashBackwardMmaKernel {
 
   /// Whether `space`'s GPU gives a team this shape's scratch.
   static bool fits(const ExecSpace& space) {
-    if constexpr (kStages == 1) {
-      return true;
-    } else {
-      return scratch_bytes() <= cuda_team_scratch_max(space);
-    }
+    return mma_kernel_fits<FlashBackwardMmaKernel>(space);
   }
 
   void launch(const ExecSpace& space) const {
-    const int league = m_num_kv_blocks * m_batch * m_heads;
-    if constexpr (kStages == 1) {
-      if (league == 0) return;
-      policy_t policy(space, league, kWarps, 32);
-      check_scratch<policy_t>("kfa::bwd::mma_dk_dv", 0, scratch_bytes(), kBlockM, kBlockN,
-                              kHeadDim);
-      policy.set_scratch_size(0, Kokkos::PerTeam(scratch_bytes()));
-      Kokkos::parallel_for("kfa::bwd::mma_dk_dv", policy, *this);
-    } else {
-      launch_cuda_team(space, "kfa::bwd::mma_dk_dv", *this, league, scratch_bytes());
-    }
+    launch_mma_kernel(space, "kfa::bwd::mma_dk_dv", *this, m_num_kv_blocks * m_batch * m_heads);
   }
 
   /// K, per stage Q and dO, dSᵀ, per stage lse and D.

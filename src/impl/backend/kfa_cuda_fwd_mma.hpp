@@ -20,7 +20,6 @@
 //    buffered, so block j+1 loads during all of block j's work. ~104 KB at
 //    head_dim 128.
 
-#include <kfa_fwd_kernel.hpp>  // check_scratch
 #include <kfa_mask.hpp>
 #include <kfa_traits.hpp>
 
@@ -115,25 +114,11 @@ class FlashForwardMmaKernel {
 
   /// Whether `space`'s GPU gives a team this shape's scratch.
   static bool fits(const ExecSpace& space) {
-    if constexpr (kStages == 1) {
-      return true;
-    } else {
-      return scratch_bytes() <= cuda_team_scratch_max(space);
-    }
+    return mma_kernel_fits<FlashForwardMmaKernel>(space);
   }
 
   void launch(const ExecSpace& space) const {
-    const int league = m_num_q_blocks * m_batch * m_heads;
-    if constexpr (kStages == 1) {
-      if (league == 0) return;
-      policy_t policy(space, league, kWarps, 32);
-      check_scratch<policy_t>("kfa::fwd::mma_main_loop", 0, scratch_bytes(), kBlockM, kBlockN,
-                              kHeadDim);
-      policy.set_scratch_size(0, Kokkos::PerTeam(scratch_bytes()));
-      Kokkos::parallel_for("kfa::fwd::mma_main_loop", policy, *this);
-    } else {
-      launch_cuda_team(space, "kfa::fwd::mma_main_loop", *this, league, scratch_bytes());
-    }
+    launch_mma_kernel(space, "kfa::fwd::mma_main_loop", *this, m_num_q_blocks * m_batch * m_heads);
   }
 
   KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {

@@ -17,6 +17,8 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <kfa_fwd_kernel.hpp>  // check_scratch
+
 #include <cstddef>
 #include <stdexcept>
 #include <string>
@@ -81,6 +83,36 @@ void launch_cuda_team(const Kokkos::Cuda& space, const std::string& label,
 }
 
 #endif
+
+/// Launches a tensor-core team kernel in its shape: Stages 1 through a
+/// TeamPolicy of Kernel::kWarps warps (scratch checked against Kokkos'
+/// limit), Stages 2 through launch_cuda_team with opt-in shared memory.
+template <class Kernel, class ExecSpace>
+void launch_mma_kernel(const ExecSpace& space, const char* label, const Kernel& kernel,
+                       int league) {
+  if constexpr (Kernel::kStages == 1) {
+    using policy_t = typename Kernel::policy_t;
+    if (league == 0) return;
+    policy_t policy(space, league, Kernel::kWarps, 32);
+    check_scratch<policy_t>(label, 0, Kernel::scratch_bytes(), Kernel::kBlockM, Kernel::kBlockN,
+                            Kernel::kHeadDim);
+    policy.set_scratch_size(0, Kokkos::PerTeam(Kernel::scratch_bytes()));
+    Kokkos::parallel_for(label, policy, kernel);
+  } else {
+    launch_cuda_team(space, label, kernel, league, Kernel::scratch_bytes());
+  }
+}
+
+/// Whether `space`'s GPU gives a team of Kernel its scratch (always, for the
+/// TeamPolicy shapes).
+template <class Kernel, class ExecSpace>
+bool mma_kernel_fits(const ExecSpace& space) {
+  if constexpr (Kernel::kStages == 1) {
+    return true;
+  } else {
+    return Kernel::scratch_bytes() <= cuda_team_scratch_max(space);
+  }
+}
 
 }  // namespace Impl
 }  // namespace kfa
