@@ -6,11 +6,12 @@
 //
 //   bench_device --dtype bf16|fp16|fp32|fp64 --batch B --seqlen N --heads H
 //                --head-dim D [--causal] [--iters 20] [--warmup 3] [--no-bwd]
-//                --dir /dev/shm/kfa_bench
+//                [--fwd-variant NAME] --dir /dev/shm/kfa_bench | --random
 
 #include <kfa/kfa.hpp>
 
 #include <Kokkos_Core.hpp>
+#include <Kokkos_Random.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -29,6 +30,11 @@ struct Args {
   std::string dtype = "bf16", dir = "/dev/shm/kfa_bench";
   int batch = 1, seqlen = 1024, heads = 16, head_dim = 128, iters = 20, warmup = 3;
   bool causal = false, backward = true;
+  /// Random inputs drawn here instead of files from --dir, and no outputs
+  /// written (for profilers: `ncu ... bench_device --random --iters 1`).
+  bool random = false;
+  /// AttentionOptions::fp32_matmul of the default forward and backward.
+  std::string fp32_matmul = "ieee";
   /// Forward kernel variant for experiments on the tensor-core path:
   /// "default" (the library's dispatch), or a tile shape of
   /// mma_forward_variant(). (Earlier variants, lb3 and w8, are in RESULTS.md.)
@@ -53,6 +59,8 @@ Args parse(int argc, char* argv[]) {
     else if (s == "--warmup") a.warmup = std::stoi(next());
     else if (s == "--causal") a.causal = true;
     else if (s == "--no-bwd") a.backward = false;
+    else if (s == "--random") a.random = true;
+    else if (s == "--fp32-matmul") a.fp32_matmul = next();
     else if (s == "--fwd-variant") a.fwd_variant = next();
     else throw std::invalid_argument("unknown argument " + s);
   }
@@ -124,21 +132,124 @@ std::function<void()> mma_forward_shape(const Args& a, View4 q, View4 k, View4 v
   }
 }
 
-/// "policy": the shape that fits Kokkos' TeamPolicy scratch (4 warps of 16
-/// query rows, 64 keys, one stage; the default before opt-in shared memory);
-/// "policy_m2": the same with 2 m-tiles per warp and 32-key blocks;
-/// "large_8w": the large shape with 8 warps of 16 rows.
+kfa::Fp32Matmul fp32_matmul(const std::string& name) {
+  if (name == "ieee") return kfa::Fp32Matmul::ieee;
+  if (name == "split_tf32") return kfa::Fp32Matmul::split_tf32;
+  if (name == "tf32") return kfa::Fp32Matmul::tf32;
+  throw std::invalid_argument("--fp32-matmul must be ieee, split_tf32 or tf32");
+}
+
+/// The fp32/fp64 tensor-core forward with another tile shape than the
+/// library's (WideFwdDefaultShape), for experiments.
+template <class Shape, class Atom, class View4, class View3>
+std::function<void()> wide_forward_shape(const Args& a, View4 q, View4 k, View4 v, View4 o,
+                                         View3 lse) {
+  using Space = Kokkos::DefaultExecutionSpace;
+  using T = typename View4::non_const_value_type;
+  using kfa::Impl::FlashForwardWideMmaKernel;
+  const T scale = T(1) / std::sqrt(T(a.head_dim));
+  const bool causal = a.causal;
+  if (a.head_dim == 64)
+    return [=] {
+      FlashForwardWideMmaKernel<Space, 64, Atom, View4, View4, View4, View4, View3, Shape>(
+          q, k, v, o, lse, scale, causal)
+          .launch(Space());
+    };
+  if (a.head_dim == 128)
+    return [=] {
+      FlashForwardWideMmaKernel<Space, 128, Atom, View4, View4, View4, View4, View3, Shape>(
+          q, k, v, o, lse, scale, causal)
+          .launch(Space());
+    };
+  throw std::invalid_argument("--fwd-variant needs head_dim 64 or 128");
+}
+
+/// 16-bit types: "policy": the shape that fits Kokkos' TeamPolicy scratch
+/// (4 warps of 16 query rows, 64 keys, one stage; the default before opt-in
+/// shared memory); "policy_m2": the same with 2 m-tiles per warp and 32-key
+/// blocks; "large_8w": the large shape with 8 warps of 16 rows; "large_n32":
+/// the large shape with 32-key blocks (half the S registers).
+/// fp32: "split_tf32" and "tf32" (Fp32Matmul options of the library's
+/// dispatch), "simt_bn16" (the exact kernel with 16-key blocks, three teams
+/// per SM), "portable" (the portable team kernel, as without opt-in shared
+/// memory), "wide_128": 3xTF32 with 128 query rows (4 warps x 2 atoms), 32
+/// keys, one team per SM.
+/// fp64: "m8n8k4": the m8n8k4 atom in its shapes (the default before
+/// m16n8k8); "bn8": m16n8k8 with 8-key blocks, two teams per SM.
 template <class T, class View4, class View3>
-std::function<void()> mma_forward_variant(const Args& a, View4 q, View4 k, View4 v, View4 o,
-                                          View3 lse) {
+std::function<void()> forward_variant(const Args& a, View4 q, View4 k, View4 v, View4 o,
+                                      View3 lse) {
   using kfa::Impl::FwdMmaShape;
-  if (a.fwd_variant == "policy")
-    return mma_forward_shape<FwdMmaShape<4, 1, 64, 1, 2>, T>(a, q, k, v, o, lse);
-  if (a.fwd_variant == "policy_m2")
-    return mma_forward_shape<FwdMmaShape<4, 2, 32, 1, 1>, T>(a, q, k, v, o, lse);
-  if (a.fwd_variant == "large_8w")
-    return mma_forward_shape<FwdMmaShape<8, 1, 64, 2, 1>, T>(a, q, k, v, o, lse);
-  throw std::invalid_argument("--fwd-variant must be default, policy, policy_m2 or large_8w");
+  using kfa::Impl::WideFwdShape;
+  namespace mma = kfa::Impl::cuda_mma;
+  if constexpr (std::is_same<T, float>::value) {
+    if (a.fwd_variant == "split_tf32" || a.fwd_variant == "tf32") {
+      kfa::AttentionOptions opt;
+      opt.causal = a.causal;
+      opt.fp32_matmul = fp32_matmul(a.fwd_variant);
+      return [=] { kfa::flash_attention_forward(Kokkos::DefaultExecutionSpace(), q, k, v, o, lse, opt); };
+    }
+#ifdef KOKKOS_ENABLE_CUDA
+    if (a.fwd_variant == "simt_bn16") {
+      using Space = Kokkos::DefaultExecutionSpace;
+      const float scale = 1.0f / std::sqrt(float(a.head_dim));
+      const bool causal = a.causal;
+      if (a.head_dim == 64)
+        return [=] {
+          kfa::Impl::FlashForwardSimtKernel<Space, 64, View4, View4, View4, View4, View3, 16, 3>(
+              q, k, v, o, lse, scale, causal)
+              .launch(Space());
+        };
+      return [=] {
+        kfa::Impl::FlashForwardSimtKernel<Space, 128, View4, View4, View4, View4, View3, 16, 3>(
+            q, k, v, o, lse, scale, causal)
+            .launch(Space());
+      };
+    }
+#endif
+    if (a.fwd_variant == "portable") {
+      kfa::AttentionOptions opt;
+      opt.causal = a.causal;
+      return [=] {
+        kfa::Impl::use_opt_in_shared_memory() = false;
+        kfa::flash_attention_forward(Kokkos::DefaultExecutionSpace(), q, k, v, o, lse, opt);
+        kfa::Impl::use_opt_in_shared_memory() = true;
+      };
+    }
+#ifdef KOKKOS_ENABLE_CUDA
+    if (a.fwd_variant == "wide_128")
+      return wide_forward_shape<WideFwdShape<4, 2, 32, 1>, mma::Tf32x3Atom>(a, q, k, v, o, lse);
+#endif
+    throw std::invalid_argument(
+        "--fwd-variant for fp32 must be default, split_tf32, tf32, simt_bn16, portable or "
+        "wide_128");
+  } else if constexpr (std::is_same<T, double>::value) {
+#ifdef KOKKOS_ENABLE_CUDA
+    if (a.fwd_variant == "m8n8k4") {
+      if (a.head_dim == 64)
+        return wide_forward_shape<kfa::Impl::WideFwdDefaultShape<mma::Fp64Atom, 64>::type,
+                                  mma::Fp64Atom>(a, q, k, v, o, lse);
+      return wide_forward_shape<kfa::Impl::WideFwdDefaultShape<mma::Fp64Atom, 128>::type,
+                                mma::Fp64Atom>(a, q, k, v, o, lse);
+    }
+#if KFA_CUDA_FP64_M16
+    if (a.fwd_variant == "bn8")
+      return wide_forward_shape<WideFwdShape<4, 1, 8, 2>, mma::Fp64x16Atom>(a, q, k, v, o, lse);
+#endif
+#endif
+    throw std::invalid_argument("--fwd-variant for fp64 must be default, m8n8k4 or bn8");
+  } else {
+    if (a.fwd_variant == "policy")
+      return mma_forward_shape<FwdMmaShape<4, 1, 64, 1, 2>, T>(a, q, k, v, o, lse);
+    if (a.fwd_variant == "policy_m2")
+      return mma_forward_shape<FwdMmaShape<4, 2, 32, 1, 1>, T>(a, q, k, v, o, lse);
+    if (a.fwd_variant == "large_8w")
+      return mma_forward_shape<FwdMmaShape<8, 1, 64, 2, 1>, T>(a, q, k, v, o, lse);
+    if (a.fwd_variant == "large_n32")
+      return mma_forward_shape<FwdMmaShape<4, 2, 32, 2, 2>, T>(a, q, k, v, o, lse);
+    throw std::invalid_argument(
+        "--fwd-variant must be default, policy, policy_m2, large_8w or large_n32");
+  }
 }
 
 template <class T>
@@ -151,15 +262,29 @@ void run(const Args& a) {
   View4 q("q", B, N, H, D), k("k", B, N, H, D), v("v", B, N, H, D), d_o("d_o", B, N, H, D),
       o("o", B, N, H, D), dq("dq", B, N, H, D), dk("dk", B, N, H, D), dv("dv", B, N, H, D);
   View3 lse("lse", B, H, N);
-  read_into(q, a.dir + "/q.bin");
-  read_into(k, a.dir + "/k.bin");
-  read_into(v, a.dir + "/v.bin");
-  read_into(d_o, a.dir + "/do.bin");
+  if (a.random) {
+    // Drawn in float and rounded: Kokkos' generators do not cover every T.
+    Kokkos::Random_XorShift64_Pool<Space> pool(1234);
+    Kokkos::View<float*, Space::memory_space> draw("draw", q.size());
+    for (const View4& x : {q, k, v, d_o}) {
+      Kokkos::fill_random(draw, pool, -1.0f, 1.0f);
+      T* dst = x.data();
+      Kokkos::parallel_for(
+          "bench_device::round", Kokkos::RangePolicy<Space>(0, x.size()),
+          KOKKOS_LAMBDA(const std::size_t i) { dst[i] = T(draw(i)); });
+    }
+  } else {
+    read_into(q, a.dir + "/q.bin");
+    read_into(k, a.dir + "/k.bin");
+    read_into(v, a.dir + "/v.bin");
+    read_into(d_o, a.dir + "/do.bin");
+  }
   kfa::AttentionOptions opt;
   opt.causal = a.causal;
+  opt.fp32_matmul = fp32_matmul(a.fp32_matmul);
   const Space space;
   std::function<void()> fwd = [&] { kfa::flash_attention_forward(space, q, k, v, o, lse, opt); };
-  if (a.fwd_variant != "default") fwd = mma_forward_variant<T>(a, q, k, v, o, lse);
+  if (a.fwd_variant != "default") fwd = forward_variant<T>(a, q, k, v, o, lse);
   auto bwd = [&] { kfa::flash_attention_backward(space, q, k, v, o, lse, d_o, dq, dk, dv, opt); };
   const double t_fwd = median_ms(a.warmup, a.iters, fwd);
   double t_bwd = -1, t_fwd_bwd = -1;
@@ -170,9 +295,9 @@ void run(const Args& a) {
       bwd();
     });
   }
-  write_from(o, a.dir + "/o_kfa.bin");
-  write_from(lse, a.dir + "/lse_kfa.bin");
-  if (a.backward) {
+  if (!a.random) write_from(o, a.dir + "/o_kfa.bin");
+  if (!a.random) write_from(lse, a.dir + "/lse_kfa.bin");
+  if (a.backward && !a.random) {
     write_from(dq, a.dir + "/dq_kfa.bin");
     write_from(dk, a.dir + "/dk_kfa.bin");
     write_from(dv, a.dir + "/dv_kfa.bin");

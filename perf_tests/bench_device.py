@@ -40,8 +40,9 @@ def configs(which):
         out.append(("fp16", 2, 8192, 16, 128, False))
         for causal in (False, True):
             out.append(("bf16", 2, 8192, 32, 64, causal))
-        out.append(("fp32", 4, 4096, 16, 128, False))
-        out.append(("fp64", 8, 2048, 16, 128, False))
+        for d in (64, 128):
+            out.append(("fp32", 4, 4096, 2048 // d, d, False))
+            out.append(("fp64", 8, 2048, 2048 // d, d, False))
         return out
     for dtype in ("bf16", "fp16"):
         for d in (64, 128, 256):
@@ -136,9 +137,12 @@ def main():
     p.add_argument("--no-bwd", action="store_true")
     p.add_argument("--dtypes", default="bf16,fp16,fp32,fp64", help="types to run")
     p.add_argument("--json", default="")
+    p.add_argument("--fp32-matmul", default="ieee", choices=("ieee", "split_tf32", "tf32"),
+                   help="AttentionOptions::fp32_matmul of kfa's fp32 forward and backward")
     p.add_argument("--fwd-variants", default="",
-                   help="comma-separated extra forward variants of bench_device (e.g. m2), "
-                        "timed on 16-bit configs beside the default")
+                   help="comma-separated extra forward variants of bench_device, each "
+                        "'name' or 'dtype:name' (e.g. bf16:policy,fp32:split_tf32,fp64:m8n8k4), "
+                        "timed beside the default and checked against the reference")
     args = p.parse_args()
     os.makedirs(args.dir, exist_ok=True)
     dev = torch.cuda.get_device_name()
@@ -156,7 +160,7 @@ def main():
         cmd = [args.exe, "--dtype", dt, "--batch", str(B), "--seqlen", str(N), "--heads", str(H),
                "--head-dim", str(D), "--dir", args.dir, "--iters", "5" if heavy else "10",
                "--warmup", "1" if heavy else "2"] + (["--causal"] if causal else []) + \
-              (["--no-bwd"] if args.no_bwd else [])
+              (["--no-bwd"] if args.no_bwd else []) + ["--fp32-matmul", args.fp32_matmul]
         t0 = time.time()
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode != 0:
@@ -175,8 +179,12 @@ def main():
                 errs[g] = max_err(kg[:1, :, :2], ref[2 + i])
         # Extra forward variants: timed, and their own O checked against the reference.
         variants, variant_errs = {}, {}
-        if args.fwd_variants and dt in ("bf16", "fp16"):
-            for var in args.fwd_variants.split(","):
+        if args.fwd_variants:
+            for entry in args.fwd_variants.split(","):
+                # "name" runs on every type, "dtype:name" on that type only.
+                vdt, _, var = entry.rpartition(":")
+                if vdt and vdt != dt:
+                    continue
                 vr = subprocess.run(cmd + ["--no-bwd", "--fwd-variant", var], capture_output=True,
                                     text=True)
                 if vr.returncode != 0:

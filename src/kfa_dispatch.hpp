@@ -27,6 +27,10 @@
 
 #include <impl/backend/kfa_cuda_bwd_mma.hpp>
 #include <impl/backend/kfa_cuda_fwd_mma.hpp>
+#include <impl/backend/kfa_cuda_bwd_mma_wide.hpp>
+#include <impl/backend/kfa_cuda_bwd_simt.hpp>
+#include <impl/backend/kfa_cuda_fwd_mma_wide.hpp>
+#include <impl/backend/kfa_cuda_fwd_simt.hpp>
 
 #include <cmath>
 
@@ -166,17 +170,15 @@ void convert_dq(const ExecSpace& space, const AccView& dq_acc, const DQ& dq) {
       });
 }
 
-/// True when the tensor-core path of the CUDA backend applies: 16-bit types
-/// on CUDA, head_dim 64 or 128, fixed-length batches, as many k/v heads as q
-/// heads, no score modifier, softcap or dropout, no window other than
-/// causal, no explicit team size (its teams are 4 warps by design), and
-/// 16-byte aligned rows.
-template <class ExecSpace, class ValueType, class ScoreMod, class MemorySpace>
-bool mma_path_applies(const Sequences<MemorySpace>& seq, int heads_q, int heads_kv,
-                      int head_dim, const AttentionOptions& options,
-                      std::initializer_list<const void*> pointers) {
-  using Format = typename MmaFormat<ExecSpace, ValueType>::type;
-  if constexpr (std::is_void<Format>::value || !std::is_same<ScoreMod, NoScoreMod>::value) {
+/// True when a call's shape and options allow the tensor-core kernels: head_dim
+/// 64 or 128, fixed-length batches, as many k/v heads as q heads, no score
+/// modifier, softcap or dropout, no window other than causal, no explicit
+/// team size (their teams are 4 warps by design), and 16-byte aligned rows.
+template <class ScoreMod, class MemorySpace>
+bool mma_shape_applies(const Sequences<MemorySpace>& seq, int heads_q, int heads_kv,
+                       int head_dim, const AttentionOptions& options,
+                       std::initializer_list<const void*> pointers) {
+  if constexpr (!std::is_same<ScoreMod, NoScoreMod>::value) {
     return false;
   } else {
     bool aligned = true;
@@ -185,6 +187,40 @@ bool mma_path_applies(const Sequences<MemorySpace>& seq, int heads_q, int heads_
            heads_q == heads_kv && !uses_modifiers(options) && options.team_size == 0 &&
            options.window_left < 0 && (options.causal || options.window_right < 0);
   }
+}
+
+/// True when the 16-bit tensor-core path of the CUDA backend applies.
+template <class ExecSpace, class ValueType, class ScoreMod, class MemorySpace>
+bool mma_path_applies(const Sequences<MemorySpace>& seq, int heads_q, int heads_kv,
+                      int head_dim, const AttentionOptions& options,
+                      std::initializer_list<const void*> pointers) {
+  using Format = typename MmaFormat<ExecSpace, ValueType>::type;
+  return !std::is_void<Format>::value &&
+         mma_shape_applies<ScoreMod>(seq, heads_q, heads_kv, head_dim, options, pointers);
+}
+
+/// Calls f(atom) with the tensor-core atom of the fp32/fp64 kernels for
+/// (ExecSpace, ValueType, options) and returns true, or returns false where
+/// those kernels do not run (host backends, 16-bit types, Fp32Matmul::ieee).
+template <class ExecSpace, class ValueType, class F>
+bool dispatch_wide_atom(const AttentionOptions& options, F&& f) {
+#ifdef KOKKOS_ENABLE_CUDA
+  if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
+    if constexpr (std::is_same<ValueType, double>::value) {
+      f(cuda_mma::Fp64Atom{});
+      return true;
+    } else if constexpr (std::is_same<ValueType, float>::value) {
+      switch (options.fp32_matmul) {
+        case Fp32Matmul::split_tf32: f(cuda_mma::Tf32x3Atom{}); return true;
+        case Fp32Matmul::tf32: f(cuda_mma::Tf32Atom<1>{}); return true;
+        case Fp32Matmul::ieee: return false;
+      }
+    }
+  }
+#endif
+  (void)options;
+  (void)f;
+  return false;
 }
 
 /// Whether the tensor-core kernels may use their opt-in shared-memory shapes
@@ -273,6 +309,150 @@ bool try_backward_mma(const ExecSpace& space, const Q& q, const K& k, const V& v
   return true;
 }
 
+/// The fp32/fp64 tensor-core forward, where the shape, the options and the
+/// GPU's opt-in shared memory allow it.
+template <class ScoreMod, class ExecSpace, class Q, class K, class V, class O, class Lse>
+bool try_forward_wide_mma(const ExecSpace& space, const Q& q, const K& k, const V& v,
+                          const O& o, const Lse& lse,
+                          const Sequences<typename Q::memory_space>& seq,
+                          const AttentionOptions& options) {
+  using value_type = typename Q::non_const_value_type;
+  const int head_dim = static_cast<int>(q.extent(3));
+  if (!use_opt_in_shared_memory() ||
+      !mma_shape_applies<ScoreMod>(seq, static_cast<int>(q.extent(2)),
+                                   static_cast<int>(k.extent(2)), head_dim, options,
+                                   {q.data(), k.data(), v.data(), o.data()}))
+    return false;
+  bool launched = false;
+  dispatch_wide_atom<ExecSpace, value_type>(options, [&](auto atom) {
+    using Atom = decltype(atom);
+    const auto scale = softmax_scale<value_type>(options, head_dim);
+    auto run = [&](auto head_dim_tag) {
+      using kernel_t =
+          FlashForwardWideMmaKernel<ExecSpace, decltype(head_dim_tag)::value,
+                                    typename WideFwdAtom<Atom>::type, Q, K, V, O, Lse>;
+      if (!kernel_t::fits(space)) return;
+      kernel_t(q, k, v, o, lse, scale, options.causal).launch(space);
+      launched = true;
+    };
+    if (head_dim == 64)
+      run(std::integral_constant<int, 64>());
+    else
+      run(std::integral_constant<int, 128>());
+  });
+  return launched;
+}
+
+/// The fp32/fp64 tensor-core backward (dQ by atomics into dq, so not in
+/// deterministic mode), where the shape, the options and the GPU's opt-in
+/// shared memory allow it.
+template <class ScoreMod, class ExecSpace, class Q, class K, class V, class Lse, class DO,
+          class DQ, class DK, class DV, class Delta>
+bool try_backward_wide_mma(const ExecSpace& space, const Q& q, const K& k, const V& v,
+                           const Lse& lse, const DO& d_o, const DQ& dq, const DK& dk,
+                           const DV& dv, const Delta& delta,
+                           const Sequences<typename Q::memory_space>& seq,
+                           const AttentionOptions& options) {
+  using value_type = typename Q::non_const_value_type;
+  const int head_dim = static_cast<int>(q.extent(3));
+  if (options.deterministic || !use_opt_in_shared_memory() ||
+      !mma_shape_applies<ScoreMod>(seq, static_cast<int>(q.extent(2)),
+                                   static_cast<int>(k.extent(2)), head_dim, options,
+                                   {q.data(), k.data(), v.data(), d_o.data(), dq.data(),
+                                    dk.data(), dv.data()}))
+    return false;
+  bool launched = false;
+  dispatch_wide_atom<ExecSpace, value_type>(options, [&](auto atom) {
+    using Atom = decltype(atom);
+    const auto scale = softmax_scale<value_type>(options, head_dim);
+    auto run = [&](auto head_dim_tag) {
+      constexpr int D = decltype(head_dim_tag)::value;
+      using kernel_t = FlashBackwardWideMmaKernel<ExecSpace, D, typename WideBwdAtom<Atom, D>::type,
+                                                  Q, K, V, DO, Lse, Delta, DQ, DK, DV>;
+      if (!kernel_t::fits(space)) return;
+      Kokkos::deep_copy(space, dq, value_type(0));
+      kernel_t(q, k, v, d_o, lse, delta, dq, dk, dv, scale, options.causal).launch(space);
+      launched = true;
+    };
+    if (head_dim == 64)
+      run(std::integral_constant<int, 64>());
+    else
+      run(std::integral_constant<int, 128>());
+  });
+  return launched;
+}
+
+/// The exact fp32 forward of the CUDA backend (fp32 FMAs tiled in
+/// registers), for Fp32Matmul::ieee, where the shape and the GPU's opt-in
+/// shared memory allow it.
+template <class ScoreMod, class ExecSpace, class Q, class K, class V, class O, class Lse>
+bool try_forward_simt(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
+                      const Lse& lse, const Sequences<typename Q::memory_space>& seq,
+                      const AttentionOptions& options) {
+#ifdef KOKKOS_ENABLE_CUDA
+  using value_type = typename Q::non_const_value_type;
+  if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value &&
+                std::is_same<value_type, float>::value) {
+    const int head_dim = static_cast<int>(q.extent(3));
+    if (options.fp32_matmul != Fp32Matmul::ieee || !use_opt_in_shared_memory() ||
+        !mma_shape_applies<ScoreMod>(seq, static_cast<int>(q.extent(2)),
+                                     static_cast<int>(k.extent(2)), head_dim, options,
+                                     {q.data(), k.data(), v.data(), o.data()}))
+      return false;
+    const float scale = softmax_scale<float>(options, head_dim);
+    auto run = [&](auto head_dim_tag) {
+      using kernel_t =
+          FlashForwardSimtKernel<ExecSpace, decltype(head_dim_tag)::value, Q, K, V, O, Lse>;
+      if (!kernel_t::fits(space)) return false;
+      kernel_t(q, k, v, o, lse, scale, options.causal).launch(space);
+      return true;
+    };
+    return head_dim == 64 ? run(std::integral_constant<int, 64>())
+                          : run(std::integral_constant<int, 128>());
+  }
+#endif
+  (void)space, (void)q, (void)k, (void)v, (void)o, (void)lse, (void)seq, (void)options;
+  return false;
+}
+
+/// The exact fp32 backward of the CUDA backend (Fp32Matmul::ieee; dQ by
+/// atomics into dq, so not in deterministic mode).
+template <class ScoreMod, class ExecSpace, class Q, class K, class V, class Lse, class DO,
+          class DQ, class DK, class DV, class Delta>
+bool try_backward_simt(const ExecSpace& space, const Q& q, const K& k, const V& v,
+                       const Lse& lse, const DO& d_o, const DQ& dq, const DK& dk, const DV& dv,
+                       const Delta& delta, const Sequences<typename Q::memory_space>& seq,
+                       const AttentionOptions& options) {
+#ifdef KOKKOS_ENABLE_CUDA
+  using value_type = typename Q::non_const_value_type;
+  if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value &&
+                std::is_same<value_type, float>::value) {
+    const int head_dim = static_cast<int>(q.extent(3));
+    if (options.fp32_matmul != Fp32Matmul::ieee || options.deterministic ||
+        !use_opt_in_shared_memory() ||
+        !mma_shape_applies<ScoreMod>(seq, static_cast<int>(q.extent(2)),
+                                     static_cast<int>(k.extent(2)), head_dim, options,
+                                     {q.data(), k.data(), v.data(), d_o.data(), dq.data(),
+                                      dk.data(), dv.data()}))
+      return false;
+    const float scale = softmax_scale<float>(options, head_dim);
+    auto run = [&](auto head_dim_tag) {
+      using kernel_t = FlashBackwardSimtKernel<ExecSpace, decltype(head_dim_tag)::value, Q, K, V,
+                                               DO, Lse, Delta, DQ, DK, DV>;
+      if (!kernel_t::fits(space)) return false;
+      Kokkos::deep_copy(space, dq, 0.0f);
+      kernel_t(q, k, v, d_o, lse, delta, dq, dk, dv, scale, options.causal).launch(space);
+      return true;
+    };
+    return head_dim == 64 ? run(std::integral_constant<int, 64>())
+                          : run(std::integral_constant<int, 128>());
+  }
+#endif
+  (void)space, (void)q, (void)k, (void)v, (void)lse, (void)d_o, (void)dq, (void)dk, (void)dv;
+  (void)delta, (void)seq, (void)options;
+  return false;
+}
+
 template <class ExecSpace, class Q, class K, class V, class O, class Lse, class ScoreMod>
 void dispatch_forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
                       const Lse& lse, const Sequences<typename Q::memory_space>& seq,
@@ -280,6 +460,8 @@ void dispatch_forward(const ExecSpace& space, const Q& q, const K& k, const V& v
   using acc_t = typename Lse::non_const_value_type;
   const int head_dim = static_cast<int>(q.extent(3));
   if (try_forward_mma<ScoreMod>(space, q, k, v, o, lse, seq, options)) return;
+  if (try_forward_wide_mma<ScoreMod>(space, q, k, v, o, lse, seq, options)) return;
+  if (try_forward_simt<ScoreMod>(space, q, k, v, o, lse, seq, options)) return;
   const auto params = make_params<acc_t>(options, seq, static_cast<int>(q.extent(2)),
                                          static_cast<int>(k.extent(2)), head_dim);
   dispatch_variant<ScoreMod>(options, [&](auto variant) {
@@ -315,6 +497,11 @@ void dispatch_backward(const ExecSpace& space, const Q& q, const K& k, const V& 
 
   using AccView = Kokkos::View<acc_t****, Kokkos::LayoutRight, memory_space>;
   if (try_backward_mma<ScoreMod>(space, q, k, v, lse, d_o, dq, dk, dv, delta, seq, options)) {
+    return;
+  }
+  if (try_backward_wide_mma<ScoreMod>(space, q, k, v, lse, d_o, dq, dk, dv, delta, seq,
+                                      options) ||
+      try_backward_simt<ScoreMod>(space, q, k, v, lse, d_o, dq, dk, dv, delta, seq, options)) {
     return;
   }
   // dQ accumulates with atomics in the accumulator type: in dq itself when

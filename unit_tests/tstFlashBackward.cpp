@@ -107,6 +107,37 @@ TEST(FlashBackwardCuda, TeamPolicyShapesWithoutOptInSharedMemory) {
     check_backward<C16h>({1, 129, 300, 2, 128}, causal, false);
   }
 }
+
+// fp32 on tensor cores (Fp32Matmul::split_tf32 and tf32) trades precision
+// for speed, so it is held to a bound of its own: relative to the size of
+// the gradients, 3e-5 for 3xTF32 (22 of 24 significand bits per operand),
+// 3e-2 for tf32. Head dims 64 and 128 take the tensor-core backward.
+TEST(FlashBackwardCuda, Fp32OnTensorCores) {
+  using Space = Kokkos::Cuda;
+  for (kfa::Fp32Matmul mode : {kfa::Fp32Matmul::split_tf32, kfa::Fp32Matmul::tf32}) {
+    const double bound = mode == kfa::Fp32Matmul::split_tf32 ? 3e-5 : 3e-2;
+    for (bool causal : {false, true}) {
+      for (const Shape& s : {Shape{2, 190, 333, 2, 64}, Shape{1, 300, 129, 2, 128},
+                             Shape{1, 129, 300, 1, 128}}) {
+        kfa::AttentionOptions opt;
+        opt.causal = causal;
+        opt.fp32_matmul = mode;
+        const Case c = make_case<float>(s, opt, "bwd_tc");
+        const auto flash = run_flash<float, Space>(c, opt);
+        Tensor dq_ref, dk_ref, dv_ref;
+        reference_backward<double, true>(c.q, c.k, c.v, c.o_ref, c.lse_ref, c.d_o, opt, dq_ref,
+                                         dk_ref, dv_ref);
+        const double size = std::max({1.0, gradient_magnitude(c.q, c.k, c.v, c.d_o, opt),
+                                      max_abs(dq_ref), max_abs(dk_ref), max_abs(dv_ref)});
+        const std::string what = std::string(mode == kfa::Fp32Matmul::tf32 ? "tf32 " : "3xtf32 ") +
+                                 to_string(s) + (causal ? " causal" : "");
+        EXPECT_LE(max_abs_diff(flash.dq, dq_ref), bound * size) << what << " dq";
+        EXPECT_LE(max_abs_diff(flash.dk, dk_ref), bound * size) << what << " dk";
+        EXPECT_LE(max_abs_diff(flash.dv, dv_ref), bound * size) << what << " dv";
+      }
+    }
+  }
+}
 #endif
 
 TYPED_TEST(FlashBackward, DeterministicIsAccurateAndBitwiseReproducible) {

@@ -5,6 +5,7 @@
 
 #ifdef KOKKOS_ENABLE_CUDA
 #include <impl/backend/kfa_cuda_fwd_mma.hpp>
+#include <impl/backend/kfa_cuda_fwd_mma_wide.hpp>
 #endif
 
 namespace kfa_test {
@@ -113,27 +114,34 @@ TYPED_TEST(FlashForward, NoKeys) {
   for (double x : lh.data) EXPECT_TRUE(std::isinf(x) && x < 0);
 }
 
-// An explicit softmax_scale is honoured.
+// An explicit softmax_scale is honoured, negative ones too (the tensor-core
+// forward takes the row extreme on raw scores: the min for a negative scale).
+// head_dim 64 takes the tensor-core and register-tiled paths on CUDA.
 TYPED_TEST(FlashForward, ExplicitScale) {
   using T = typename TypeParam::value_type;
   if (is_duplicate_config<TypeParam>()) GTEST_SKIP() << "half is float here";
   using Space = typename TypeParam::space;
   using Acc = kfa::accumulator_t<T>;
-  const Shape s{1, 70, 90, 2, 40};
-  kfa::AttentionOptions opt;
-  opt.softmax_scale = 0.37;
-  opt.team_size = test_team_size<Space>();
-  const Case c = make_case<T>(s, opt, "scale");
-  auto q = to_device<T, Space>(c.q, "q");
-  auto k = to_device<T, Space>(c.k, "k");
-  auto v = to_device<T, Space>(c.v, "v");
-  DeviceView4<T, Space> o("o", s.batch, s.seqlen_q, s.heads, s.head_dim);
-  DeviceView3<Acc, Space> lse("lse", s.batch, s.heads, s.seqlen_q);
-  kfa::standard_attention_forward(Space(), q, k, v, o, lse, opt);
-  const double err_std = max_abs_diff(to_host(o), c.o_ref);
-  poison(o);
-  kfa::flash_attention_forward(Space(), q, k, v, o, lse, opt);
-  EXPECT_LE(max_abs_diff(to_host(o), c.o_ref), allowed_error<T>(err_std, c.o_ref));
+  for (const Shape& s : {Shape{1, 70, 90, 2, 40}, Shape{1, 70, 90, 2, 64}}) {
+    for (double scale : {0.37, -0.37}) {
+      kfa::AttentionOptions opt;
+      opt.softmax_scale = scale;
+      opt.causal = scale < 0;
+      opt.team_size = test_team_size<Space>();
+      const Case c = make_case<T>(s, opt, "scale");
+      auto q = to_device<T, Space>(c.q, "q");
+      auto k = to_device<T, Space>(c.k, "k");
+      auto v = to_device<T, Space>(c.v, "v");
+      DeviceView4<T, Space> o("o", s.batch, s.seqlen_q, s.heads, s.head_dim);
+      DeviceView3<Acc, Space> lse("lse", s.batch, s.heads, s.seqlen_q);
+      kfa::standard_attention_forward(Space(), q, k, v, o, lse, opt);
+      const double err_std = max_abs_diff(to_host(o), c.o_ref);
+      poison(o);
+      kfa::flash_attention_forward(Space(), q, k, v, o, lse, opt);
+      EXPECT_LE(max_abs_diff(to_host(o), c.o_ref), allowed_error<T>(err_std, c.o_ref))
+          << to_string(s) << " scale " << scale;
+    }
+  }
 }
 
 #ifdef KOKKOS_ENABLE_CUDA
@@ -189,6 +197,127 @@ TEST(FlashForwardCuda, TensorCoreTileShapes) {
     for (const Shape& s : {Shape{1, 300, 129, 2, 128}, Shape{1, 257, 1000, 1, 128}}) {
       check_mma_shape<FwdMmaLargeShape<128>, 128, kfa::half>(s, causal);
       check_mma_shape<FwdMmaPolicyShape<128>, 128, kfa::bfloat16>(s, causal);
+    }
+  }
+}
+
+// The fp32/fp64 tensor-core forward: the library's shapes run through the
+// entry points in the typed tests; other shapes (those bench_device compares)
+// are launched here directly, checked against the oracle like the 16-bit
+// ones (fp64). tol_scale > 0 replaces that rule by a bound relative to
+// max |O|: the tf32 atoms keep 22 (3xTF32) or 11 (tf32) of fp32's 24
+// significand bits per operand, so their errors are about 10x and 1000x
+// those of fp32 arithmetic.
+template <class WideShape, int HeadDim, class Atom>
+void check_wide_shape(const Shape& s, bool causal, double tol_scale = 0) {
+  using Space = Kokkos::Cuda;
+  using T = typename Atom::value_type;
+  using View4 = DeviceView4<T, Space>;
+  using In4 = Kokkos::View<const T****, Kokkos::LayoutRight, Space::memory_space>;
+  using View3 = DeviceView3<T, Space>;
+  kfa::AttentionOptions opt;
+  opt.causal = causal;
+  const Case c = make_case<T>(s, opt, "wide_shape");
+  const View4 q = to_device<T, Space>(c.q, "q"), k = to_device<T, Space>(c.k, "k"),
+              v = to_device<T, Space>(c.v, "v");
+  View4 o("o", s.batch, s.seqlen_q, s.heads, s.head_dim);
+  View3 lse("lse", s.batch, s.heads, s.seqlen_q);
+  kfa::standard_attention_forward(Space(), q, k, v, o, lse, opt);
+  const double err_std = max_abs_diff(to_host(o), c.o_ref);
+  const double err_lse_std = max_abs_diff(to_host(lse), c.lse_ref);
+  poison(o);
+  poison(lse);
+  kfa::Impl::FlashForwardWideMmaKernel<Space, HeadDim, Atom, In4, In4, In4, View4, View3,
+                                       WideShape>
+      kernel(In4(q), In4(k), In4(v), o, lse, T(1) / std::sqrt(T(HeadDim)), causal);
+  ASSERT_TRUE(kernel.fits(Space()));
+  kernel.launch(Space());
+  Space().fence();
+  const std::string what = type_name<T>() + " " + to_string(s) + (causal ? " causal" : "") +
+                           " shape: " + std::to_string(kernel.kBlockM) + " rows, " +
+                           std::to_string(kernel.kBlockN) + " keys, " +
+                           std::to_string(kernel.kWarps) + " warps";
+  const double err_o = max_abs_diff(to_host(o), c.o_ref);
+  const double err_lse = max_abs_diff(to_host(lse), c.lse_ref);
+  if (tol_scale > 0) {
+    EXPECT_LE(err_o, tol_scale * std::max(1.0, max_abs(c.o_ref))) << what;
+    EXPECT_LE(err_lse, tol_scale * std::max(1.0, max_abs(c.lse_ref))) << what;
+  } else {
+    EXPECT_LE(err_o, allowed_error<T>(err_std, c.o_ref)) << what << ": O error " << err_o
+                                                         << ", standard's " << err_std;
+    EXPECT_LE(err_lse, allowed_error<T>(err_lse_std, c.lse_ref))
+        << what << ": lse error " << err_lse << ", standard's " << err_lse_std;
+  }
+}
+
+TEST(FlashForwardCuda, WideTensorCoreTileShapes) {
+  using namespace kfa::Impl;
+  namespace mma = kfa::Impl::cuda_mma;
+  for (bool causal : {false, true}) {
+    for (const Shape& s : {Shape{2, 190, 333, 2, 64}, Shape{1, 1000, 257, 1, 64}}) {
+      check_wide_shape<WideFwdDefaultShape<mma::Fp64Atom, 64>::type, 64, mma::Fp64Atom>(s, causal);
+      check_wide_shape<WideFwdDefaultShape<mma::Tf32x3Atom, 64>::type, 64, mma::Tf32x3Atom>(
+          s, causal, 1.5e-5);
+      check_wide_shape<WideFwdShape<8, 1, 16, 1>, 64, mma::Fp64Atom>(s, causal);
+      check_wide_shape<WideFwdShape<4, 2, 32, 1>, 64, mma::Tf32x3Atom>(s, causal, 1.5e-5);
+#if KFA_CUDA_FP64_M16
+      check_wide_shape<WideFwdDefaultShape<mma::Fp64x16Atom, 64>::type, 64, mma::Fp64x16Atom>(
+          s, causal);
+      check_wide_shape<WideFwdShape<4, 1, 8, 2>, 64, mma::Fp64x16Atom>(s, causal);
+#endif
+      check_wide_shape<WideFwdDefaultShape<mma::Tf32Atom<1>, 64>::type, 64, mma::Tf32Atom<1>>(
+          s, causal, 1e-2);
+    }
+    for (const Shape& s : {Shape{1, 300, 129, 2, 128}, Shape{1, 257, 1000, 1, 128}}) {
+      check_wide_shape<WideFwdDefaultShape<mma::Fp64Atom, 128>::type, 128, mma::Fp64Atom>(s,
+                                                                                        causal);
+      check_wide_shape<WideFwdDefaultShape<mma::Tf32x3Atom, 128>::type, 128, mma::Tf32x3Atom>(
+          s, causal, 1.5e-5);
+      check_wide_shape<WideFwdShape<8, 1, 16, 1>, 128, mma::Fp64Atom>(s, causal);
+      check_wide_shape<WideFwdShape<4, 2, 32, 1>, 128, mma::Tf32x3Atom>(s, causal, 1.5e-5);
+#if KFA_CUDA_FP64_M16
+      check_wide_shape<WideFwdDefaultShape<mma::Fp64x16Atom, 128>::type, 128, mma::Fp64x16Atom>(
+          s, causal);
+      check_wide_shape<WideFwdShape<4, 1, 8, 2>, 128, mma::Fp64x16Atom>(s, causal);
+#endif
+    }
+  }
+}
+
+// Fp32Matmul through the entry point: ieee (the default) keeps fp32 exact,
+// split_tf32 and tf32 take the tensor cores with their own bounds, and each
+// is visibly what it claims (tf32 less precise than fp32).
+TEST(FlashForwardCuda, Fp32MatmulOptions) {
+  using Space = Kokkos::Cuda;
+  using View4 = DeviceView4<float, Space>;
+  using View3 = DeviceView3<float, Space>;
+  for (const Shape& s : {Shape{1, 300, 129, 2, 128}, Shape{2, 190, 333, 2, 64}}) {
+    for (kfa::Fp32Matmul mode :
+         {kfa::Fp32Matmul::ieee, kfa::Fp32Matmul::split_tf32, kfa::Fp32Matmul::tf32}) {
+      kfa::AttentionOptions opt;
+      opt.fp32_matmul = mode;
+      const Case c = make_case<float>(s, opt, "fp32_matmul");
+      const View4 q = to_device<float, Space>(c.q, "q"), k = to_device<float, Space>(c.k, "k"),
+                  v = to_device<float, Space>(c.v, "v");
+      View4 o("o", s.batch, s.seqlen_q, s.heads, s.head_dim);
+      View3 lse("lse", s.batch, s.heads, s.seqlen_q);
+      kfa::standard_attention_forward(Space(), q, k, v, o, lse, opt);
+      const double err_std = max_abs_diff(to_host(o), c.o_ref);
+      poison(o);
+      poison(lse);
+      kfa::flash_attention_forward(Space(), q, k, v, o, lse, opt);
+      const double err = max_abs_diff(to_host(o), c.o_ref);
+      const double size = std::max(1.0, max_abs(c.o_ref));
+      const std::string what = to_string(s) + " mode " + std::to_string(int(mode));
+      if (mode == kfa::Fp32Matmul::ieee) {
+        EXPECT_LE(err, allowed_error<float>(err_std, c.o_ref)) << what << ": O error " << err;
+      } else if (mode == kfa::Fp32Matmul::split_tf32) {
+        EXPECT_LE(err, 1.5e-5 * size) << what << ": O error " << err;
+      } else {
+        EXPECT_LE(err, 1e-2 * size) << what << ": O error " << err;
+        EXPECT_GT(err, 10 * err_std) << what << ": O error " << err << ", fp32 standard's "
+                                     << err_std;
+      }
     }
   }
 }

@@ -5,6 +5,22 @@
 
 namespace kfa {
 
+/// How fp32 matrix products are formed on the CUDA backend (head_dim 64 and
+/// 128; host backends always use fp32 FMAs).
+enum class Fp32Matmul {
+  /// fp32 FMAs: IEEE fp32 arithmetic, the error of a plain fp32
+  /// implementation (the default).
+  ieee,
+  /// Each operand split into two tf32 parts, three tensor-core products per
+  /// fp32 product (3xTF32): about 6x the speed of ieee on an H200, with 22
+  /// of fp32's 24 significand bits kept per operand, so errors about 10x
+  /// those of fp32 (still 100x below tf32's).
+  split_tf32,
+  /// One tf32 product (11 significant bits): fastest, errors near 1e-3,
+  /// for callers that accept tf32 precision.
+  tf32
+};
+
 /// Options shared by every attention entry point.
 ///
 /// The score of query i and key j goes through, in this order:
@@ -47,6 +63,9 @@ struct AttentionOptions {
   /// every backend draws the same one; kfa::dropout_mask returns it.
   double dropout_p = 0;
   std::uint64_t dropout_seed = 0;
+  /// fp32 products on tensor cores (see Fp32Matmul); host backends always use
+  /// fp32 FMAs.
+  Fp32Matmul fp32_matmul = Fp32Matmul::ieee;
 };
 
 }  // namespace kfa

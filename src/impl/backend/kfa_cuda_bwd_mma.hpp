@@ -2,15 +2,16 @@
 #define KFA_CUDA_BWD_MMA_HPP
 
 // Tensor-core backward (dK, dV, and dQ by fp32 atomics) for 16-bit types on
-// the CUDA backend. One team of 4 warps owns a block of 64 keys (16 per
-// warp); its K and V rows stay in registers as A fragments. For every query
+// the CUDA backend. One team of 8 warps (4 in the TeamPolicy shape) owns a
+// block of 128 keys (64), 16 per warp; its K and V rows are A fragments,
+// read from scratch at use (held in registers in the TeamPolicy shape). For every query
 // block that sees those keys it computes the transposed tiles
 //   Sᵀ = K·Qᵀ, Pᵀ = exp2(Sᵀ·scale·log2e - lse·log2e), dPᵀ = V·dOᵀ,
 //   dSᵀ = Pᵀ ∘ (dPᵀ - D)
 // in registers, accumulates dV += Pᵀ·dO and dK += dSᵀ·Q in registers (Pᵀ
 // and dSᵀ feed the tensor cores straight from their accumulators), stages dSᵀ
 // in scratch and adds dQ += dS·K·scale to an fp32 accumulator with atomics.
-// Scratch: K [64][d+8], Q and dO [Br][d+8], dSᵀ [64][Br+8], lse and D rows;
+// Scratch: K [Bc][d+8], Q and dO [Br][d+8], dSᵀ [Bc][Br+8], lse and D rows;
 // Br = 64 at head_dim 64 and 32 at head_dim 128 (registers: K and V
 // fragments and the dK, dV accumulators fill them).
 //
@@ -18,7 +19,7 @@
 // next query block's Q, dO, lse and D load after the current one is done.
 // Stages = 2: launched by launch_cuda_team with opt-in shared memory; Q, dO,
 // lse and D are double buffered, so the next query block loads during the
-// current one's products (57 KB at head_dim 128).
+// current one's products (80 KB at head_dim 128).
 
 #include <kfa_mask.hpp>
 #include <kfa_traits.hpp>
@@ -42,12 +43,23 @@ class FlashBackwardMmaKernel {
   using policy_t = Kokkos::TeamPolicy<ExecSpace>;
   using member_t = typename policy_t::member_type;
   static constexpr int kHeadDim = HeadDim;
-  static constexpr int kBlockN = 64;                     // keys per team, 16 per warp
+  /// Warps per team, 16 keys each: 8 (128 keys) with opt-in shared memory,
+  /// which halves the Q and dO reads and the dQ atomics per key against 4
+  /// warps (the L2 traffic that bounded v4); 4 (64 keys) inside the
+  /// TeamPolicy's scratch.
+  static constexpr int kWarps = Stages == 2 ? 8 : 4;
+  static constexpr int kBlockN = 16 * kWarps;              // keys per team
   static constexpr int kBlockM = HeadDim <= 64 ? 64 : 32;  // queries per step
-  static constexpr int kWarps = 4;
   static constexpr int kPitch = kHeadDim + 8;  // halves per row of K, Q, dO
   static constexpr int kPitchS = kBlockM + 8;  // halves per row of dSᵀ
   static_assert(kHeadDim % 16 == 0, "kfa: the mma backward needs head_dim % 16 == 0");
+  /// K and V tiles kept in scratch: with 2 stages both (their A fragments
+  /// are read at use, which frees the 64 registers that made the 8-warp
+  /// shape spill); with 1, K only (V goes through the Q and dO tiles into
+  /// registers, with K's fragments).
+  static constexpr int kKVTiles = kStages == 2 ? 2 : 1;
+  static_assert(kStages == 2 || 2 * kStages * kBlockM >= kBlockN,
+                "kfa: the mma backward stages V through the Q and dO tiles");
 
   FlashBackwardMmaKernel(const QView& q, const KView& k, const VView& v, const DOView& d_o,
                          const LseView& lse, const DeltaView& delta, const DQAccView& dq_acc,
@@ -78,10 +90,11 @@ class FlashBackwardMmaKernel {
     launch_mma_kernel(space, "kfa::bwd::mma_dk_dv", *this, m_num_kv_blocks * m_batch * m_heads);
   }
 
-  /// K, per stage Q and dO, dSᵀ, per stage lse and D.
+  /// K (and V with 2 stages), per stage Q and dO, dSᵀ, per stage lse and D.
   KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
     return sizeof(std::uint16_t) *
-               (std::size_t(kBlockN) * kPitch + 2 * kStages * std::size_t(kBlockM) * kPitch +
+               (std::size_t(kKVTiles * kBlockN) * kPitch +
+                2 * kStages * std::size_t(kBlockM) * kPitch +
                 std::size_t(kBlockN) * kPitchS) +
            2 * kStages * sizeof(float) * kBlockM + 16;
   }
@@ -121,9 +134,10 @@ class FlashBackwardMmaKernel {
 
     std::uint16_t* sK = reinterpret_cast<std::uint16_t*>(
         (reinterpret_cast<std::uintptr_t>(raw) + 15) & ~std::uintptr_t(15));
-    // Stage s: Q rows, then dO rows (contiguous: V is staged through stage
-    // 0's 2·kBlockM >= kBlockN rows), lse and D.
-    std::uint16_t* const sQ0 = sK + kBlockN * kPitch;
+    // Stage s: Q rows, then dO rows, lse and D (stage 0 also stages V on its
+    // way into registers when kKVTiles == 1).
+    std::uint16_t* const sQ0 = sK + kKVTiles * kBlockN * kPitch;
+    std::uint16_t* const sV = kKVTiles == 2 ? sK + kBlockN * kPitch : sQ0;
     std::uint16_t* const sdS = sQ0 + 2 * kStages * kBlockM * kPitch;
     float* const s_lse0 = reinterpret_cast<float*>(sdS + kBlockN * kPitchS);
     auto stage_q = [&](int s) { return sQ0 + 2 * s * kBlockM * kPitch; };
@@ -140,20 +154,24 @@ class FlashBackwardMmaKernel {
       }
     };
 
-    // K and V rows of this warp into registers as A fragments; V goes
-    // through the (contiguous) Q and dO tiles, K stays in scratch for dQ.
+    // K and V rows of this warp as A fragments: read from scratch at use
+    // (kKVTiles == 2), or once into registers (V staged through stage 0).
+    constexpr int kFragSteps = kKVTiles == 2 ? 1 : kSteps;
+    auto a_offset = [&](int ks) {
+      return (warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kPitch + ks * 16 + (lane / 16) * 8;
+    };
     load_rows(sK, m_k + k_offset, key_begin, kBlockN, m_seqlen_k);
-    load_rows(sQ0, m_v + k_offset, key_begin, kBlockN, m_seqlen_k);
+    load_rows(sV, m_v + k_offset, key_begin, kBlockN, m_seqlen_k);
     cp_async_commit();
-    cp_async_wait<0>();
-    // K and V tiles are in scratch.
-    member.team_barrier();
-    std::uint32_t k_frag[kSteps][4], v_frag[kSteps][4];
-    for (int ks = 0; ks < kSteps; ++ks) {
-      const int offset =
-          (warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kPitch + ks * 16 + (lane / 16) * 8;
-      ldmatrix_x4(k_frag[ks], sK + offset);
-      ldmatrix_x4(v_frag[ks], sQ0 + offset);
+    std::uint32_t k_frag[kFragSteps][4], v_frag[kFragSteps][4];
+    if constexpr (kKVTiles == 1) {
+      cp_async_wait<0>();
+      // K and V tiles are in scratch.
+      member.team_barrier();
+      for (int ks = 0; ks < kSteps; ++ks) {
+        ldmatrix_x4(k_frag[ks], sK + a_offset(ks));
+        ldmatrix_x4(v_frag[ks], sV + a_offset(ks));
+      }
     }
     float acc_dk[kTilesD][4], acc_dv[kTilesD][4];
     for (int n = 0; n < kTilesD; ++n)
@@ -168,19 +186,22 @@ class FlashBackwardMmaKernel {
       load_rows(stage_q(stage), m_q + q_offset, row_begin, kBlockM, m_seqlen_q);
       load_rows(stage_q(stage) + kBlockM * kPitch, m_do + q_offset, row_begin, kBlockM,
                 m_seqlen_q);
-      cp_async_commit();
+      // lse and D copied raw and asynchronously too (a plain load here would
+      // stall these warps, and the team at the next barrier). Rows past the
+      // end read 0: their Q and dO rows are zero, so S = 0, P = 1, dP = D =
+      // 0 and nothing reaches dK, dV; their dQ is not stored. A row that
+      // saw no key (lse = -inf) is masked in every tile it is in.
       if (tid < kBlockM) {
         const int row = row_begin + tid;
         const bool ok = row < m_seqlen_q;
-        const float l = ok ? g_lse[row] : -INFINITY;
-        // lse = -inf (a row that saw no key, or past the end) gives P = 0.
-        stage_lse(stage)[tid] = l == -INFINITY ? INFINITY : l * kLog2e;
-        stage_lse(stage)[kBlockM + tid] = ok ? g_delta[row] : 0.f;
+        cp_async_4(stage_lse(stage) + tid, g_lse + (ok ? row : 0), ok ? 4 : 0);
+        cp_async_4(stage_lse(stage) + kBlockM + tid, g_delta + (ok ? row : 0), ok ? 4 : 0);
       }
+      cp_async_commit();
     };
     if constexpr (kStages == 2) {
-      // Every warp holds its V fragments: stage 0 may receive Q and dO.
-      member.team_barrier();
+      // K and V have their own tiles: stage 0 may receive Q and dO at once
+      // (the loop's first wait and barrier cover K, V and stage 0).
       if (first_q_block < num_q_blocks) load_q_block(first_q_block, 0);
     }
     for (int q_block = first_q_block; q_block < num_q_blocks; ++q_block) {
@@ -209,27 +230,38 @@ class FlashBackwardMmaKernel {
       float st[kTilesS][4], dpt[kTilesS][4];
       for (int n = 0; n < kTilesS; ++n)
         for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0;
-      for (int ks = 0; ks < kSteps; ++ks)
+      for (int ks = 0; ks < kSteps; ++ks) {
+        std::uint32_t ka[4], va[4];
+        if constexpr (kKVTiles == 2) {
+          ldmatrix_x4(ka, sK + a_offset(ks));
+          ldmatrix_x4(va, sV + a_offset(ks));
+        } else {
+          for (int i = 0; i < 4; ++i) ka[i] = k_frag[ks][i], va[i] = v_frag[ks][i];
+        }
         for (int np = 0; np < kTilesS / 2; ++np) {
           const int offset =
               (np * 16 + (lane % 8) + (lane / 16) * 8) * kPitch + ks * 16 + ((lane / 8) % 2) * 8;
           std::uint32_t qb[4], ob[4];
           ldmatrix_x4(qb, sQ + offset);
           ldmatrix_x4(ob, sdO + offset);
-          mma_16816<Format>(st[2 * np], k_frag[ks], qb[0], qb[1]);
-          mma_16816<Format>(st[2 * np + 1], k_frag[ks], qb[2], qb[3]);
-          mma_16816<Format>(dpt[2 * np], v_frag[ks], ob[0], ob[1]);
-          mma_16816<Format>(dpt[2 * np + 1], v_frag[ks], ob[2], ob[3]);
+          mma_16816<Format>(st[2 * np], ka, qb[0], qb[1]);
+          mma_16816<Format>(st[2 * np + 1], ka, qb[2], qb[3]);
+          mma_16816<Format>(dpt[2 * np], va, ob[0], ob[1]);
+          mma_16816<Format>(dpt[2 * np + 1], va, ob[2], ob[3]);
         }
+      }
 
       // Pᵀ and dSᵀ in registers (rows = keys, columns = queries).
       const bool needs_mask = m_mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin, key_begin + kBlockN);
       const float scale_log2 = m_scale * kLog2e;
+      float lse_log2[kTilesS][2];
+      for (int n = 0; n < kTilesS; ++n)
+        for (int j = 0; j < 2; ++j) lse_log2[n][j] = s_lse[n * 8 + (lane % 4) * 2 + j] * kLog2e;
       for (int n = 0; n < kTilesS; ++n)
         for (int e = 0; e < 4; ++e) {
           const int col = n * 8 + (lane % 4) * 2 + (e & 1);
           const int key = e < 2 ? key0 : key1;
-          float p = exp2_approx(st[n][e] * scale_log2 - s_lse[col]);
+          float p = exp2_fast(fmaf(st[n][e], scale_log2, -lse_log2[n][e & 1]));
           if (needs_mask && m_mask.masked(row_begin + col, key)) p = 0.f;
           st[n][e] = p;
           dpt[n][e] = p * (dpt[n][e] - s_delta[col]);

@@ -211,7 +211,10 @@ class FlashForwardMmaKernel {
         if (kv_block + 1 < num_kv_blocks)
           load_tile(sK, gK, key_begin + kBlockN, m_seqlen_k, kBlockN);
         cp_async_commit();
-        softmax_update(s, acc_o, row_max, row_sum, row_begin, row0, key_begin);
+        if (m_scale_log2 > 0.f)
+          softmax_update<true>(s, acc_o, row_max, row_sum, row_begin, row0, key_begin);
+        else
+          softmax_update<false>(s, acc_o, row_max, row_sum, row_begin, row0, key_begin);
         cp_async_wait<1>();
         // V_j is in scratch for every warp.
         team.team_barrier();
@@ -243,7 +246,10 @@ class FlashForwardMmaKernel {
         scores(s, sK(kv_block % kStages), [&](int mt, int ks, std::uint32_t(&a)[4]) {
           ldmatrix_x4(a, sQ + a_fragment_offset(warp * kWarpRows + mt * 16, ks, lane));
         });
-        softmax_update(s, acc_o, row_max, row_sum, row_begin, row0, key_begin);
+        if (m_scale_log2 > 0.f)
+          softmax_update<true>(s, acc_o, row_max, row_sum, row_begin, row0, key_begin);
+        else
+          softmax_update<false>(s, acc_o, row_max, row_sum, row_begin, row0, key_begin);
         accumulate_pv(s, acc_o, sV(kv_block % kStages));
       }
       cp_async_wait<0>();
@@ -293,9 +299,14 @@ class FlashForwardMmaKernel {
     }
   }
 
-  /// Scale (base 2), mask, online softmax in registers: S becomes P, the
-  /// running max and sum move on, O is rescaled. Row max and sum are reduced
-  /// over the 4 lanes (a quad) that share a row.
+  /// Mask, online softmax in registers, scale (base 2) folded into the
+  /// exponent: S becomes P, the running max and sum move on, O is rescaled.
+  /// The extreme of each row is taken on the raw scores (the max for a
+  /// positive scale, the min for a negative one, which the scale maps to the
+  /// max), so each score costs one FFMA into exp2 instead of a multiply and
+  /// a subtract. Row max and sum are reduced over the 4 lanes (a quad) that
+  /// share a row.
+  template <bool PositiveScale>
   KOKKOS_FORCEINLINE_FUNCTION void softmax_update(float (&s)[kMTiles][kTilesS][4],
                                                   float (&acc_o)[kMTiles][kTilesO][4],
                                                   float (&row_max)[kRows],
@@ -305,34 +316,38 @@ class FlashForwardMmaKernel {
     const int lane = threadIdx.x;
     const bool needs_mask =
         m_mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin, key_begin + kBlockN);
-    float block_max[kRows];
-    for (int r = 0; r < kRows; ++r) block_max[r] = row_max[r];
+    // A masked score becomes the raw value the scale maps to -inf.
+    constexpr float kMasked = PositiveScale ? -INFINITY : INFINITY;
+    auto extreme = [](float a, float b) { return PositiveScale ? fmaxf(a, b) : fminf(a, b); };
+    float block_ext[kRows];
+    for (int r = 0; r < kRows; ++r) block_ext[r] = kMasked;
     for (int mt = 0; mt < kMTiles; ++mt)
       for (int n = 0; n < kTilesS; ++n)
         for (int e = 0; e < 4; ++e) {
-          const int row = row0 + mt * 16 + (e / 2) * 8;
-          const int col = key_begin + n * 8 + (lane % 4) * 2 + (e & 1);
-          float x = s[mt][n][e] * m_scale_log2;
-          if (needs_mask && m_mask.masked(row, col)) x = -INFINITY;
-          s[mt][n][e] = x;
-          block_max[2 * mt + e / 2] = fmaxf(block_max[2 * mt + e / 2], x);
+          if (needs_mask) {
+            const int row = row0 + mt * 16 + (e / 2) * 8;
+            const int col = key_begin + n * 8 + (lane % 4) * 2 + (e & 1);
+            if (m_mask.masked(row, col)) s[mt][n][e] = kMasked;
+          }
+          block_ext[2 * mt + e / 2] = extreme(block_ext[2 * mt + e / 2], s[mt][n][e]);
         }
     float shift[kRows], alpha[kRows];
     for (int r = 0; r < kRows; ++r) {
-      block_max[r] = fmaxf(block_max[r], shfl_xor(block_max[r], 1));
-      block_max[r] = fmaxf(block_max[r], shfl_xor(block_max[r], 2));
+      block_ext[r] = extreme(block_ext[r], shfl_xor(block_ext[r], 1));
+      block_ext[r] = extreme(block_ext[r], shfl_xor(block_ext[r], 2));
+      const float block_max = fmaxf(row_max[r], block_ext[r] * m_scale_log2);
       // A row whose every score so far is masked keeps max -inf: shift by
       // 0 so exp2(-inf - shift) = 0 instead of NaN.
-      shift[r] = block_max[r] == -INFINITY ? 0.f : block_max[r];
-      alpha[r] = row_max[r] == -INFINITY ? 0.f : exp2_approx(row_max[r] - shift[r]);
-      row_max[r] = block_max[r];
+      shift[r] = block_max == -INFINITY ? 0.f : block_max;
+      alpha[r] = row_max[r] == -INFINITY ? 0.f : exp2_fast(row_max[r] - shift[r]);
+      row_max[r] = block_max;
     }
     float block_sum[kRows];
     for (int r = 0; r < kRows; ++r) block_sum[r] = 0;
     for (int mt = 0; mt < kMTiles; ++mt)
       for (int n = 0; n < kTilesS; ++n)
         for (int e = 0; e < 4; ++e) {
-          const float p = exp2_approx(s[mt][n][e] - shift[2 * mt + e / 2]);
+          const float p = exp2_fast(fmaf(s[mt][n][e], m_scale_log2, -shift[2 * mt + e / 2]));
           s[mt][n][e] = p;
           block_sum[2 * mt + e / 2] += p;
         }

@@ -34,6 +34,23 @@ namespace cuda_mma {
 #define KFA_CUDA_MMA_DEVICE 0
 #endif
 
+// fp64 m16n8k8 (sm_90+): known to host code through the Kokkos build's
+// architecture, so that the dispatch never picks it for older GPUs.
+#if defined(KOKKOS_ARCH_HOPPER) || defined(KOKKOS_ARCH_BLACKWELL)
+#define KFA_CUDA_FP64_M16 1
+#else
+#define KFA_CUDA_FP64_M16 0
+#endif
+
+/// The lane of the calling thread in its warp (teams are 32 lanes in x).
+KOKKOS_FORCEINLINE_FUNCTION int lane_id() {
+#if KFA_CUDA_MMA_DEVICE
+  return static_cast<int>(threadIdx.x);
+#else
+  return 0;
+#endif
+}
+
 KOKKOS_FORCEINLINE_FUNCTION std::uint32_t smem_address(const void* ptr) {
 #if KFA_CUDA_MMA_DEVICE
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(ptr));
@@ -48,6 +65,30 @@ KOKKOS_FORCEINLINE_FUNCTION std::uint32_t smem_address(const void* ptr) {
 KOKKOS_FORCEINLINE_FUNCTION void cp_async_16(void* dst, const void* src, int src_bytes) {
 #if KFA_CUDA_MMA_DEVICE
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(dst)),
+               "l"(src), "r"(src_bytes));
+#else
+  (void)dst;
+  (void)src;
+  (void)src_bytes;
+#endif
+}
+
+/// 4-byte asynchronous copy (lse and D rows); src_bytes = 0 writes a zero.
+KOKKOS_FORCEINLINE_FUNCTION void cp_async_4(void* dst, const void* src, int src_bytes) {
+#if KFA_CUDA_MMA_DEVICE
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_address(dst)),
+               "l"(src), "r"(src_bytes));
+#else
+  (void)dst;
+  (void)src;
+  (void)src_bytes;
+#endif
+}
+
+/// 8-byte asynchronous copy (fp64 lse and D rows); src_bytes = 0 writes a zero.
+KOKKOS_FORCEINLINE_FUNCTION void cp_async_8(void* dst, const void* src, int src_bytes) {
+#if KFA_CUDA_MMA_DEVICE
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem_address(dst)),
                "l"(src), "r"(src_bytes));
 #else
   (void)dst;
@@ -140,11 +181,113 @@ KOKKOS_FORCEINLINE_FUNCTION std::uint32_t pack2(float lo, float hi) {
 #endif
 }
 
-KOKKOS_FORCEINLINE_FUNCTION float exp2_approx(float x) {
+/// c += a·b for one m8n8k4 fp64 tile (DMMA). Fragments (g = lane / 4,
+/// t = lane % 4): A (g, t), B (k = t, n = g), C c0, c1 at (g, 2t..).
+KOKKOS_FORCEINLINE_FUNCTION void mma_884_f64(double (&c)[2], double a, double b) {
 #if KFA_CUDA_MMA_DEVICE
-  return exp2f(x);
+  asm volatile(
+      "mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};\n"
+      : "+d"(c[0]), "+d"(c[1])
+      : "d"(a), "d"(b));
+#else
+  (void)c;
+  (void)a;
+  (void)b;
+#endif
+}
+
+/// c += a·b for one m16n8k8 fp64 tile (sm_90: twice the DMMA rate of
+/// m8n8k4 on Hopper). Fragments as for tf32 m16n8k8: A (g, t), (g+8, t),
+/// (g, t+4), (g+8, t+4); B (k = t, n = g), (k = t+4, n = g); C c0, c1 at
+/// (g, 2t..), c2, c3 at (g+8, 2t..).
+KOKKOS_FORCEINLINE_FUNCTION void mma_1688_f64(double (&c)[4], const double (&a)[4], double b0,
+                                              double b1) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+d"(c[0]), "+d"(c[1]), "+d"(c[2]), "+d"(c[3])
+      : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(b0), "d"(b1));
+#elif defined(__CUDA_ARCH__)
+  // Never reached: the dispatch picks this atom only for sm_90+ builds
+  // (KFA_CUDA_FP64_M16); a call on an older device stops the kernel.
+  (void)c;
+  (void)a;
+  (void)b0;
+  (void)b1;
+  __trap();
+#else
+  (void)c;
+  (void)a;
+  (void)b0;
+  (void)b1;
+#endif
+}
+
+/// c += a·b for one m16n8k8 tile with tf32 operands and fp32 accumulation.
+/// Fragments: A (g, t), (g+8, t), (g, t+4), (g+8, t+4); B (k = t, n = g),
+/// (k = t+4, n = g); C as for m16n8k16.
+KOKKOS_FORCEINLINE_FUNCTION void mma_1688_tf32(float (&c)[4], const std::uint32_t (&a)[4],
+                                               std::uint32_t b0, std::uint32_t b1) {
+#if KFA_CUDA_MMA_DEVICE
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  (void)c;
+  (void)a;
+  (void)b0;
+  (void)b1;
+#endif
+}
+
+/// x rounded to tf32 (10 mantissa bits, round to nearest), as a 32-bit
+/// pattern the tensor cores read.
+KOKKOS_FORCEINLINE_FUNCTION std::uint32_t to_tf32(float x) {
+#if KFA_CUDA_MMA_DEVICE
+  std::uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+#else
+  (void)x;
+  return 0;
+#endif
+}
+
+/// x = big + small with both parts tf32: big carries the top 11 significant
+/// bits, small the next 11, so big·big' + big·small' + small·big' keeps a
+/// product to about fp32 precision (the 3xTF32 split).
+KOKKOS_FORCEINLINE_FUNCTION void split_tf32(float x, std::uint32_t& big, std::uint32_t& small) {
+#if KFA_CUDA_MMA_DEVICE
+  big = to_tf32(x);
+  small = to_tf32(x - __uint_as_float(big));
+#else
+  (void)x;
+  big = small = 0;
+#endif
+}
+
+/// 2^x on the special-function unit (ex2.approx.ftz: relative error about
+/// 2^-22, results below 2^-126 flushed to zero, which the softmax never
+/// needs: they are below fp32's precision of the row sum).
+KOKKOS_FORCEINLINE_FUNCTION float exp2_fast(float x) {
+#if KFA_CUDA_MMA_DEVICE
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+  return r;
 #else
   return x;
+#endif
+}
+
+KOKKOS_FORCEINLINE_FUNCTION double shfl_xor(double v, int mask) {
+#if KFA_CUDA_MMA_DEVICE
+  return __shfl_xor_sync(0xffffffffu, v, mask);
+#else
+  (void)mask;
+  return v;
 #endif
 }
 

@@ -1,0 +1,353 @@
+#ifndef KFA_CUDA_BWD_MMA_WIDE_HPP
+#define KFA_CUDA_BWD_MMA_WIDE_HPP
+
+// Tensor-core backward for fp32 and fp64 on the CUDA backend (dK, dV per key
+// block, dQ by atomics), over the atoms of kfa_cuda_mma_atoms.hpp: DMMA for
+// fp64, 3xTF32 (or tf32) for fp32. The 16-bit backward's decomposition: a
+// team of 8 warps owns kBlockN keys (one atom of rows per warp: 64 keys in
+// fp64, 128 in fp32, so Q, dO and the dQ atomics pass through L2 once per
+// that many keys); K and V stay in scratch; for every query block that sees
+// those keys it computes the transposed tiles
+//   Sᵀ = K·Qᵀ, Pᵀ = exp(Sᵀ·scale - lse), dPᵀ = V·dOᵀ, dSᵀ = Pᵀ ∘ (dPᵀ - D)
+// in registers, accumulates dV += Pᵀ·dO and dK += dSᵀ·Q in registers (Pᵀ
+// and dSᵀ feed the tensor cores from their accumulators), stages dSᵀ in
+// scratch and adds dQ += dS·K·scale to dq (zeroed by the caller) with
+// atomics. Q, dO, lse and D are double buffered: the next query block loads
+// during the current one's products. The softmax is in the natural base in
+// fp64 and in base 2 (scale and lse times log2 e) in fp32.
+//
+// Scratch: K, V [kBlockN][d+4], per stage Q and dO [kBlockM][d+4] and lse,
+// D [kBlockM], dSᵀ [kBlockN][kBlockM+4]; launched by launch_cuda_team with
+// opt-in shared memory.
+
+#include <kfa_mask.hpp>
+#include <kfa_traits.hpp>
+
+#include <impl/backend/kfa_cuda_launch.hpp>
+#include <impl/backend/kfa_cuda_mma_atoms.hpp>
+
+#include <cstdint>
+
+namespace kfa {
+namespace Impl {
+
+/// The atom the backward runs for the atom family the dispatch picks: fp64
+/// takes m16n8k8 at head_dim 64; at 128 the dK and dV accumulators of 16
+/// keys per warp would not fit in registers, so it keeps m8n8k4 (8 keys).
+template <class Atom, int HeadDim>
+struct WideBwdAtom {
+  using type = Atom;
+};
+#if KFA_CUDA_FP64_M16
+template <>
+struct WideBwdAtom<cuda_mma::Fp64Atom, 64> {
+  using type = cuda_mma::Fp64x16Atom;
+};
+#endif
+
+/// Query rows per step of the wide backward: registers (the dK and dV
+/// accumulators of a warp's keys over the whole head dimension, and the Sᵀ
+/// and dPᵀ tiles) bound it.
+template <class Atom, int HeadDim>
+constexpr int wide_bwd_block_m() {
+  return sizeof(typename Atom::value_type) == 8
+             ? (Atom::kRows == 16 ? 16 : (HeadDim <= 64 ? 32 : 16))
+             : (HeadDim <= 64 ? 64 : 32);
+}
+
+template <class ExecSpace, int HeadDim, class Atom, class QView, class KView, class VView,
+          class DOView, class LseView, class DeltaView, class DQView, class DKView,
+          class DVView>
+class FlashBackwardWideMmaKernel {
+ public:
+  using value_type = typename Atom::value_type;
+  static constexpr int kHeadDim = HeadDim;
+  /// 8 warps, but 4 for 16-row fp64 atoms (64 keys): scratch bounds it.
+  static constexpr int kWarps = (sizeof(value_type) == 8 && Atom::kRows == 16) ? 4 : 8;
+  static constexpr int kMinBlocksPerSM = 1;
+  static constexpr int kStages = 2;
+  static constexpr int kBlockN = kWarps * Atom::kRows;  // keys per team
+  static constexpr int kBlockM = wide_bwd_block_m<Atom, HeadDim>();
+  static constexpr int kPitch = kHeadDim + 4;   // elements per row of K, V, Q, dO
+  static constexpr int kPitchS = kBlockM + 4;   // elements per row of dSᵀ
+  static_assert(kHeadDim % 32 == 0, "kfa: the wide mma backward needs head_dim % 32 == 0");
+  static_assert(kBlockM % Atom::kRows == 0 && kBlockM / Atom::kRows <= kWarps,
+                "kfa: the wide mma backward splits dQ rows over the warps");
+
+  FlashBackwardWideMmaKernel(const QView& q, const KView& k, const VView& v, const DOView& d_o,
+                             const LseView& lse, const DeltaView& delta, const DQView& dq,
+                             const DKView& dk, const DVView& dv, value_type scale, bool causal)
+      : m_q(q.data()),
+        m_k(k.data()),
+        m_v(v.data()),
+        m_do(d_o.data()),
+        m_lse(lse.data()),
+        m_delta(delta.data()),
+        m_dq(dq.data()),
+        m_dk(dk.data()),
+        m_dv(dv.data()),
+        m_scale(scale),
+        m_batch(static_cast<int>(q.extent(0))),
+        m_seqlen_q(static_cast<int>(q.extent(1))),
+        m_heads(static_cast<int>(q.extent(2))),
+        m_seqlen_k(static_cast<int>(k.extent(1))),
+        m_num_kv_blocks((m_seqlen_k + kBlockN - 1) / kBlockN),
+        m_mask(m_seqlen_q, m_seqlen_k, -1, causal ? 0 : -1) {}
+
+  static bool fits(const ExecSpace& space) {
+    return scratch_bytes() <= cuda_team_scratch_max(space);
+  }
+
+  void launch(const ExecSpace& space) const {
+    launch_cuda_team(space, "kfa::bwd::mma_wide_dk_dv", *this,
+                     m_num_kv_blocks * m_batch * m_heads, scratch_bytes());
+  }
+
+  KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
+    return sizeof(value_type) *
+               (2 * std::size_t(kBlockN) * kPitch + 2 * kStages * std::size_t(kBlockM) * kPitch +
+                std::size_t(kBlockN) * kPitchS + 2 * kStages * std::size_t(kBlockM)) +
+           16;
+  }
+
+  template <class Team>
+  KOKKOS_INLINE_FUNCTION void body(const Team& team, void* raw) const {
+#if KFA_CUDA_MMA_DEVICE
+    using namespace cuda_mma;
+    constexpr int kSteps = kHeadDim / Atom::kDepth;  // k-steps over head_dim
+    constexpr int kTilesQ = kBlockM / 8;             // 8-query tiles of Sᵀ
+    constexpr int kTilesD = kHeadDim / 8;            // n-tiles of dK, dV
+    constexpr int kTilesK = kBlockN / 8;             // 8-key tiles of dQ = dS·K
+    constexpr int kRowGroups = kBlockM / Atom::kRows;
+    constexpr int kDimGroups = kWarps / kRowGroups;
+    constexpr int kTilesDQ = kTilesD / kDimGroups;
+    constexpr value_type kLog2e = value_type(1.4426950408889634);
+    const int lane = threadIdx.x, warp = threadIdx.y;
+    const int tid = warp * 32 + lane;
+
+    const int league = team.league_rank();
+    const int bh = league % (m_batch * m_heads);
+    const int kv_block = league / (m_batch * m_heads);
+    const int b = bh / m_heads, h = bh % m_heads;
+    const int key_begin = kv_block * kBlockN;
+    const long row_stride = long(m_heads) * kHeadDim;
+    const long q_offset = (long(b) * m_seqlen_q * m_heads + h) * kHeadDim;
+    const long k_offset = (long(b) * m_seqlen_k * m_heads + h) * kHeadDim;
+    const value_type* g_lse = m_lse + (long(b) * m_heads + h) * m_seqlen_q;
+    const value_type* g_delta = m_delta + (long(b) * m_heads + h) * m_seqlen_q;
+
+    value_type* const sK = reinterpret_cast<value_type*>(
+        (reinterpret_cast<std::uintptr_t>(raw) + 15) & ~std::uintptr_t(15));
+    value_type* const sV = sK + kBlockN * kPitch;
+    value_type* const sQ0 = sV + kBlockN * kPitch;  // per stage: Q rows, then dO rows
+    value_type* const sdS = sQ0 + 2 * kStages * kBlockM * kPitch;
+    value_type* const s_lse0 = sdS + kBlockN * kPitchS;  // per stage: lse, then D
+    auto stage_q = [&](int s) { return sQ0 + 2 * s * kBlockM * kPitch; };
+    auto stage_lse = [&](int s) { return s_lse0 + 2 * s * kBlockM; };
+
+    auto load_rows = [&](value_type* dst, const value_type* src, int first_row, int rows,
+                         int rows_total) {
+      constexpr int kPer = 16 / int(sizeof(value_type));
+      constexpr int kChunks = kHeadDim / kPer;
+      for (int c = tid; c < rows * kChunks; c += kWarps * 32) {
+        const int r = c / kChunks, cc = c % kChunks;
+        const bool ok = first_row + r < rows_total;
+        const value_type* from = src + (ok ? long(first_row + r) * row_stride : 0) + cc * kPer;
+        cp_async_16(dst + r * kPitch + cc * kPer, from, ok ? 16 : 0);
+      }
+    };
+    // Q, dO (asynchronous copies), lse and D of a query block into a stage.
+    auto load_q_block = [&](int q_block, int stage) {
+      const int row_begin = q_block * kBlockM;
+      load_rows(stage_q(stage), m_q + q_offset, row_begin, kBlockM, m_seqlen_q);
+      load_rows(stage_q(stage) + kBlockM * kPitch, m_do + q_offset, row_begin, kBlockM,
+                m_seqlen_q);
+      // lse and D copied raw and asynchronously (see the 16-bit backward:
+      // rows past the end read 0 and contribute nothing; rows that saw no
+      // key are masked).
+      if (tid < kBlockM) {
+        const int row = row_begin + tid;
+        const int ok = row < m_seqlen_q ? int(sizeof(value_type)) : 0;
+        const value_type* l = g_lse + (ok ? row : 0);
+        const value_type* dd = g_delta + (ok ? row : 0);
+        if constexpr (sizeof(value_type) == 8) {
+          cp_async_8(stage_lse(stage) + tid, l, ok);
+          cp_async_8(stage_lse(stage) + kBlockM + tid, dd, ok);
+        } else {
+          cp_async_4(stage_lse(stage) + tid, l, ok);
+          cp_async_4(stage_lse(stage) + kBlockM + tid, dd, ok);
+        }
+      }
+      cp_async_commit();
+    };
+
+    load_rows(sK, m_k + k_offset, key_begin, kBlockN, m_seqlen_k);
+    load_rows(sV, m_v + k_offset, key_begin, kBlockN, m_seqlen_k);
+    cp_async_commit();
+    value_type acc_dk[kTilesD][Atom::kC], acc_dv[kTilesD][Atom::kC];
+#pragma unroll
+    for (int n = 0; n < kTilesD; ++n)
+#pragma unroll
+      for (int j = 0; j < Atom::kC; ++j) acc_dk[n][j] = acc_dv[n][j] = 0;
+
+    const int warp_key = warp * Atom::kRows;  // this warp's first key in the block
+    const int first_q_block = m_mask.row_begin(key_begin) / kBlockM;
+    const int num_q_blocks = (m_seqlen_q + kBlockM - 1) / kBlockM;
+    if (first_q_block < num_q_blocks) load_q_block(first_q_block, 0);
+    const value_type scale = kBase2 ? m_scale * kLog2e : m_scale;
+
+    for (int q_block = first_q_block; q_block < num_q_blocks; ++q_block) {
+      const int row_begin = q_block * kBlockM;
+      const int stage = (q_block - first_q_block) % 2;
+      cp_async_wait<0>();
+      // K, V and this block's stage are in scratch for every warp, and every
+      // warp is done with the previous block (its stage and dSᵀ).
+      team.team_barrier();
+      if (q_block + 1 < num_q_blocks) load_q_block(q_block + 1, 1 - stage);
+      const value_type* sQ = stage_q(stage);
+      const value_type* sdO = sQ + kBlockM * kPitch;
+      const value_type* s_lse = stage_lse(stage);
+      const value_type* s_delta = s_lse + kBlockM;
+
+      // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ for this warp's keys.
+      value_type st[kTilesQ][Atom::kC], dpt[kTilesQ][Atom::kC];
+#pragma unroll
+      for (int n = 0; n < kTilesQ; ++n)
+#pragma unroll
+        for (int j = 0; j < Atom::kC; ++j) st[n][j] = dpt[n][j] = 0;
+#pragma unroll
+      for (int ks = 0; ks < kSteps; ++ks) {
+        const typename Atom::A ka = Atom::load_a(sK, kPitch, warp_key, ks * Atom::kDepth);
+        const typename Atom::A va = Atom::load_a(sV, kPitch, warp_key, ks * Atom::kDepth);
+#pragma unroll
+        for (int n = 0; n < kTilesQ; ++n) {
+          Atom::mma(st[n], ka, Atom::load_b_t(sQ, kPitch, n * 8, ks * Atom::kDepth));
+          Atom::mma(dpt[n], va, Atom::load_b_t(sdO, kPitch, n * 8, ks * Atom::kDepth));
+        }
+      }
+
+      // Pᵀ and dSᵀ in registers (rows = keys, columns = queries).
+      const bool needs_mask = m_mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin,
+                                                     key_begin + kBlockN);
+#pragma unroll
+      for (int n = 0; n < kTilesQ; ++n)
+#pragma unroll
+        for (int j = 0; j < Atom::kC; ++j) {
+          const int col = n * 8 + (lane % 4) * 2 + (j & 1);
+          value_type p = exp_base(st[n][j] * scale - (kBase2 ? s_lse[col] * kLog2e : s_lse[col]));
+          if (needs_mask &&
+              m_mask.masked(row_begin + col, key_begin + warp_key + lane / 4 + (j / 2) * 8))
+            p = 0;
+          st[n][j] = p;
+          dpt[n][j] = p * (dpt[n][j] - s_delta[col]);
+        }
+
+      // dV += Pᵀ·dO and dK += dSᵀ·Q (k = queries), A from the accumulators.
+#pragma unroll
+      for (int qt = 0; qt < kTilesQ; ++qt)
+#pragma unroll
+        for (int slice = 0; slice < Atom::kSlices; ++slice) {
+          const typename Atom::A pa = Atom::a_from_c(st[qt], slice);
+          const typename Atom::A dsa = Atom::a_from_c(dpt[qt], slice);
+#pragma unroll
+          for (int n = 0; n < kTilesD; ++n) {
+            Atom::mma(acc_dv[n], pa, Atom::load_b_perm(sdO, kPitch, qt * 8, slice, n * 8));
+            Atom::mma(acc_dk[n], dsa, Atom::load_b_perm(sQ, kPitch, qt * 8, slice, n * 8));
+          }
+        }
+      // dSᵀ rows of this warp to scratch for dQ = dS·K.
+#pragma unroll
+      for (int n = 0; n < kTilesQ; ++n)
+#pragma unroll
+        for (int j = 0; j < Atom::kC; ++j)
+          sdS[(warp_key + lane / 4 + (j / 2) * 8) * kPitchS + n * 8 + (lane % 4) * 2 + (j & 1)] =
+              dpt[n][j];
+      // The whole dSᵀ tile is in scratch.
+      team.team_barrier();
+
+      // dQ rows [kRows·(warp % kRowGroups), +kRows), head-dim tiles of group
+      // warp / kRowGroups: A = dS (dSᵀ read transposed), B = K rows.
+      const int q0 = (warp % kRowGroups) * Atom::kRows;
+      const int n_first = (warp / kRowGroups) * kTilesDQ;
+      value_type acc_dq[kTilesDQ][Atom::kC];
+#pragma unroll
+      for (int n = 0; n < kTilesDQ; ++n)
+#pragma unroll
+        for (int j = 0; j < Atom::kC; ++j) acc_dq[n][j] = 0;
+#pragma unroll
+      for (int kt = 0; kt < kTilesK; ++kt)
+#pragma unroll
+        for (int slice = 0; slice < Atom::kSlices; ++slice) {
+          const typename Atom::A a = Atom::load_a_t_perm(sdS, kPitchS, q0, kt * 8, slice);
+#pragma unroll
+          for (int n = 0; n < kTilesDQ; ++n)
+            Atom::mma(acc_dq[n], a,
+                      Atom::load_b_perm(sK, kPitch, kt * 8, slice, (n_first + n) * 8));
+        }
+#pragma unroll
+      for (int half = 0; half < Atom::kC / 2; ++half) {
+        const int row = row_begin + q0 + lane / 4 + half * 8;
+        if (row >= m_seqlen_q) continue;
+        value_type* g_dq = m_dq + q_offset + long(row) * row_stride;
+#pragma unroll
+        for (int n = 0; n < kTilesDQ; ++n) {
+          const int d = (n_first + n) * 8 + (lane % 4) * 2;
+          atomicAdd(g_dq + d, acc_dq[n][2 * half] * m_scale);
+          atomicAdd(g_dq + d + 1, acc_dq[n][2 * half + 1] * m_scale);
+        }
+      }
+    }
+
+#pragma unroll
+    for (int half = 0; half < Atom::kC / 2; ++half) {
+      const int key = key_begin + warp_key + lane / 4 + half * 8;
+      if (key >= m_seqlen_k) continue;
+      value_type* g_dk = m_dk + k_offset + long(key) * row_stride;
+      value_type* g_dv = m_dv + k_offset + long(key) * row_stride;
+#pragma unroll
+      for (int n = 0; n < kTilesD; ++n) {
+        const int d = n * 8 + (lane % 4) * 2;
+        g_dk[d] = acc_dk[n][2 * half] * m_scale;
+        g_dk[d + 1] = acc_dk[n][2 * half + 1] * m_scale;
+        g_dv[d] = acc_dv[n][2 * half];
+        g_dv[d + 1] = acc_dv[n][2 * half + 1];
+      }
+    }
+    cp_async_wait<0>();
+#else
+    (void)team;
+    (void)raw;
+#endif
+  }
+
+ private:
+  static constexpr bool kBase2 = sizeof(value_type) == 4;
+
+#if KFA_CUDA_MMA_DEVICE
+  KOKKOS_FORCEINLINE_FUNCTION static value_type exp_base(value_type x) {
+    if constexpr (kBase2) {
+      return cuda_mma::exp2_fast(x);
+    } else {
+      return exp(x);
+    }
+  }
+#endif
+
+  const value_type* m_q;
+  const value_type* m_k;
+  const value_type* m_v;
+  const value_type* m_do;
+  const value_type* m_lse;
+  const value_type* m_delta;
+  value_type* m_dq;
+  value_type* m_dk;
+  value_type* m_dv;
+  value_type m_scale;
+  int m_batch, m_seqlen_q, m_heads, m_seqlen_k, m_num_kv_blocks;
+  AttentionMask m_mask;
+};
+
+}  // namespace Impl
+}  // namespace kfa
+
+#endif

@@ -1,0 +1,329 @@
+#ifndef KFA_CUDA_BWD_SIMT_HPP
+#define KFA_CUDA_BWD_SIMT_HPP
+
+// Exact fp32 backward on the CUDA backend (dK, dV per key block, dQ by fp32
+// atomics into dq, zeroed by the caller): fp32 FMAs tiled in registers as in
+// the simt forward (kfa_cuda_fwd_simt.hpp). A team of 4 warps owns 64 keys;
+// thread (ty, tx) = (warp·4 + lane/8, lane%8) holds keys 4·ty.. and, for
+// each query block, the queries tx + 8·j:
+//   Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ   float4 loads over the head dimension
+//   Pᵀ = exp(Sᵀ·scale - lse), dSᵀ = Pᵀ ∘ (dPᵀ - D)      in registers
+//   dV += Pᵀ·dO, dK += dSᵀ·Q  P and dS written [query][key] to scratch (the
+//                             warp's own keys), read back a float4 of 4 keys
+//                             per query against float4s of dO and Q
+//   dQ += dS·K·scale          after a team barrier, 4 queries x 4 columns per
+//                             thread over the team's 64 keys, then atomics.
+// K and V stay in scratch; Q, dO, lse and D are double buffered (cp.async).
+
+#include <kfa_mask.hpp>
+#include <kfa_traits.hpp>
+
+#include <impl/backend/kfa_cuda_launch.hpp>
+#include <impl/backend/kfa_cuda_mma.hpp>
+
+#include <cstdint>
+
+namespace kfa {
+namespace Impl {
+
+template <class ExecSpace, int HeadDim, class QView, class KView, class VView, class DOView,
+          class LseView, class DeltaView, class DQView, class DKView, class DVView>
+class FlashBackwardSimtKernel {
+ public:
+  static constexpr int kHeadDim = HeadDim;
+  static constexpr int kWarps = 4;
+  static constexpr int kMinBlocksPerSM = 2;
+  static constexpr int kStages = 2;
+  static constexpr int kBlockN = 64;                      // keys per team
+  static constexpr int kBlockM = HeadDim <= 64 ? 32 : 16;  // queries per step
+  static constexpr int kQ = kBlockM / 8;                   // queries per thread in Sᵀ
+  static constexpr int kCols = kHeadDim / 8;               // dK, dV columns per thread
+  static constexpr int kPitch = kHeadDim + 4;              // floats per K, V, Q, dO row
+  static constexpr int kPitchP = kBlockN + 4;              // floats per P, dS row
+  static constexpr int kChunksDQ = kHeadDim / 4;           // float4 columns of dQ
+  static_assert(kHeadDim % 32 == 0, "kfa: the simt backward needs head_dim % 32 == 0");
+  static_assert(kBlockM / 4 * kChunksDQ == 32 * kWarps,
+                "kfa: the simt backward gives each thread 4 x 4 of dQ");
+
+  FlashBackwardSimtKernel(const QView& q, const KView& k, const VView& v, const DOView& d_o,
+                          const LseView& lse, const DeltaView& delta, const DQView& dq,
+                          const DKView& dk, const DVView& dv, float scale, bool causal)
+      : m_q(q.data()),
+        m_k(k.data()),
+        m_v(v.data()),
+        m_do(d_o.data()),
+        m_lse(lse.data()),
+        m_delta(delta.data()),
+        m_dq(dq.data()),
+        m_dk(dk.data()),
+        m_dv(dv.data()),
+        m_scale(scale),
+        m_batch(static_cast<int>(q.extent(0))),
+        m_seqlen_q(static_cast<int>(q.extent(1))),
+        m_heads(static_cast<int>(q.extent(2))),
+        m_seqlen_k(static_cast<int>(k.extent(1))),
+        m_num_kv_blocks((m_seqlen_k + kBlockN - 1) / kBlockN),
+        m_mask(m_seqlen_q, m_seqlen_k, -1, causal ? 0 : -1) {}
+
+  static bool fits(const ExecSpace& space) {
+    return scratch_bytes() <= cuda_team_scratch_max(space);
+  }
+
+  void launch(const ExecSpace& space) const {
+    launch_cuda_team(space, "kfa::bwd::simt_dk_dv", *this, m_num_kv_blocks * m_batch * m_heads,
+                     scratch_bytes());
+  }
+
+  /// K, V; per stage Q, dO, lse and D; P and dS.
+  KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
+    return sizeof(float) * (2 * std::size_t(kBlockN) * kPitch +
+                            2 * kStages * std::size_t(kBlockM) * kPitch + 2 * kStages * kBlockM +
+                            2 * std::size_t(kBlockM) * kPitchP) +
+           16;
+  }
+
+  template <class Team>
+  KOKKOS_INLINE_FUNCTION void body(const Team& team, void* raw) const {
+#if KFA_CUDA_MMA_DEVICE
+    using namespace cuda_mma;
+    const int lane = threadIdx.x, warp = threadIdx.y;
+    const int tid = warp * 32 + lane;
+    const int ty = warp * 4 + lane / 8, tx = lane % 8;
+
+    const int league = team.league_rank();
+    const int bh = league % (m_batch * m_heads);
+    const int kv_block = league / (m_batch * m_heads);
+    const int b = bh / m_heads, h = bh % m_heads;
+    const int key_begin = kv_block * kBlockN;
+    const long row_stride = long(m_heads) * kHeadDim;
+    const long q_offset = (long(b) * m_seqlen_q * m_heads + h) * kHeadDim;
+    const long k_offset = (long(b) * m_seqlen_k * m_heads + h) * kHeadDim;
+    const float* g_lse = m_lse + (long(b) * m_heads + h) * m_seqlen_q;
+    const float* g_delta = m_delta + (long(b) * m_heads + h) * m_seqlen_q;
+
+    float* const sK = reinterpret_cast<float*>(
+        (reinterpret_cast<std::uintptr_t>(raw) + 15) & ~std::uintptr_t(15));
+    float* const sV = sK + kBlockN * kPitch;
+    float* const sQ0 = sV + kBlockN * kPitch;  // per stage: Q rows, then dO rows
+    float* const s_lse0 = sQ0 + 2 * kStages * kBlockM * kPitch;  // per stage: lse, D
+    float* const sP = s_lse0 + 2 * kStages * kBlockM;            // [query][key]
+    float* const sdS = sP + kBlockM * kPitchP;                    // [query][key]
+    auto stage_q = [&](int s) { return sQ0 + 2 * s * kBlockM * kPitch; };
+    auto stage_lse = [&](int s) { return s_lse0 + 2 * s * kBlockM; };
+
+    auto load_rows = [&](float* dst, const float* src, int first_row, int rows, int rows_total) {
+      constexpr int kChunks = kHeadDim / 4;
+      for (int c = tid; c < rows * kChunks; c += kWarps * 32) {
+        const int r = c / kChunks, cc = c % kChunks;
+        const bool ok = first_row + r < rows_total;
+        const float* from = src + (ok ? long(first_row + r) * row_stride : 0) + cc * 4;
+        cp_async_16(dst + r * kPitch + cc * 4, from, ok ? 16 : 0);
+      }
+    };
+    auto load_q_block = [&](int q_block, int stage) {
+      const int row_begin = q_block * kBlockM;
+      load_rows(stage_q(stage), m_q + q_offset, row_begin, kBlockM, m_seqlen_q);
+      load_rows(stage_q(stage) + kBlockM * kPitch, m_do + q_offset, row_begin, kBlockM,
+                m_seqlen_q);
+      // lse and D copied raw and asynchronously: rows past the end read 0
+      // (zero Q and dO rows: nothing reaches dK, dV, and their dQ is not
+      // stored); rows that saw no key (lse = -inf) are masked.
+      if (tid < kBlockM) {
+        const int row = row_begin + tid;
+        const bool ok = row < m_seqlen_q;
+        cp_async_4(stage_lse(stage) + tid, g_lse + (ok ? row : 0), ok ? 4 : 0);
+        cp_async_4(stage_lse(stage) + kBlockM + tid, g_delta + (ok ? row : 0), ok ? 4 : 0);
+      }
+      cp_async_commit();
+    };
+
+    load_rows(sK, m_k + k_offset, key_begin, kBlockN, m_seqlen_k);
+    load_rows(sV, m_v + k_offset, key_begin, kBlockN, m_seqlen_k);
+    cp_async_commit();
+    float acc_dk[4][kCols], acc_dv[4][kCols];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) acc_dk[i][c] = acc_dv[i][c] = 0.f;
+
+    const int key0 = ty * 4;  // this thread's first key in the block
+    const int first_q_block = m_mask.row_begin(key_begin) / kBlockM;
+    const int num_q_blocks = (m_seqlen_q + kBlockM - 1) / kBlockM;
+    if (first_q_block < num_q_blocks) load_q_block(first_q_block, 0);
+    // dQ tile of this thread: queries 4·(tid / kChunksDQ).., columns
+    // 4·(tid % kChunksDQ)..
+    const int dq_row = 4 * (tid / kChunksDQ), dq_col = 4 * (tid % kChunksDQ);
+
+    for (int q_block = first_q_block; q_block < num_q_blocks; ++q_block) {
+      const int row_begin = q_block * kBlockM;
+      const int stage = (q_block - first_q_block) % 2;
+      cp_async_wait<0>();
+      // K, V and this block's stage are in scratch for every warp, and every
+      // thread is done with the previous block (its stage, P and dS).
+      team.team_barrier();
+      if (q_block + 1 < num_q_blocks) load_q_block(q_block + 1, 1 - stage);
+      const float* sQ = stage_q(stage);
+      const float* sdO = sQ + kBlockM * kPitch;
+      const float* s_lse = stage_lse(stage);
+      const float* s_delta = s_lse + kBlockM;
+
+      // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: keys key0.., queries tx + 8·j.
+      float st[4][kQ], dpt[4][kQ];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < kQ; ++j) st[i][j] = dpt[i][j] = 0.f;
+#pragma unroll 1
+      for (int d = 0; d < kHeadDim; d += 4) {
+        float4 kr[4], vr[4], qr[kQ], dor[kQ];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          kr[i] = *reinterpret_cast<const float4*>(sK + (key0 + i) * kPitch + d);
+          vr[i] = *reinterpret_cast<const float4*>(sV + (key0 + i) * kPitch + d);
+        }
+#pragma unroll
+        for (int j = 0; j < kQ; ++j) {
+          qr[j] = *reinterpret_cast<const float4*>(sQ + (tx + 8 * j) * kPitch + d);
+          dor[j] = *reinterpret_cast<const float4*>(sdO + (tx + 8 * j) * kPitch + d);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int j = 0; j < kQ; ++j) {
+            st[i][j] = fmaf(kr[i].x, qr[j].x, st[i][j]);
+            st[i][j] = fmaf(kr[i].y, qr[j].y, st[i][j]);
+            st[i][j] = fmaf(kr[i].z, qr[j].z, st[i][j]);
+            st[i][j] = fmaf(kr[i].w, qr[j].w, st[i][j]);
+            dpt[i][j] = fmaf(vr[i].x, dor[j].x, dpt[i][j]);
+            dpt[i][j] = fmaf(vr[i].y, dor[j].y, dpt[i][j]);
+            dpt[i][j] = fmaf(vr[i].z, dor[j].z, dpt[i][j]);
+            dpt[i][j] = fmaf(vr[i].w, dor[j].w, dpt[i][j]);
+          }
+      }
+
+      // Pᵀ, dSᵀ; written [query][key] to the warp's own keys of P and dS.
+      const bool needs_mask = m_mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin,
+                                                     key_begin + kBlockN);
+#pragma unroll
+      for (int j = 0; j < kQ; ++j) {
+        const int col = tx + 8 * j;
+        float p[4], ds[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          p[i] = expf(st[i][j] * m_scale - s_lse[col]);
+          if (needs_mask && m_mask.masked(row_begin + col, key_begin + key0 + i)) p[i] = 0.f;
+          ds[i] = p[i] * (dpt[i][j] - s_delta[col]);
+        }
+        *reinterpret_cast<float4*>(sP + col * kPitchP + key0) = make_float4(p[0], p[1], p[2], p[3]);
+        *reinterpret_cast<float4*>(sdS + col * kPitchP + key0) =
+            make_float4(ds[0], ds[1], ds[2], ds[3]);
+      }
+      // The warp's keys of P and dS are visible to its lanes.
+      __syncwarp();
+
+      // dV += Pᵀ·dO and dK += dSᵀ·Q over this block's queries.
+#pragma unroll 1
+      for (int qq = 0; qq < kBlockM; ++qq) {
+        const float4 p = *reinterpret_cast<const float4*>(sP + qq * kPitchP + key0);
+        const float4 ds = *reinterpret_cast<const float4*>(sdS + qq * kPitchP + key0);
+        const float pr[4] = {p.x, p.y, p.z, p.w}, dsr[4] = {ds.x, ds.y, ds.z, ds.w};
+#pragma unroll
+        for (int c4 = 0; c4 < kCols / 4; ++c4) {
+          const float4 o4 = *reinterpret_cast<const float4*>(sdO + qq * kPitch + c4 * 32 + tx * 4);
+          const float4 q4 = *reinterpret_cast<const float4*>(sQ + qq * kPitch + c4 * 32 + tx * 4);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            acc_dv[i][4 * c4 + 0] = fmaf(pr[i], o4.x, acc_dv[i][4 * c4 + 0]);
+            acc_dv[i][4 * c4 + 1] = fmaf(pr[i], o4.y, acc_dv[i][4 * c4 + 1]);
+            acc_dv[i][4 * c4 + 2] = fmaf(pr[i], o4.z, acc_dv[i][4 * c4 + 2]);
+            acc_dv[i][4 * c4 + 3] = fmaf(pr[i], o4.w, acc_dv[i][4 * c4 + 3]);
+            acc_dk[i][4 * c4 + 0] = fmaf(dsr[i], q4.x, acc_dk[i][4 * c4 + 0]);
+            acc_dk[i][4 * c4 + 1] = fmaf(dsr[i], q4.y, acc_dk[i][4 * c4 + 1]);
+            acc_dk[i][4 * c4 + 2] = fmaf(dsr[i], q4.z, acc_dk[i][4 * c4 + 2]);
+            acc_dk[i][4 * c4 + 3] = fmaf(dsr[i], q4.w, acc_dk[i][4 * c4 + 3]);
+          }
+        }
+      }
+      // dS of every warp (all 64 keys) is in scratch.
+      team.team_barrier();
+
+      // dQ rows dq_row.., columns dq_col..: 4 x 4 over the team's keys.
+      float acc_dq[4][4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc_dq[r][c] = 0.f;
+#pragma unroll 2
+      for (int key = 0; key < kBlockN; key += 4) {
+        float4 dsr[4], kr[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          dsr[r] = *reinterpret_cast<const float4*>(sdS + (dq_row + r) * kPitchP + key);
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          kr[kk] = *reinterpret_cast<const float4*>(sK + (key + kk) * kPitch + dq_col);
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const float w[4] = {dsr[r].x, dsr[r].y, dsr[r].z, dsr[r].w};
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk) {
+            acc_dq[r][0] = fmaf(w[kk], kr[kk].x, acc_dq[r][0]);
+            acc_dq[r][1] = fmaf(w[kk], kr[kk].y, acc_dq[r][1]);
+            acc_dq[r][2] = fmaf(w[kk], kr[kk].z, acc_dq[r][2]);
+            acc_dq[r][3] = fmaf(w[kk], kr[kk].w, acc_dq[r][3]);
+          }
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int row = row_begin + dq_row + r;
+        if (row >= m_seqlen_q) continue;
+        float* g_dq = m_dq + q_offset + long(row) * row_stride + dq_col;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) atomicAdd(g_dq + c, acc_dq[r][c] * m_scale);
+      }
+    }
+
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int key = key_begin + key0 + i;
+      if (key >= m_seqlen_k) continue;
+      float* g_dk = m_dk + k_offset + long(key) * row_stride;
+      float* g_dv = m_dv + k_offset + long(key) * row_stride;
+#pragma unroll
+      for (int c4 = 0; c4 < kCols / 4; ++c4) {
+        const int d = c4 * 32 + tx * 4;
+        *reinterpret_cast<float4*>(g_dk + d) =
+            make_float4(acc_dk[i][4 * c4] * m_scale, acc_dk[i][4 * c4 + 1] * m_scale,
+                        acc_dk[i][4 * c4 + 2] * m_scale, acc_dk[i][4 * c4 + 3] * m_scale);
+        *reinterpret_cast<float4*>(g_dv + d) =
+            make_float4(acc_dv[i][4 * c4], acc_dv[i][4 * c4 + 1], acc_dv[i][4 * c4 + 2],
+                        acc_dv[i][4 * c4 + 3]);
+      }
+    }
+    cp_async_wait<0>();
+#else
+    (void)team;
+    (void)raw;
+#endif
+  }
+
+ private:
+  const float* m_q;
+  const float* m_k;
+  const float* m_v;
+  const float* m_do;
+  const float* m_lse;
+  const float* m_delta;
+  float* m_dq;
+  float* m_dk;
+  float* m_dv;
+  float m_scale;
+  int m_batch, m_seqlen_q, m_heads, m_seqlen_k, m_num_kv_blocks;
+  AttentionMask m_mask;
+};
+
+}  // namespace Impl
+}  // namespace kfa
+
+#endif
