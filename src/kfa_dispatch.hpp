@@ -171,19 +171,21 @@ void convert_dq(const ExecSpace& space, const AccView& dq_acc, const DQ& dq) {
 }
 
 /// True when a call's shape and options allow the tensor-core kernels: head_dim
-/// 64 or 128, fixed-length batches, as many k/v heads as q heads, no score
-/// modifier, softcap or dropout, no window other than causal, no explicit
-/// team size (their teams are 4 warps by design), and 16-byte aligned rows.
+/// 64 or 128 (or 256 where `with_256`: the 16-bit forward), fixed-length
+/// batches, as many k/v heads as q heads, no score modifier, softcap or
+/// dropout, no window other than causal, no explicit team size (their teams
+/// are 4 or 8 warps by design), and 16-byte aligned rows.
 template <class ScoreMod, class MemorySpace>
 bool mma_shape_applies(const Sequences<MemorySpace>& seq, int heads_q, int heads_kv,
                        int head_dim, const AttentionOptions& options,
-                       std::initializer_list<const void*> pointers) {
+                       std::initializer_list<const void*> pointers, bool with_256 = false) {
   if constexpr (!std::is_same<ScoreMod, NoScoreMod>::value) {
     return false;
   } else {
     bool aligned = true;
     for (const void* p : pointers) aligned = aligned && reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
-    return aligned && (head_dim == 64 || head_dim == 128) && !seq.packed &&
+    return aligned && (head_dim == 64 || head_dim == 128 || (with_256 && head_dim == 256)) &&
+           !seq.packed &&
            heads_q == heads_kv && !uses_modifiers(options) && options.team_size == 0 &&
            options.window_left < 0 && (options.causal || options.window_right < 0);
   }
@@ -193,10 +195,11 @@ bool mma_shape_applies(const Sequences<MemorySpace>& seq, int heads_q, int heads
 template <class ExecSpace, class ValueType, class ScoreMod, class MemorySpace>
 bool mma_path_applies(const Sequences<MemorySpace>& seq, int heads_q, int heads_kv,
                       int head_dim, const AttentionOptions& options,
-                      std::initializer_list<const void*> pointers) {
+                      std::initializer_list<const void*> pointers, bool with_256 = false) {
   using Format = typename MmaFormat<ExecSpace, ValueType>::type;
   return !std::is_void<Format>::value &&
-         mma_shape_applies<ScoreMod>(seq, heads_q, heads_kv, head_dim, options, pointers);
+         mma_shape_applies<ScoreMod>(seq, heads_q, heads_kv, head_dim, options, pointers,
+                                     with_256);
 }
 
 /// Calls f(atom) with the tensor-core atom of the fp32/fp64 kernels for
@@ -257,14 +260,16 @@ bool try_forward_mma(const ExecSpace& space, const Q& q, const K& k, const V& v,
   const int head_dim = static_cast<int>(q.extent(3));
   if (!mma_path_applies<ExecSpace, value_type, ScoreMod>(
           seq, static_cast<int>(q.extent(2)), static_cast<int>(k.extent(2)), head_dim, options,
-          {q.data(), k.data(), v.data(), o.data()}))
+          {q.data(), k.data(), v.data(), o.data()}, /*with_256=*/true))
     return false;
   if constexpr (!std::is_void<Format>::value) {
     const float scale = softmax_scale<float>(options, head_dim);
     if (head_dim == 64)
       launch_forward_mma<ExecSpace, 64, Format>(space, q, k, v, o, lse, scale, options.causal);
-    else
+    else if (head_dim == 128)
       launch_forward_mma<ExecSpace, 128, Format>(space, q, k, v, o, lse, scale, options.causal);
+    else
+      launch_forward_mma<ExecSpace, 256, Format>(space, q, k, v, o, lse, scale, options.causal);
   }
   return true;
 }
@@ -292,7 +297,7 @@ bool try_backward_mma(const ExecSpace& space, const Q& q, const K& k, const V& v
     auto run = [&](auto head_dim_tag) {
       constexpr int D = decltype(head_dim_tag)::value;
       using staged_t = FlashBackwardMmaKernel<ExecSpace, D, Format, Q, K, V, DO, Lse, Delta,
-                                              AccView, DK, DV, 2>;
+                                              AccView, DK, DV, 3>;
       using policy_t = FlashBackwardMmaKernel<ExecSpace, D, Format, Q, K, V, DO, Lse, Delta,
                                               AccView, DK, DV, 1>;
       if (use_opt_in_shared_memory() && staged_t::fits(space))

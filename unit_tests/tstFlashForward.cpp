@@ -198,6 +198,10 @@ TEST(FlashForwardCuda, TensorCoreTileShapes) {
       check_mma_shape<FwdMmaLargeShape<128>, 128, kfa::half>(s, causal);
       check_mma_shape<FwdMmaPolicyShape<128>, 128, kfa::bfloat16>(s, causal);
     }
+    for (const Shape& s : {Shape{1, 200, 77, 2, 256}, Shape{1, 129, 300, 1, 256}}) {
+      check_mma_shape<FwdMmaLargeShape<256>, 256, kfa::bfloat16>(s, causal);
+      check_mma_shape<FwdMmaPolicyShape<256>, 256, kfa::half>(s, causal);
+    }
   }
 }
 

@@ -17,9 +17,11 @@
 //
 // Stages = 1: launched through Kokkos' TeamPolicy (under its ~40 KB), the
 // next query block's Q, dO, lse and D load after the current one is done.
-// Stages = 2: launched by launch_cuda_team with opt-in shared memory; Q, dO,
-// lse and D are double buffered, so the next query block loads during the
-// current one's products (80 KB at head_dim 128).
+// Stages = 2, 3: launched by launch_cuda_team with opt-in shared memory; K
+// and V have tiles of their own, and Q, dO, lse and D go through 2 or 3
+// buffers, so the next one or two query blocks load during the current
+// one's products (the library runs 3: 132 KB at head_dim 128, one team of
+// 8 warps per SM).
 
 #include <kfa_mask.hpp>
 #include <kfa_traits.hpp>
@@ -38,7 +40,7 @@ template <class ExecSpace, int HeadDim, class Format, class QView, class KView, 
 class FlashBackwardMmaKernel {
  public:
   static constexpr int kStages = Stages;
-  static_assert(Stages == 1 || Stages == 2, "kfa: the mma backward has 1 or 2 stages");
+  static_assert(Stages >= 1 && Stages <= 3, "kfa: the mma backward has 1 to 3 stages");
   static constexpr int kMinBlocksPerSM = 1;
   using policy_t = Kokkos::TeamPolicy<ExecSpace>;
   using member_t = typename policy_t::member_type;
@@ -47,7 +49,7 @@ class FlashBackwardMmaKernel {
   /// which halves the Q and dO reads and the dQ atomics per key against 4
   /// warps (the L2 traffic that bounded v4); 4 (64 keys) inside the
   /// TeamPolicy's scratch.
-  static constexpr int kWarps = Stages == 2 ? 8 : 4;
+  static constexpr int kWarps = Stages >= 2 ? 8 : 4;
   static constexpr int kBlockN = 16 * kWarps;              // keys per team
   static constexpr int kBlockM = HeadDim <= 64 ? 64 : 32;  // queries per step
   static constexpr int kPitch = kHeadDim + 8;  // halves per row of K, Q, dO
@@ -57,8 +59,8 @@ class FlashBackwardMmaKernel {
   /// are read at use, which frees the 64 registers that made the 8-warp
   /// shape spill); with 1, K only (V goes through the Q and dO tiles into
   /// registers, with K's fragments).
-  static constexpr int kKVTiles = kStages == 2 ? 2 : 1;
-  static_assert(kStages == 2 || 2 * kStages * kBlockM >= kBlockN,
+  static constexpr int kKVTiles = kStages >= 2 ? 2 : 1;
+  static_assert(kStages >= 2 || 2 * kStages * kBlockM >= kBlockN,
                 "kfa: the mma backward stages V through the Q and dO tiles");
 
   FlashBackwardMmaKernel(const QView& q, const KView& k, const VView& v, const DOView& d_o,
@@ -145,13 +147,8 @@ class FlashBackwardMmaKernel {
 
     auto load_rows = [&](std::uint16_t* dst, const std::uint16_t* src, int first_row,
                          int rows, int rows_total) {
-      constexpr int kChunks = kHeadDim / 8;
-      for (int c = tid; c < rows * kChunks; c += kWarps * 32) {
-        const int r = c / kChunks, cc = c % kChunks;
-        const bool ok = first_row + r < rows_total;
-        const std::uint16_t* from = src + (ok ? long(first_row + r) * row_stride : 0) + cc * 8;
-        cp_async_16(dst + r * kPitch + cc * 8, from, ok ? 16 : 0);
-      }
+      load_rows_async<kHeadDim, kPitch>(dst, src, row_stride, first_row, rows, rows_total, tid,
+                                        kWarps * 32);
     };
 
     // K and V rows of this warp as A fragments: read from scratch at use
@@ -180,33 +177,27 @@ class FlashBackwardMmaKernel {
     const int key0 = key_begin + warp * 16 + lane / 4, key1 = key0 + 8;
     const int first_q_block = m_mask.row_begin(key_begin) / kBlockM;
     const int num_q_blocks = (m_seqlen_q + kBlockM - 1) / kBlockM;
-    // Q, dO (asynchronous copies), lse and D of a query block into a stage.
+    // Q, dO, lse and D of a query block into a stage (one commit group).
     auto load_q_block = [&](int q_block, int stage) {
-      const int row_begin = q_block * kBlockM;
-      load_rows(stage_q(stage), m_q + q_offset, row_begin, kBlockM, m_seqlen_q);
-      load_rows(stage_q(stage) + kBlockM * kPitch, m_do + q_offset, row_begin, kBlockM,
-                m_seqlen_q);
-      // lse and D copied raw and asynchronously too (a plain load here would
-      // stall these warps, and the team at the next barrier). Rows past the
-      // end read 0: their Q and dO rows are zero, so S = 0, P = 1, dP = D =
-      // 0 and nothing reaches dK, dV; their dQ is not stored. A row that
-      // saw no key (lse = -inf) is masked in every tile it is in.
-      if (tid < kBlockM) {
-        const int row = row_begin + tid;
-        const bool ok = row < m_seqlen_q;
-        cp_async_4(stage_lse(stage) + tid, g_lse + (ok ? row : 0), ok ? 4 : 0);
-        cp_async_4(stage_lse(stage) + kBlockM + tid, g_delta + (ok ? row : 0), ok ? 4 : 0);
-      }
-      cp_async_commit();
+      load_query_block_async<kHeadDim, kPitch, kBlockM>(
+          stage_q(stage), stage_lse(stage), m_q + q_offset, m_do + q_offset, g_lse, g_delta,
+          row_stride, q_block * kBlockM, m_seqlen_q, tid, kWarps * 32);
     };
-    if constexpr (kStages == 2) {
-      // K and V have their own tiles: stage 0 may receive Q and dO at once
-      // (the loop's first wait and barrier cover K, V and stage 0).
-      if (first_q_block < num_q_blocks) load_q_block(first_q_block, 0);
+    if constexpr (kStages >= 2) {
+      // K and V have their own tiles: the first kStages - 1 query blocks may
+      // load at once. One commit group per block (empty past the end), so
+      // that waiting for all but the newest kStages - 2 groups means the
+      // current block (and, first, K and V) has landed.
+      for (int s = 0; s + 1 < kStages; ++s) {
+        if (first_q_block + s < num_q_blocks)
+          load_q_block(first_q_block + s, s);
+        else
+          cp_async_commit();
+      }
     }
     for (int q_block = first_q_block; q_block < num_q_blocks; ++q_block) {
       const int row_begin = q_block * kBlockM;
-      const int stage = kStages == 1 ? 0 : (q_block - first_q_block) % 2;
+      const int stage = kStages == 1 ? 0 : (q_block - first_q_block) % kStages;
       if constexpr (kStages == 1) {
         // Every warp is done with the previous block's Q, dO, dSᵀ (and, on
         // the first pass, with the V tile staged in stage 0).
@@ -216,11 +207,16 @@ class FlashBackwardMmaKernel {
         // Q, dO, lse and D of this query block are in scratch.
         member.team_barrier();
       } else {
-        cp_async_wait<0>();
+        cp_async_wait<(kStages >= 2 ? kStages - 2 : 0)>();
         // This block's stage is in scratch for every warp, and every warp is
-        // done with the previous block (its stage and dSᵀ).
+        // done with the previous block (its stage, which the block kStages - 1
+        // ahead now reuses, and dSᵀ).
         member.team_barrier();
-        if (q_block + 1 < num_q_blocks) load_q_block(q_block + 1, 1 - stage);
+        const int ahead = q_block + kStages - 1;
+        if (ahead < num_q_blocks)
+          load_q_block(ahead, (ahead - first_q_block) % kStages);
+        else
+          cp_async_commit();
       }
       const std::uint16_t* sQ = stage_q(stage);
       const std::uint16_t* sdO = sQ + kBlockM * kPitch;
@@ -329,6 +325,9 @@ class FlashBackwardMmaKernel {
         }
       }
     }
+    // No copy may still be in flight when the team ends (K and V, where no
+    // query block sees these keys).
+    cp_async_wait<0>();
 
     for (int half = 0; half < 2; ++half) {
       const int key = (half == 0 ? key0 : key1);

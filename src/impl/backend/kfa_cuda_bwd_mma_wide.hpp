@@ -147,38 +147,14 @@ class FlashBackwardWideMmaKernel {
 
     auto load_rows = [&](value_type* dst, const value_type* src, int first_row, int rows,
                          int rows_total) {
-      constexpr int kPer = 16 / int(sizeof(value_type));
-      constexpr int kChunks = kHeadDim / kPer;
-      for (int c = tid; c < rows * kChunks; c += kWarps * 32) {
-        const int r = c / kChunks, cc = c % kChunks;
-        const bool ok = first_row + r < rows_total;
-        const value_type* from = src + (ok ? long(first_row + r) * row_stride : 0) + cc * kPer;
-        cp_async_16(dst + r * kPitch + cc * kPer, from, ok ? 16 : 0);
-      }
+      load_rows_async<kHeadDim, kPitch>(dst, src, row_stride, first_row, rows, rows_total, tid,
+                                        kWarps * 32);
     };
-    // Q, dO (asynchronous copies), lse and D of a query block into a stage.
+    // Q, dO, lse and D of a query block into a stage (one commit group).
     auto load_q_block = [&](int q_block, int stage) {
-      const int row_begin = q_block * kBlockM;
-      load_rows(stage_q(stage), m_q + q_offset, row_begin, kBlockM, m_seqlen_q);
-      load_rows(stage_q(stage) + kBlockM * kPitch, m_do + q_offset, row_begin, kBlockM,
-                m_seqlen_q);
-      // lse and D copied raw and asynchronously (see the 16-bit backward:
-      // rows past the end read 0 and contribute nothing; rows that saw no
-      // key are masked).
-      if (tid < kBlockM) {
-        const int row = row_begin + tid;
-        const int ok = row < m_seqlen_q ? int(sizeof(value_type)) : 0;
-        const value_type* l = g_lse + (ok ? row : 0);
-        const value_type* dd = g_delta + (ok ? row : 0);
-        if constexpr (sizeof(value_type) == 8) {
-          cp_async_8(stage_lse(stage) + tid, l, ok);
-          cp_async_8(stage_lse(stage) + kBlockM + tid, dd, ok);
-        } else {
-          cp_async_4(stage_lse(stage) + tid, l, ok);
-          cp_async_4(stage_lse(stage) + kBlockM + tid, dd, ok);
-        }
-      }
-      cp_async_commit();
+      load_query_block_async<kHeadDim, kPitch, kBlockM>(
+          stage_q(stage), stage_lse(stage), m_q + q_offset, m_do + q_offset, g_lse, g_delta,
+          row_stride, q_block * kBlockM, m_seqlen_q, tid, kWarps * 32);
     };
 
     load_rows(sK, m_k + k_offset, key_begin, kBlockN, m_seqlen_k);

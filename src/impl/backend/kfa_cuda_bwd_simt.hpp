@@ -112,29 +112,14 @@ class FlashBackwardSimtKernel {
     auto stage_lse = [&](int s) { return s_lse0 + 2 * s * kBlockM; };
 
     auto load_rows = [&](float* dst, const float* src, int first_row, int rows, int rows_total) {
-      constexpr int kChunks = kHeadDim / 4;
-      for (int c = tid; c < rows * kChunks; c += kWarps * 32) {
-        const int r = c / kChunks, cc = c % kChunks;
-        const bool ok = first_row + r < rows_total;
-        const float* from = src + (ok ? long(first_row + r) * row_stride : 0) + cc * 4;
-        cp_async_16(dst + r * kPitch + cc * 4, from, ok ? 16 : 0);
-      }
+      load_rows_async<kHeadDim, kPitch>(dst, src, row_stride, first_row, rows, rows_total, tid,
+                                        kWarps * 32);
     };
+    // Q, dO, lse and D of a query block into a stage (one commit group).
     auto load_q_block = [&](int q_block, int stage) {
-      const int row_begin = q_block * kBlockM;
-      load_rows(stage_q(stage), m_q + q_offset, row_begin, kBlockM, m_seqlen_q);
-      load_rows(stage_q(stage) + kBlockM * kPitch, m_do + q_offset, row_begin, kBlockM,
-                m_seqlen_q);
-      // lse and D copied raw and asynchronously: rows past the end read 0
-      // (zero Q and dO rows: nothing reaches dK, dV, and their dQ is not
-      // stored); rows that saw no key (lse = -inf) are masked.
-      if (tid < kBlockM) {
-        const int row = row_begin + tid;
-        const bool ok = row < m_seqlen_q;
-        cp_async_4(stage_lse(stage) + tid, g_lse + (ok ? row : 0), ok ? 4 : 0);
-        cp_async_4(stage_lse(stage) + kBlockM + tid, g_delta + (ok ? row : 0), ok ? 4 : 0);
-      }
-      cp_async_commit();
+      load_query_block_async<kHeadDim, kPitch, kBlockM>(
+          stage_q(stage), stage_lse(stage), m_q + q_offset, m_do + q_offset, g_lse, g_delta,
+          row_stride, q_block * kBlockM, m_seqlen_q, tid, kWarps * 32);
     };
 
     load_rows(sK, m_k + k_offset, key_begin, kBlockN, m_seqlen_k);

@@ -64,11 +64,15 @@ struct FwdMmaShape {
 
 /// The library's shapes: the FlashAttention-2 shape (128 query rows, 64 keys,
 /// double buffered) where the GPU grants the shared memory, else the shape
-/// that fits Kokkos' TeamPolicy scratch.
+/// that fits Kokkos' TeamPolicy scratch. At head_dim 256 a warp keeps one
+/// m-tile (its O accumulators already take 128 registers) and streams
+/// 32-key blocks: 64 query rows, 101 KB (large) or 34 KB (policy).
 template <int HeadDim>
-using FwdMmaLargeShape = FwdMmaShape<4, 2, 64, 2, 2>;
+using FwdMmaLargeShape = std::conditional_t<(HeadDim > 128), FwdMmaShape<4, 1, 32, 2, 2>,
+                                            FwdMmaShape<4, 2, 64, 2, 2>>;
 template <int HeadDim>
-using FwdMmaPolicyShape = FwdMmaShape<4, 1, 64, 1, 2>;
+using FwdMmaPolicyShape = std::conditional_t<(HeadDim > 128), FwdMmaShape<4, 1, 32, 1, 1>,
+                                             FwdMmaShape<4, 1, 64, 1, 2>>;
 
 template <class ExecSpace, int HeadDim, class Format, class QView, class KView, class VView,
           class OView, class LseView, class Shape = FwdMmaPolicyShape<HeadDim>>
@@ -154,13 +158,8 @@ class FlashForwardMmaKernel {
     // rows past `rows_total` zero-filled.
     auto load_tile = [&](std::uint16_t* dst, const std::uint16_t* src, int first_row,
                          int rows_total, int rows) {
-      constexpr int kChunks = kHeadDim / 8;
-      for (int c = tid; c < rows * kChunks; c += kWarps * 32) {
-        const int r = c / kChunks, cc = c % kChunks;
-        const bool ok = first_row + r < rows_total;
-        const std::uint16_t* from = src + (ok ? long(first_row + r) * row_stride : 0) + cc * 8;
-        cp_async_16(dst + r * kPitch + cc * 8, from, ok ? 16 : 0);
-      }
+      load_rows_async<kHeadDim, kPitch>(dst, src, row_stride, first_row, rows, rows_total, tid,
+                                        kWarps * 32);
     };
 
     const int rows = imin(kBlockM, m_seqlen_q - row_begin);
@@ -211,10 +210,7 @@ class FlashForwardMmaKernel {
         if (kv_block + 1 < num_kv_blocks)
           load_tile(sK, gK, key_begin + kBlockN, m_seqlen_k, kBlockN);
         cp_async_commit();
-        if (m_scale_log2 > 0.f)
-          softmax_update<true>(s, acc_o, row_max, row_sum, row_begin, row0, key_begin);
-        else
-          softmax_update<false>(s, acc_o, row_max, row_sum, row_begin, row0, key_begin);
+        softmax_update(s, acc_o, row_max, row_sum, row_begin, row0, key_begin);
         cp_async_wait<1>();
         // V_j is in scratch for every warp.
         team.team_barrier();
@@ -246,10 +242,7 @@ class FlashForwardMmaKernel {
         scores(s, sK(kv_block % kStages), [&](int mt, int ks, std::uint32_t(&a)[4]) {
           ldmatrix_x4(a, sQ + a_fragment_offset(warp * kWarpRows + mt * 16, ks, lane));
         });
-        if (m_scale_log2 > 0.f)
-          softmax_update<true>(s, acc_o, row_max, row_sum, row_begin, row0, key_begin);
-        else
-          softmax_update<false>(s, acc_o, row_max, row_sum, row_begin, row0, key_begin);
+        softmax_update(s, acc_o, row_max, row_sum, row_begin, row0, key_begin);
         accumulate_pv(s, acc_o, sV(kv_block % kStages));
       }
       cp_async_wait<0>();
@@ -299,14 +292,9 @@ class FlashForwardMmaKernel {
     }
   }
 
-  /// Mask, online softmax in registers, scale (base 2) folded into the
-  /// exponent: S becomes P, the running max and sum move on, O is rescaled.
-  /// The extreme of each row is taken on the raw scores (the max for a
-  /// positive scale, the min for a negative one, which the scale maps to the
-  /// max), so each score costs one FFMA into exp2 instead of a multiply and
-  /// a subtract. Row max and sum are reduced over the 4 lanes (a quad) that
-  /// share a row.
-  template <bool PositiveScale>
+  /// Scale (base 2), mask, online softmax in registers: S becomes P, the
+  /// running max and sum move on, O is rescaled. Row max and sum are reduced
+  /// over the 4 lanes (a quad) that share a row.
   KOKKOS_FORCEINLINE_FUNCTION void softmax_update(float (&s)[kMTiles][kTilesS][4],
                                                   float (&acc_o)[kMTiles][kTilesO][4],
                                                   float (&row_max)[kRows],
@@ -316,38 +304,34 @@ class FlashForwardMmaKernel {
     const int lane = threadIdx.x;
     const bool needs_mask =
         m_mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin, key_begin + kBlockN);
-    // A masked score becomes the raw value the scale maps to -inf.
-    constexpr float kMasked = PositiveScale ? -INFINITY : INFINITY;
-    auto extreme = [](float a, float b) { return PositiveScale ? fmaxf(a, b) : fminf(a, b); };
-    float block_ext[kRows];
-    for (int r = 0; r < kRows; ++r) block_ext[r] = kMasked;
+    float block_max[kRows];
+    for (int r = 0; r < kRows; ++r) block_max[r] = row_max[r];
     for (int mt = 0; mt < kMTiles; ++mt)
       for (int n = 0; n < kTilesS; ++n)
         for (int e = 0; e < 4; ++e) {
-          if (needs_mask) {
-            const int row = row0 + mt * 16 + (e / 2) * 8;
-            const int col = key_begin + n * 8 + (lane % 4) * 2 + (e & 1);
-            if (m_mask.masked(row, col)) s[mt][n][e] = kMasked;
-          }
-          block_ext[2 * mt + e / 2] = extreme(block_ext[2 * mt + e / 2], s[mt][n][e]);
+          const int row = row0 + mt * 16 + (e / 2) * 8;
+          const int col = key_begin + n * 8 + (lane % 4) * 2 + (e & 1);
+          float x = s[mt][n][e] * m_scale_log2;
+          if (needs_mask && m_mask.masked(row, col)) x = -INFINITY;
+          s[mt][n][e] = x;
+          block_max[2 * mt + e / 2] = fmaxf(block_max[2 * mt + e / 2], x);
         }
     float shift[kRows], alpha[kRows];
     for (int r = 0; r < kRows; ++r) {
-      block_ext[r] = extreme(block_ext[r], shfl_xor(block_ext[r], 1));
-      block_ext[r] = extreme(block_ext[r], shfl_xor(block_ext[r], 2));
-      const float block_max = fmaxf(row_max[r], block_ext[r] * m_scale_log2);
+      block_max[r] = fmaxf(block_max[r], shfl_xor(block_max[r], 1));
+      block_max[r] = fmaxf(block_max[r], shfl_xor(block_max[r], 2));
       // A row whose every score so far is masked keeps max -inf: shift by
       // 0 so exp2(-inf - shift) = 0 instead of NaN.
-      shift[r] = block_max == -INFINITY ? 0.f : block_max;
+      shift[r] = block_max[r] == -INFINITY ? 0.f : block_max[r];
       alpha[r] = row_max[r] == -INFINITY ? 0.f : exp2_fast(row_max[r] - shift[r]);
-      row_max[r] = block_max;
+      row_max[r] = block_max[r];
     }
     float block_sum[kRows];
     for (int r = 0; r < kRows; ++r) block_sum[r] = 0;
     for (int mt = 0; mt < kMTiles; ++mt)
       for (int n = 0; n < kTilesS; ++n)
         for (int e = 0; e < 4; ++e) {
-          const float p = exp2_fast(fmaf(s[mt][n][e], m_scale_log2, -shift[2 * mt + e / 2]));
+          const float p = exp2_fast(s[mt][n][e] - shift[2 * mt + e / 2]);
           s[mt][n][e] = p;
           block_sum[2 * mt + e / 2] += p;
         }

@@ -146,18 +146,12 @@ class FlashForwardWideMmaKernel {
     auto sK = [&](int stage) { return sQ + (kBlockM + 2 * stage * kBlockN) * kPitch; };
     auto sV = [&](int stage) { return sK(stage) + kBlockN * kPitch; };
 
-    // `rows` rows x head_dim of a [b][i][h][d] tensor into a scratch tile by
-    // 16-byte copies, rows past `rows_total` zero-filled.
+    // `rows` rows x head_dim of a [b][i][h][d] tensor into a scratch tile,
+    // rows past `rows_total` zero-filled.
     auto load_tile = [&](value_type* dst, const value_type* src, int first_row, int rows_total,
                          int rows) {
-      constexpr int kPer = 16 / int(sizeof(value_type));
-      constexpr int kChunks = kHeadDim / kPer;
-      for (int c = tid; c < rows * kChunks; c += kWarps * 32) {
-        const int r = c / kChunks, cc = c % kChunks;
-        const bool ok = first_row + r < rows_total;
-        const value_type* from = src + (ok ? long(first_row + r) * row_stride : 0) + cc * kPer;
-        cp_async_16(dst + r * kPitch + cc * kPer, from, ok ? 16 : 0);
-      }
+      load_rows_async<kHeadDim, kPitch>(dst, src, row_stride, first_row, rows, rows_total, tid,
+                                        kWarps * 32);
     };
     auto load_kv = [&](int kv_block) {
       const int stage = kv_block % kStages;

@@ -110,13 +110,8 @@ class FlashForwardSimtKernel {
 
     auto load_tile = [&](float* dst, const float* src, int first_row, int rows_total,
                          int rows) {
-      constexpr int kChunks = kHeadDim / 4;
-      for (int c = tid; c < rows * kChunks; c += kWarps * 32) {
-        const int r = c / kChunks, cc = c % kChunks;
-        const bool ok = first_row + r < rows_total;
-        const float* from = src + (ok ? long(first_row + r) * row_stride : 0) + cc * 4;
-        cp_async_16(dst + r * kPitch + cc * 4, from, ok ? 16 : 0);
-      }
+      load_rows_async<kHeadDim, kPitch>(dst, src, row_stride, first_row, rows, rows_total, tid,
+                                        kWarps * 32);
     };
     auto load_kv = [&](int kv_block) {
       const int stage = kv_block % kStages;

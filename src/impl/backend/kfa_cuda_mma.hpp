@@ -111,6 +111,56 @@ KOKKOS_FORCEINLINE_FUNCTION void cp_async_wait() {
 #endif
 }
 
+/// `rows` rows of HeadDim values of a [b][i][h][d] tensor (rows `row_stride`
+/// elements apart, from row `first_row` of `src`) into a scratch tile of
+/// Pitch elements per row, by 16-byte asynchronous copies spread over
+/// `threads` threads from `tid`; rows at or past `rows_total` are zero-filled.
+/// The tile loads of every tensor-core and register-tiled kernel.
+template <int HeadDim, int Pitch, class T>
+KOKKOS_FORCEINLINE_FUNCTION void load_rows_async(T* dst, const T* src, long row_stride,
+                                                 int first_row, int rows, int rows_total,
+                                                 int tid, int threads) {
+  constexpr int kPer = 16 / int(sizeof(T));
+  constexpr int kChunks = HeadDim / kPer;
+  for (int c = tid; c < rows * kChunks; c += threads) {
+    const int r = c / kChunks, cc = c % kChunks;
+    const bool ok = first_row + r < rows_total;
+    const T* from = src + (ok ? long(first_row + r) * row_stride : 0) + cc * kPer;
+    cp_async_16(dst + r * Pitch + cc * kPer, from, ok ? 16 : 0);
+  }
+}
+
+/// A backward query block into a stage, as one commit group: BlockM rows of
+/// Q at sQ and of dO right after them, lse at s_stats and D after it. lse
+/// and D are copied raw and asynchronously too (a plain load would stall
+/// the loading warps, and the team at the next barrier). Rows past
+/// `seqlen_q` read 0: their Q and dO rows are zero, so S = 0, dP = D = 0
+/// and nothing reaches dK or dV; their dQ is not stored. A row that saw no
+/// key (lse = -inf) is masked in every tile it is in.
+template <int HeadDim, int Pitch, int BlockM, class T, class S>
+KOKKOS_FORCEINLINE_FUNCTION void load_query_block_async(T* sQ, S* s_stats, const T* gQ,
+                                                        const T* gdO, const S* g_lse,
+                                                        const S* g_delta, long row_stride,
+                                                        int row_begin, int seqlen_q, int tid,
+                                                        int threads) {
+  load_rows_async<HeadDim, Pitch>(sQ, gQ, row_stride, row_begin, BlockM, seqlen_q, tid, threads);
+  load_rows_async<HeadDim, Pitch>(sQ + BlockM * Pitch, gdO, row_stride, row_begin, BlockM,
+                                  seqlen_q, tid, threads);
+  if (tid < BlockM) {
+    const int row = row_begin + tid;
+    const bool ok = row < seqlen_q;
+    const int bytes = ok ? int(sizeof(S)) : 0;
+    if constexpr (sizeof(S) == 8) {
+      cp_async_8(s_stats + tid, g_lse + (ok ? row : 0), bytes);
+      cp_async_8(s_stats + BlockM + tid, g_delta + (ok ? row : 0), bytes);
+    } else {
+      cp_async_4(s_stats + tid, g_lse + (ok ? row : 0), bytes);
+      cp_async_4(s_stats + BlockM + tid, g_delta + (ok ? row : 0), bytes);
+    }
+  }
+  cp_async_commit();
+}
+
 KOKKOS_FORCEINLINE_FUNCTION void ldmatrix_x4(std::uint32_t (&r)[4], const void* ptr) {
 #if KFA_CUDA_MMA_DEVICE
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
