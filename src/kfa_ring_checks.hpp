@@ -95,7 +95,7 @@ void check_ring_local(const char* function, const Q& q, const K& k, const RingOp
 struct RingArgumentsRecord {
   std::uint64_t q[4];
   std::uint64_t value_bytes;
-  std::uint64_t causal, sharding, transport, deterministic;
+  std::uint64_t causal, sharding, transport, deterministic, fp32_matmul;
   double softmax_scale;
 };
 
@@ -112,6 +112,7 @@ RingLayout agree_on_ring_arguments(const char* function, const RingCommunicator&
                                  static_cast<std::uint64_t>(options.sharding),
                                  static_cast<std::uint64_t>(options.transport),
                                  options.deterministic ? 1u : 0u,
+                                 static_cast<std::uint64_t>(options.fp32_matmul),
                                  options.softmax_scale};
   const std::vector<RingArgumentsRecord> all = allgather_records(comm, mine);
   std::vector<std::size_t> seqlens;
@@ -136,6 +137,7 @@ RingLayout agree_on_ring_arguments(const char* function, const RingCommunicator&
                          : other.sharding != root.sharding           ? "sharding"
                          : other.transport != root.transport         ? "transport"
                          : other.deterministic != root.deterministic ? "deterministic"
+                         : other.fp32_matmul != root.fp32_matmul     ? "fp32_matmul"
                          : other.softmax_scale != root.softmax_scale ? "softmax_scale"
                                                                      : nullptr;
     if (option != nullptr) {

@@ -319,6 +319,13 @@ TYPED_TEST(RingAttentionChecks, ShapeMismatchBetweenRanksThrowsEverywhere) {
     args.expect_untouched("causal differs");
   }
   {
+    const RingArgs<Space> args(2, 12, 2, 16);
+    kfa::RingOptions other = opt;
+    other.fp32_matmul = rank == 1 ? kfa::Fp32Matmul::split_tf32 : kfa::Fp32Matmul::ieee;
+    expect_invalid([&] { args.forward(other); }, {"options.fp32_matmul"}, "fp32_matmul differs");
+    args.expect_untouched("fp32_matmul differs");
+  }
+  {
     // Zigzag needs equal local lengths.
     const RingArgs<Space> args(1, rank == 0 ? 10 : 12, 2, 16);
     kfa::RingOptions zigzag = opt;
