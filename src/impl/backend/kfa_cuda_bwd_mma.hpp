@@ -12,15 +12,15 @@
 // and dSᵀ feed the tensor cores straight from their accumulators), stages dSᵀ
 // in scratch and adds dQ += dS·K·scale to an fp32 accumulator with atomics.
 // Scratch: K [Bc][d+8], Q and dO [Br][d+8], dSᵀ [Bc][Br+8], lse and D rows;
-// Br = 64 at head_dim 64 and 32 at head_dim 128 (registers: K and V
-// fragments and the dK, dV accumulators fill them).
+// Br = 64, but 32 at head_dim 128 in the TeamPolicy shape (registers: its K
+// and V fragments and the dK, dV accumulators fill them).
 //
 // Stages = 1: launched through Kokkos' TeamPolicy (under its ~40 KB), the
 // next query block's Q, dO, lse and D load after the current one is done.
 // Stages = 2, 3: launched by launch_cuda_team with opt-in shared memory; K
 // and V have tiles of their own, and Q, dO, lse and D go through 2 or 3
 // buffers, so the next one or two query blocks load during the current
-// one's products (the library runs 3: 132 KB at head_dim 128, one team of
+// one's products (the library runs 3: 194 KB at head_dim 128, one team of
 // 8 warps per SM).
 
 #include <kfa_mask.hpp>
@@ -51,7 +51,9 @@ class FlashBackwardMmaKernel {
   /// TeamPolicy's scratch.
   static constexpr int kWarps = Stages >= 2 ? 8 : 4;
   static constexpr int kBlockN = 16 * kWarps;              // keys per team
-  static constexpr int kBlockM = HeadDim <= 64 ? 64 : 32;  // queries per step
+  /// Queries per step: 64, but 32 at head_dim 128 in the TeamPolicy shape,
+  /// whose K and V fragments live in registers.
+  static constexpr int kBlockM = (HeadDim <= 64 || Stages >= 2) ? 64 : 32;
   static constexpr int kPitch = kHeadDim + 8;  // halves per row of K, Q, dO
   static constexpr int kPitchS = kBlockM + 8;  // halves per row of dSᵀ
   static_assert(kHeadDim % 16 == 0, "kfa: the mma backward needs head_dim % 16 == 0");
