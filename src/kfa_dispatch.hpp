@@ -314,6 +314,14 @@ bool try_backward_mma(const ExecSpace& space, const Q& q, const K& k, const V& v
   return true;
 }
 
+/// Returns f(std::integral_constant<int, D>) for D = head_dim, one of the
+/// head dims of the fused CUDA kernels (64, 128; mma_shape_applies checked).
+template <class F>
+bool with_fused_head_dim(int head_dim, F&& f) {
+  return head_dim == 64 ? f(std::integral_constant<int, 64>())
+                        : f(std::integral_constant<int, 128>());
+}
+
 /// The fp32/fp64 tensor-core forward, where the shape, the options and the
 /// GPU's opt-in shared memory allow it.
 template <class ScoreMod, class ExecSpace, class Q, class K, class V, class O, class Lse>
@@ -332,18 +340,14 @@ bool try_forward_wide_mma(const ExecSpace& space, const Q& q, const K& k, const 
   dispatch_wide_atom<ExecSpace, value_type>(options, [&](auto atom) {
     using Atom = decltype(atom);
     const auto scale = softmax_scale<value_type>(options, head_dim);
-    auto run = [&](auto head_dim_tag) {
+    launched = with_fused_head_dim(head_dim, [&](auto head_dim_tag) {
       using kernel_t =
           FlashForwardWideMmaKernel<ExecSpace, decltype(head_dim_tag)::value,
                                     typename WideFwdAtom<Atom>::type, Q, K, V, O, Lse>;
-      if (!kernel_t::fits(space)) return;
+      if (!kernel_t::fits(space)) return false;
       kernel_t(q, k, v, o, lse, scale, options.causal).launch(space);
-      launched = true;
-    };
-    if (head_dim == 64)
-      run(std::integral_constant<int, 64>());
-    else
-      run(std::integral_constant<int, 128>());
+      return true;
+    });
   });
   return launched;
 }
@@ -370,19 +374,15 @@ bool try_backward_wide_mma(const ExecSpace& space, const Q& q, const K& k, const
   dispatch_wide_atom<ExecSpace, value_type>(options, [&](auto atom) {
     using Atom = decltype(atom);
     const auto scale = softmax_scale<value_type>(options, head_dim);
-    auto run = [&](auto head_dim_tag) {
+    launched = with_fused_head_dim(head_dim, [&](auto head_dim_tag) {
       constexpr int D = decltype(head_dim_tag)::value;
       using kernel_t = FlashBackwardWideMmaKernel<ExecSpace, D, typename WideBwdAtom<Atom, D>::type,
                                                   Q, K, V, DO, Lse, Delta, DQ, DK, DV>;
-      if (!kernel_t::fits(space)) return;
+      if (!kernel_t::fits(space)) return false;
       Kokkos::deep_copy(space, dq, value_type(0));
       kernel_t(q, k, v, d_o, lse, delta, dq, dk, dv, scale, options.causal).launch(space);
-      launched = true;
-    };
-    if (head_dim == 64)
-      run(std::integral_constant<int, 64>());
-    else
-      run(std::integral_constant<int, 128>());
+      return true;
+    });
   });
   return launched;
 }
@@ -405,15 +405,13 @@ bool try_forward_simt(const ExecSpace& space, const Q& q, const K& k, const V& v
                                      {q.data(), k.data(), v.data(), o.data()}))
       return false;
     const float scale = softmax_scale<float>(options, head_dim);
-    auto run = [&](auto head_dim_tag) {
+    return with_fused_head_dim(head_dim, [&](auto head_dim_tag) {
       using kernel_t =
           FlashForwardSimtKernel<ExecSpace, decltype(head_dim_tag)::value, Q, K, V, O, Lse>;
       if (!kernel_t::fits(space)) return false;
       kernel_t(q, k, v, o, lse, scale, options.causal).launch(space);
       return true;
-    };
-    return head_dim == 64 ? run(std::integral_constant<int, 64>())
-                          : run(std::integral_constant<int, 128>());
+    });
   }
 #endif
   (void)space, (void)q, (void)k, (void)v, (void)o, (void)lse, (void)seq, (void)options;
@@ -441,16 +439,14 @@ bool try_backward_simt(const ExecSpace& space, const Q& q, const K& k, const V& 
                                       dk.data(), dv.data()}))
       return false;
     const float scale = softmax_scale<float>(options, head_dim);
-    auto run = [&](auto head_dim_tag) {
+    return with_fused_head_dim(head_dim, [&](auto head_dim_tag) {
       using kernel_t = FlashBackwardSimtKernel<ExecSpace, decltype(head_dim_tag)::value, Q, K, V,
                                                DO, Lse, Delta, DQ, DK, DV>;
       if (!kernel_t::fits(space)) return false;
       Kokkos::deep_copy(space, dq, 0.0f);
       kernel_t(q, k, v, d_o, lse, delta, dq, dk, dv, scale, options.causal).launch(space);
       return true;
-    };
-    return head_dim == 64 ? run(std::integral_constant<int, 64>())
-                          : run(std::integral_constant<int, 128>());
+    });
   }
 #endif
   (void)space, (void)q, (void)k, (void)v, (void)lse, (void)d_o, (void)dq, (void)dk, (void)dv;

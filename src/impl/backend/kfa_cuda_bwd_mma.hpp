@@ -78,12 +78,8 @@ class FlashBackwardMmaKernel {
         m_dk(reinterpret_cast<std::uint16_t*>(dk.data())),
         m_dv(reinterpret_cast<std::uint16_t*>(dv.data())),
         m_scale(scale),
-        m_batch(static_cast<int>(q.extent(0))),
-        m_seqlen_q(static_cast<int>(q.extent(1))),
-        m_heads(static_cast<int>(q.extent(2))),
-        m_seqlen_k(static_cast<int>(k.extent(1))),
-        m_num_kv_blocks((m_seqlen_k + kBlockN - 1) / kBlockN),
-        m_mask(m_seqlen_q, m_seqlen_k, -1, causal ? 0 : -1) {}
+        m_p(q, k, causal),
+        m_num_kv_blocks((m_p.seqlen_k + kBlockN - 1) / kBlockN) {}
 
   /// Whether `space`'s GPU gives a team this shape's scratch.
   static bool fits(const ExecSpace& space) {
@@ -91,7 +87,7 @@ class FlashBackwardMmaKernel {
   }
 
   void launch(const ExecSpace& space) const {
-    launch_mma_kernel(space, "kfa::bwd::mma_dk_dv", *this, m_num_kv_blocks * m_batch * m_heads);
+    launch_mma_kernel(space, "kfa::bwd::mma_dk_dv", *this, m_p.league(m_num_kv_blocks));
   }
 
   /// K (and V with 2 stages), per stage Q and dO, dSᵀ, per stage lse and D.
@@ -126,15 +122,14 @@ class FlashBackwardMmaKernel {
     const int tid = warp * 32 + lane;
 
     const int league = member.league_rank();
-    const int bh = league % (m_batch * m_heads);
-    const int kv_block = league / (m_batch * m_heads);
-    const int b = bh / m_heads, h = bh % m_heads;
+    int b, h;
+    const int kv_block = m_p.block_of(league, b, h);
     const int key_begin = kv_block * kBlockN;
-    const long row_stride = long(m_heads) * kHeadDim;
-    const long q_offset = (long(b) * m_seqlen_q * m_heads + h) * kHeadDim;
-    const long k_offset = (long(b) * m_seqlen_k * m_heads + h) * kHeadDim;
-    const float* g_lse = m_lse + (long(b) * m_heads + h) * m_seqlen_q;
-    const float* g_delta = m_delta + (long(b) * m_heads + h) * m_seqlen_q;
+    const long row_stride = long(m_p.heads) * kHeadDim;
+    const long q_offset = m_p.offset(b, h, m_p.seqlen_q, kHeadDim);
+    const long k_offset = m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
+    const float* g_lse = m_lse + m_p.lse_offset(b, h);
+    const float* g_delta = m_delta + m_p.lse_offset(b, h);
 
     std::uint16_t* sK = reinterpret_cast<std::uint16_t*>(
         (reinterpret_cast<std::uintptr_t>(raw) + 15) & ~std::uintptr_t(15));
@@ -159,8 +154,8 @@ class FlashBackwardMmaKernel {
     auto a_offset = [&](int ks) {
       return (warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kPitch + ks * 16 + (lane / 16) * 8;
     };
-    load_rows(sK, m_k + k_offset, key_begin, kBlockN, m_seqlen_k);
-    load_rows(sV, m_v + k_offset, key_begin, kBlockN, m_seqlen_k);
+    load_rows(sK, m_k + k_offset, key_begin, kBlockN, m_p.seqlen_k);
+    load_rows(sV, m_v + k_offset, key_begin, kBlockN, m_p.seqlen_k);
     cp_async_commit();
     std::uint32_t k_frag[kFragSteps][4], v_frag[kFragSteps][4];
     if constexpr (kKVTiles == 1) {
@@ -177,13 +172,13 @@ class FlashBackwardMmaKernel {
       for (int e = 0; e < 4; ++e) acc_dk[n][e] = acc_dv[n][e] = 0;
 
     const int key0 = key_begin + warp * 16 + lane / 4, key1 = key0 + 8;
-    const int first_q_block = m_mask.row_begin(key_begin) / kBlockM;
-    const int num_q_blocks = (m_seqlen_q + kBlockM - 1) / kBlockM;
+    const int first_q_block = m_p.mask.row_begin(key_begin) / kBlockM;
+    const int num_q_blocks = (m_p.seqlen_q + kBlockM - 1) / kBlockM;
     // Q, dO, lse and D of a query block into a stage (one commit group).
     auto load_q_block = [&](int q_block, int stage) {
       load_query_block_async<kHeadDim, kPitch, kBlockM>(
           stage_q(stage), stage_lse(stage), m_q + q_offset, m_do + q_offset, g_lse, g_delta,
-          row_stride, q_block * kBlockM, m_seqlen_q, tid, kWarps * 32);
+          row_stride, q_block * kBlockM, m_p.seqlen_q, tid, kWarps * 32);
     };
     if constexpr (kStages >= 2) {
       // K and V have their own tiles: the first kStages - 1 query blocks may
@@ -250,7 +245,7 @@ class FlashBackwardMmaKernel {
       }
 
       // Pᵀ and dSᵀ in registers (rows = keys, columns = queries).
-      const bool needs_mask = m_mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin, key_begin + kBlockN);
+      const bool needs_mask = m_p.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin, key_begin + kBlockN);
       const float scale_log2 = m_scale * kLog2e;
       float lse_log2[kTilesS][2];
       for (int n = 0; n < kTilesS; ++n)
@@ -260,7 +255,7 @@ class FlashBackwardMmaKernel {
           const int col = n * 8 + (lane % 4) * 2 + (e & 1);
           const int key = e < 2 ? key0 : key1;
           float p = exp2_fast(fmaf(st[n][e], scale_log2, -lse_log2[n][e & 1]));
-          if (needs_mask && m_mask.masked(row_begin + col, key)) p = 0.f;
+          if (needs_mask && m_p.mask.masked(row_begin + col, key)) p = 0.f;
           st[n][e] = p;
           dpt[n][e] = p * (dpt[n][e] - s_delta[col]);
         }
@@ -318,7 +313,7 @@ class FlashBackwardMmaKernel {
       }
       for (int half = 0; half < 2; ++half) {
         const int row = row_begin + q0 + lane / 4 + half * 8;
-        if (row >= m_seqlen_q) continue;
+        if (row >= m_p.seqlen_q) continue;
         float* g_dq = m_dq_acc + q_offset + long(row) * row_stride;
         for (int n = 0; n < kTilesDQ; ++n) {
           const int d = (n_first + n) * 8 + (lane % 4) * 2;
@@ -333,7 +328,7 @@ class FlashBackwardMmaKernel {
 
     for (int half = 0; half < 2; ++half) {
       const int key = (half == 0 ? key0 : key1);
-      if (key >= m_seqlen_k) continue;
+      if (key >= m_p.seqlen_k) continue;
       std::uint16_t* g_dk = m_dk + k_offset + long(key) * row_stride;
       std::uint16_t* g_dv = m_dv + k_offset + long(key) * row_stride;
       for (int n = 0; n < kTilesD; ++n) {
@@ -361,8 +356,8 @@ class FlashBackwardMmaKernel {
   std::uint16_t* m_dk;
   std::uint16_t* m_dv;
   float m_scale;
-  int m_batch, m_seqlen_q, m_heads, m_seqlen_k, m_num_kv_blocks;
-  AttentionMask m_mask;
+  FusedProblem m_p;
+  int m_num_kv_blocks;
 };
 
 }  // namespace Impl

@@ -87,12 +87,8 @@ class FlashBackwardWideMmaKernel {
         m_dk(dk.data()),
         m_dv(dv.data()),
         m_scale(scale),
-        m_batch(static_cast<int>(q.extent(0))),
-        m_seqlen_q(static_cast<int>(q.extent(1))),
-        m_heads(static_cast<int>(q.extent(2))),
-        m_seqlen_k(static_cast<int>(k.extent(1))),
-        m_num_kv_blocks((m_seqlen_k + kBlockN - 1) / kBlockN),
-        m_mask(m_seqlen_q, m_seqlen_k, -1, causal ? 0 : -1) {}
+        m_p(q, k, causal),
+        m_num_kv_blocks((m_p.seqlen_k + kBlockN - 1) / kBlockN) {}
 
   static bool fits(const ExecSpace& space) {
     return scratch_bytes() <= cuda_team_scratch_max(space);
@@ -100,7 +96,7 @@ class FlashBackwardWideMmaKernel {
 
   void launch(const ExecSpace& space) const {
     launch_cuda_team(space, "kfa::bwd::mma_wide_dk_dv", *this,
-                     m_num_kv_blocks * m_batch * m_heads, scratch_bytes());
+                     m_p.league(m_num_kv_blocks), scratch_bytes());
   }
 
   KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
@@ -126,15 +122,14 @@ class FlashBackwardWideMmaKernel {
     const int tid = warp * 32 + lane;
 
     const int league = team.league_rank();
-    const int bh = league % (m_batch * m_heads);
-    const int kv_block = league / (m_batch * m_heads);
-    const int b = bh / m_heads, h = bh % m_heads;
+    int b, h;
+    const int kv_block = m_p.block_of(league, b, h);
     const int key_begin = kv_block * kBlockN;
-    const long row_stride = long(m_heads) * kHeadDim;
-    const long q_offset = (long(b) * m_seqlen_q * m_heads + h) * kHeadDim;
-    const long k_offset = (long(b) * m_seqlen_k * m_heads + h) * kHeadDim;
-    const value_type* g_lse = m_lse + (long(b) * m_heads + h) * m_seqlen_q;
-    const value_type* g_delta = m_delta + (long(b) * m_heads + h) * m_seqlen_q;
+    const long row_stride = long(m_p.heads) * kHeadDim;
+    const long q_offset = m_p.offset(b, h, m_p.seqlen_q, kHeadDim);
+    const long k_offset = m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
+    const value_type* g_lse = m_lse + m_p.lse_offset(b, h);
+    const value_type* g_delta = m_delta + m_p.lse_offset(b, h);
 
     value_type* const sK = reinterpret_cast<value_type*>(
         (reinterpret_cast<std::uintptr_t>(raw) + 15) & ~std::uintptr_t(15));
@@ -154,11 +149,11 @@ class FlashBackwardWideMmaKernel {
     auto load_q_block = [&](int q_block, int stage) {
       load_query_block_async<kHeadDim, kPitch, kBlockM>(
           stage_q(stage), stage_lse(stage), m_q + q_offset, m_do + q_offset, g_lse, g_delta,
-          row_stride, q_block * kBlockM, m_seqlen_q, tid, kWarps * 32);
+          row_stride, q_block * kBlockM, m_p.seqlen_q, tid, kWarps * 32);
     };
 
-    load_rows(sK, m_k + k_offset, key_begin, kBlockN, m_seqlen_k);
-    load_rows(sV, m_v + k_offset, key_begin, kBlockN, m_seqlen_k);
+    load_rows(sK, m_k + k_offset, key_begin, kBlockN, m_p.seqlen_k);
+    load_rows(sV, m_v + k_offset, key_begin, kBlockN, m_p.seqlen_k);
     cp_async_commit();
     value_type acc_dk[kTilesD][Atom::kC], acc_dv[kTilesD][Atom::kC];
 #pragma unroll
@@ -167,8 +162,8 @@ class FlashBackwardWideMmaKernel {
       for (int j = 0; j < Atom::kC; ++j) acc_dk[n][j] = acc_dv[n][j] = 0;
 
     const int warp_key = warp * Atom::kRows;  // this warp's first key in the block
-    const int first_q_block = m_mask.row_begin(key_begin) / kBlockM;
-    const int num_q_blocks = (m_seqlen_q + kBlockM - 1) / kBlockM;
+    const int first_q_block = m_p.mask.row_begin(key_begin) / kBlockM;
+    const int num_q_blocks = (m_p.seqlen_q + kBlockM - 1) / kBlockM;
     if (first_q_block < num_q_blocks) load_q_block(first_q_block, 0);
     const value_type scale = kBase2 ? m_scale * kLog2e : m_scale;
 
@@ -203,7 +198,7 @@ class FlashBackwardWideMmaKernel {
       }
 
       // Pᵀ and dSᵀ in registers (rows = keys, columns = queries).
-      const bool needs_mask = m_mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin,
+      const bool needs_mask = m_p.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin,
                                                      key_begin + kBlockN);
 #pragma unroll
       for (int n = 0; n < kTilesQ; ++n)
@@ -212,7 +207,7 @@ class FlashBackwardWideMmaKernel {
           const int col = n * 8 + (lane % 4) * 2 + (j & 1);
           value_type p = exp_base(st[n][j] * scale - (kBase2 ? s_lse[col] * kLog2e : s_lse[col]));
           if (needs_mask &&
-              m_mask.masked(row_begin + col, key_begin + warp_key + lane / 4 + (j / 2) * 8))
+              m_p.mask.masked(row_begin + col, key_begin + warp_key + lane / 4 + (j / 2) * 8))
             p = 0;
           st[n][j] = p;
           dpt[n][j] = p * (dpt[n][j] - s_delta[col]);
@@ -263,7 +258,7 @@ class FlashBackwardWideMmaKernel {
 #pragma unroll
       for (int half = 0; half < Atom::kC / 2; ++half) {
         const int row = row_begin + q0 + lane / 4 + half * 8;
-        if (row >= m_seqlen_q) continue;
+        if (row >= m_p.seqlen_q) continue;
         value_type* g_dq = m_dq + q_offset + long(row) * row_stride;
 #pragma unroll
         for (int n = 0; n < kTilesDQ; ++n) {
@@ -277,7 +272,7 @@ class FlashBackwardWideMmaKernel {
 #pragma unroll
     for (int half = 0; half < Atom::kC / 2; ++half) {
       const int key = key_begin + warp_key + lane / 4 + half * 8;
-      if (key >= m_seqlen_k) continue;
+      if (key >= m_p.seqlen_k) continue;
       value_type* g_dk = m_dk + k_offset + long(key) * row_stride;
       value_type* g_dv = m_dv + k_offset + long(key) * row_stride;
 #pragma unroll
@@ -319,8 +314,8 @@ class FlashBackwardWideMmaKernel {
   value_type* m_dk;
   value_type* m_dv;
   value_type m_scale;
-  int m_batch, m_seqlen_q, m_heads, m_seqlen_k, m_num_kv_blocks;
-  AttentionMask m_mask;
+  FusedProblem m_p;
+  int m_num_kv_blocks;
 };
 
 }  // namespace Impl

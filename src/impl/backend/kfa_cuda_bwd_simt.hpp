@@ -58,19 +58,15 @@ class FlashBackwardSimtKernel {
         m_dk(dk.data()),
         m_dv(dv.data()),
         m_scale(scale),
-        m_batch(static_cast<int>(q.extent(0))),
-        m_seqlen_q(static_cast<int>(q.extent(1))),
-        m_heads(static_cast<int>(q.extent(2))),
-        m_seqlen_k(static_cast<int>(k.extent(1))),
-        m_num_kv_blocks((m_seqlen_k + kBlockN - 1) / kBlockN),
-        m_mask(m_seqlen_q, m_seqlen_k, -1, causal ? 0 : -1) {}
+        m_p(q, k, causal),
+        m_num_kv_blocks((m_p.seqlen_k + kBlockN - 1) / kBlockN) {}
 
   static bool fits(const ExecSpace& space) {
     return scratch_bytes() <= cuda_team_scratch_max(space);
   }
 
   void launch(const ExecSpace& space) const {
-    launch_cuda_team(space, "kfa::bwd::simt_dk_dv", *this, m_num_kv_blocks * m_batch * m_heads,
+    launch_cuda_team(space, "kfa::bwd::simt_dk_dv", *this, m_p.league(m_num_kv_blocks),
                      scratch_bytes());
   }
 
@@ -91,15 +87,14 @@ class FlashBackwardSimtKernel {
     const int ty = warp * 4 + lane / 8, tx = lane % 8;
 
     const int league = team.league_rank();
-    const int bh = league % (m_batch * m_heads);
-    const int kv_block = league / (m_batch * m_heads);
-    const int b = bh / m_heads, h = bh % m_heads;
+    int b, h;
+    const int kv_block = m_p.block_of(league, b, h);
     const int key_begin = kv_block * kBlockN;
-    const long row_stride = long(m_heads) * kHeadDim;
-    const long q_offset = (long(b) * m_seqlen_q * m_heads + h) * kHeadDim;
-    const long k_offset = (long(b) * m_seqlen_k * m_heads + h) * kHeadDim;
-    const float* g_lse = m_lse + (long(b) * m_heads + h) * m_seqlen_q;
-    const float* g_delta = m_delta + (long(b) * m_heads + h) * m_seqlen_q;
+    const long row_stride = long(m_p.heads) * kHeadDim;
+    const long q_offset = m_p.offset(b, h, m_p.seqlen_q, kHeadDim);
+    const long k_offset = m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
+    const float* g_lse = m_lse + m_p.lse_offset(b, h);
+    const float* g_delta = m_delta + m_p.lse_offset(b, h);
 
     float* const sK = reinterpret_cast<float*>(
         (reinterpret_cast<std::uintptr_t>(raw) + 15) & ~std::uintptr_t(15));
@@ -119,11 +114,11 @@ class FlashBackwardSimtKernel {
     auto load_q_block = [&](int q_block, int stage) {
       load_query_block_async<kHeadDim, kPitch, kBlockM>(
           stage_q(stage), stage_lse(stage), m_q + q_offset, m_do + q_offset, g_lse, g_delta,
-          row_stride, q_block * kBlockM, m_seqlen_q, tid, kWarps * 32);
+          row_stride, q_block * kBlockM, m_p.seqlen_q, tid, kWarps * 32);
     };
 
-    load_rows(sK, m_k + k_offset, key_begin, kBlockN, m_seqlen_k);
-    load_rows(sV, m_v + k_offset, key_begin, kBlockN, m_seqlen_k);
+    load_rows(sK, m_k + k_offset, key_begin, kBlockN, m_p.seqlen_k);
+    load_rows(sV, m_v + k_offset, key_begin, kBlockN, m_p.seqlen_k);
     cp_async_commit();
     float acc_dk[4][kCols], acc_dv[4][kCols];
 #pragma unroll
@@ -132,8 +127,8 @@ class FlashBackwardSimtKernel {
       for (int c = 0; c < kCols; ++c) acc_dk[i][c] = acc_dv[i][c] = 0.f;
 
     const int key0 = ty * 4;  // this thread's first key in the block
-    const int first_q_block = m_mask.row_begin(key_begin) / kBlockM;
-    const int num_q_blocks = (m_seqlen_q + kBlockM - 1) / kBlockM;
+    const int first_q_block = m_p.mask.row_begin(key_begin) / kBlockM;
+    const int num_q_blocks = (m_p.seqlen_q + kBlockM - 1) / kBlockM;
     if (first_q_block < num_q_blocks) load_q_block(first_q_block, 0);
     // dQ tile of this thread: queries 4·(tid / kChunksDQ).., columns
     // 4·(tid % kChunksDQ)..
@@ -187,7 +182,7 @@ class FlashBackwardSimtKernel {
       }
 
       // Pᵀ, dSᵀ; written [query][key] to the warp's own keys of P and dS.
-      const bool needs_mask = m_mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin,
+      const bool needs_mask = m_p.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin,
                                                      key_begin + kBlockN);
 #pragma unroll
       for (int j = 0; j < kQ; ++j) {
@@ -196,7 +191,7 @@ class FlashBackwardSimtKernel {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           p[i] = expf(st[i][j] * m_scale - s_lse[col]);
-          if (needs_mask && m_mask.masked(row_begin + col, key_begin + key0 + i)) p[i] = 0.f;
+          if (needs_mask && m_p.mask.masked(row_begin + col, key_begin + key0 + i)) p[i] = 0.f;
           ds[i] = p[i] * (dpt[i][j] - s_delta[col]);
         }
         *reinterpret_cast<float4*>(sP + col * kPitchP + key0) = make_float4(p[0], p[1], p[2], p[3]);
@@ -262,7 +257,7 @@ class FlashBackwardSimtKernel {
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const int row = row_begin + dq_row + r;
-        if (row >= m_seqlen_q) continue;
+        if (row >= m_p.seqlen_q) continue;
         float* g_dq = m_dq + q_offset + long(row) * row_stride + dq_col;
 #pragma unroll
         for (int c = 0; c < 4; ++c) atomicAdd(g_dq + c, acc_dq[r][c] * m_scale);
@@ -272,7 +267,7 @@ class FlashBackwardSimtKernel {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int key = key_begin + key0 + i;
-      if (key >= m_seqlen_k) continue;
+      if (key >= m_p.seqlen_k) continue;
       float* g_dk = m_dk + k_offset + long(key) * row_stride;
       float* g_dv = m_dv + k_offset + long(key) * row_stride;
 #pragma unroll
@@ -304,8 +299,8 @@ class FlashBackwardSimtKernel {
   float* m_dk;
   float* m_dv;
   float m_scale;
-  int m_batch, m_seqlen_q, m_heads, m_seqlen_k, m_num_kv_blocks;
-  AttentionMask m_mask;
+  FusedProblem m_p;
+  int m_num_kv_blocks;
 };
 
 }  // namespace Impl

@@ -109,12 +109,8 @@ class FlashForwardMmaKernel {
         m_o(reinterpret_cast<std::uint16_t*>(o.data())),
         m_lse(lse.data()),
         m_scale_log2(scale * 1.4426950408889634f),
-        m_batch(static_cast<int>(q.extent(0))),
-        m_seqlen_q(static_cast<int>(q.extent(1))),
-        m_heads(static_cast<int>(q.extent(2))),
-        m_seqlen_k(static_cast<int>(k.extent(1))),
-        m_num_q_blocks((m_seqlen_q + kBlockM - 1) / kBlockM),
-        m_mask(m_seqlen_q, m_seqlen_k, -1, causal ? 0 : -1) {}
+        m_p(q, k, causal),
+        m_num_q_blocks((m_p.seqlen_q + kBlockM - 1) / kBlockM) {}
 
   /// Whether `space`'s GPU gives a team this shape's scratch.
   static bool fits(const ExecSpace& space) {
@@ -122,7 +118,7 @@ class FlashForwardMmaKernel {
   }
 
   void launch(const ExecSpace& space) const {
-    launch_mma_kernel(space, "kfa::fwd::mma_main_loop", *this, m_num_q_blocks * m_batch * m_heads);
+    launch_mma_kernel(space, "kfa::fwd::mma_main_loop", *this, m_p.league(m_num_q_blocks));
   }
 
   KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
@@ -143,14 +139,13 @@ class FlashForwardMmaKernel {
     const int tid = warp * 32 + lane;
 
     const int league = team.league_rank();
-    const int bh = league % (m_batch * m_heads);
-    const int q_block = m_num_q_blocks - 1 - league / (m_batch * m_heads);
-    const int b = bh / m_heads, h = bh % m_heads;
+    int b, h;
+    const int q_block = m_num_q_blocks - 1 - m_p.block_of(league, b, h);
     const int row_begin = q_block * kBlockM;
-    const long row_stride = long(m_heads) * kHeadDim;
-    const std::uint16_t* gQ = m_q + (long(b) * m_seqlen_q * m_heads + h) * kHeadDim;
-    const std::uint16_t* gK = m_k + (long(b) * m_seqlen_k * m_heads + h) * kHeadDim;
-    const std::uint16_t* gV = m_v + (long(b) * m_seqlen_k * m_heads + h) * kHeadDim;
+    const long row_stride = long(m_p.heads) * kHeadDim;
+    const std::uint16_t* gQ = m_q + m_p.offset(b, h, m_p.seqlen_q, kHeadDim);
+    const std::uint16_t* gK = m_k + m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
+    const std::uint16_t* gV = m_v + m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
     std::uint16_t* scratch = reinterpret_cast<std::uint16_t*>(
         (reinterpret_cast<std::uintptr_t>(raw) + 15) & ~std::uintptr_t(15));
 
@@ -162,8 +157,8 @@ class FlashForwardMmaKernel {
                                         kWarps * 32);
     };
 
-    const int rows = imin(kBlockM, m_seqlen_q - row_begin);
-    const int key_end = m_mask.key_end(row_begin + rows);
+    const int rows = imin(kBlockM, m_p.seqlen_q - row_begin);
+    const int key_end = m_p.mask.key_end(row_begin + rows);
     const int num_kv_blocks = (key_end + kBlockN - 1) / kBlockN;
     // Rows of accumulator element (mt, e): row0 + mt * 16 + (e / 2) * 8.
     const int row0 = row_begin + warp * kWarpRows + lane / 4;
@@ -181,7 +176,7 @@ class FlashForwardMmaKernel {
       std::uint16_t* sV = sK + kBlockN * kPitch;
       // Q block through scratch into registers (A fragments), once. (The
       // scratch holds kScratchRows >= kBlockM rows from sK on.)
-      load_tile(sK, gQ, row_begin, m_seqlen_q, kBlockM);
+      load_tile(sK, gQ, row_begin, m_p.seqlen_q, kBlockM);
       cp_async_commit();
       cp_async_wait<0>();
       // The Q tile is in scratch for every warp.
@@ -193,11 +188,11 @@ class FlashForwardMmaKernel {
       // Every warp holds its Q fragments; the tile may be overwritten by K.
       team.team_barrier();
 
-      if (num_kv_blocks > 0) load_tile(sK, gK, 0, m_seqlen_k, kBlockN);
+      if (num_kv_blocks > 0) load_tile(sK, gK, 0, m_p.seqlen_k, kBlockN);
       cp_async_commit();
       for (int kv_block = 0; kv_block < num_kv_blocks; ++kv_block) {
         const int key_begin = kv_block * kBlockN;
-        load_tile(sV, gV, key_begin, m_seqlen_k, kBlockN);
+        load_tile(sV, gV, key_begin, m_p.seqlen_k, kBlockN);
         cp_async_commit();
         cp_async_wait<1>();
         // K_j is in scratch (V_j may still be in flight).
@@ -208,7 +203,7 @@ class FlashForwardMmaKernel {
         // Every warp is done reading K_j: K_{j+1} may land in its place.
         team.team_barrier();
         if (kv_block + 1 < num_kv_blocks)
-          load_tile(sK, gK, key_begin + kBlockN, m_seqlen_k, kBlockN);
+          load_tile(sK, gK, key_begin + kBlockN, m_p.seqlen_k, kBlockN);
         cp_async_commit();
         softmax_update(s, acc_o, row_max, row_sum, row_begin, row0, key_begin);
         cp_async_wait<1>();
@@ -225,10 +220,10 @@ class FlashForwardMmaKernel {
       auto sV = [&](int stage) { return sK(stage) + kBlockN * kPitch; };
       auto load_kv = [&](int kv_block) {
         const int stage = kv_block % kStages;
-        load_tile(sK(stage), gK, kv_block * kBlockN, m_seqlen_k, kBlockN);
-        load_tile(sV(stage), gV, kv_block * kBlockN, m_seqlen_k, kBlockN);
+        load_tile(sK(stage), gK, kv_block * kBlockN, m_p.seqlen_k, kBlockN);
+        load_tile(sV(stage), gV, kv_block * kBlockN, m_p.seqlen_k, kBlockN);
       };
-      load_tile(sQ, gQ, row_begin, m_seqlen_q, kBlockM);
+      load_tile(sQ, gQ, row_begin, m_p.seqlen_q, kBlockM);
       if (num_kv_blocks > 0) load_kv(0);
       cp_async_commit();
       for (int kv_block = 0; kv_block < num_kv_blocks; ++kv_block) {
@@ -303,7 +298,7 @@ class FlashForwardMmaKernel {
     using namespace cuda_mma;
     const int lane = threadIdx.x;
     const bool needs_mask =
-        m_mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin, key_begin + kBlockN);
+        m_p.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin, key_begin + kBlockN);
     float block_max[kRows];
     for (int r = 0; r < kRows; ++r) block_max[r] = row_max[r];
     for (int mt = 0; mt < kMTiles; ++mt)
@@ -312,7 +307,7 @@ class FlashForwardMmaKernel {
           const int row = row0 + mt * 16 + (e / 2) * 8;
           const int col = key_begin + n * 8 + (lane % 4) * 2 + (e & 1);
           float x = s[mt][n][e] * m_scale_log2;
-          if (needs_mask && m_mask.masked(row, col)) x = -INFINITY;
+          if (needs_mask && m_p.mask.masked(row, col)) x = -INFINITY;
           s[mt][n][e] = x;
           block_max[2 * mt + e / 2] = fmaxf(block_max[2 * mt + e / 2], x);
         }
@@ -379,7 +374,7 @@ class FlashForwardMmaKernel {
                                                 int h) const {
     using namespace cuda_mma;
     const int lane = threadIdx.x;
-    const long row_stride = long(m_heads) * kHeadDim;
+    const long row_stride = long(m_p.heads) * kHeadDim;
     for (int r = 0; r < kRows; ++r) {
       row_sum[r] += shfl_xor(row_sum[r], 1);
       row_sum[r] += shfl_xor(row_sum[r], 2);
@@ -387,16 +382,16 @@ class FlashForwardMmaKernel {
     for (int r = 0; r < kRows; ++r) {
       const int mt = r / 2, half = r % 2;
       const int row = row0 + mt * 16 + half * 8;
-      if (row >= m_seqlen_q) continue;
+      if (row >= m_p.seqlen_q) continue;
       const float inv = row_sum[r] > 0.f ? 1.f / row_sum[r] : 0.f;
-      std::uint16_t* gO = m_o + (long(b) * m_seqlen_q * m_heads + h) * kHeadDim + row * row_stride;
+      std::uint16_t* gO = m_o + m_p.offset(b, h, m_p.seqlen_q, kHeadDim) + row * row_stride;
       for (int n = 0; n < kTilesO; ++n) {
         const int d = n * 8 + (lane % 4) * 2;
         *reinterpret_cast<std::uint32_t*>(gO + d) = pack2<Format>(
             acc_o[mt][n][2 * half] * inv, acc_o[mt][n][2 * half + 1] * inv);
       }
       if (lane % 4 == 0) {
-        m_lse[(long(b) * m_heads + h) * m_seqlen_q + row] =
+        m_lse[m_p.lse_offset(b, h) + row] =
             row_sum[r] > 0.f ? (row_max[r] + log2f(row_sum[r])) * 0.6931471805599453f
                              : -INFINITY;
       }
@@ -410,8 +405,8 @@ class FlashForwardMmaKernel {
   std::uint16_t* m_o;
   float* m_lse;
   float m_scale_log2;
-  int m_batch, m_seqlen_q, m_heads, m_seqlen_k, m_num_q_blocks;
-  AttentionMask m_mask;
+  FusedProblem m_p;
+  int m_num_q_blocks;
 };
 
 }  // namespace Impl

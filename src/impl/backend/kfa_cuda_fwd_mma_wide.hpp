@@ -100,12 +100,8 @@ class FlashForwardWideMmaKernel {
         m_o(o.data()),
         m_lse(lse.data()),
         m_scale(kBase2 ? scale * value_type(1.4426950408889634) : scale),
-        m_batch(static_cast<int>(q.extent(0))),
-        m_seqlen_q(static_cast<int>(q.extent(1))),
-        m_heads(static_cast<int>(q.extent(2))),
-        m_seqlen_k(static_cast<int>(k.extent(1))),
-        m_num_q_blocks((m_seqlen_q + kBlockM - 1) / kBlockM),
-        m_mask(m_seqlen_q, m_seqlen_k, -1, causal ? 0 : -1) {}
+        m_p(q, k, causal),
+        m_num_q_blocks((m_p.seqlen_q + kBlockM - 1) / kBlockM) {}
 
   /// Whether `space`'s GPU gives a team this shape's scratch.
   static bool fits(const ExecSpace& space) {
@@ -114,7 +110,7 @@ class FlashForwardWideMmaKernel {
 
   void launch(const ExecSpace& space) const {
     launch_cuda_team(space, "kfa::fwd::mma_wide_main_loop", *this,
-                     m_num_q_blocks * m_batch * m_heads, scratch_bytes());
+                     m_p.league(m_num_q_blocks), scratch_bytes());
   }
 
   KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
@@ -131,16 +127,15 @@ class FlashForwardWideMmaKernel {
     const int tid = warp * 32 + lane;
 
     const int league = team.league_rank();
-    const int bh = league % (m_batch * m_heads);
+    int b, h;
     // Longest rows first: under a causal mask the last query blocks see the
     // most keys, so they start first and the short ones fill the tail.
-    const int q_block = m_num_q_blocks - 1 - league / (m_batch * m_heads);
-    const int b = bh / m_heads, h = bh % m_heads;
+    const int q_block = m_num_q_blocks - 1 - m_p.block_of(league, b, h);
     const int row_begin = q_block * kBlockM;
-    const long row_stride = long(m_heads) * kHeadDim;
-    const value_type* gQ = m_q + (long(b) * m_seqlen_q * m_heads + h) * kHeadDim;
-    const value_type* gK = m_k + (long(b) * m_seqlen_k * m_heads + h) * kHeadDim;
-    const value_type* gV = m_v + (long(b) * m_seqlen_k * m_heads + h) * kHeadDim;
+    const long row_stride = long(m_p.heads) * kHeadDim;
+    const value_type* gQ = m_q + m_p.offset(b, h, m_p.seqlen_q, kHeadDim);
+    const value_type* gK = m_k + m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
+    const value_type* gV = m_v + m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
     value_type* sQ = reinterpret_cast<value_type*>(
         (reinterpret_cast<std::uintptr_t>(raw) + 15) & ~std::uintptr_t(15));
     auto sK = [&](int stage) { return sQ + (kBlockM + 2 * stage * kBlockN) * kPitch; };
@@ -155,12 +150,12 @@ class FlashForwardWideMmaKernel {
     };
     auto load_kv = [&](int kv_block) {
       const int stage = kv_block % kStages;
-      load_tile(sK(stage), gK, kv_block * kBlockN, m_seqlen_k, kBlockN);
-      load_tile(sV(stage), gV, kv_block * kBlockN, m_seqlen_k, kBlockN);
+      load_tile(sK(stage), gK, kv_block * kBlockN, m_p.seqlen_k, kBlockN);
+      load_tile(sV(stage), gV, kv_block * kBlockN, m_p.seqlen_k, kBlockN);
     };
 
-    const int rows = imin(kBlockM, m_seqlen_q - row_begin);
-    const int key_end = m_mask.key_end(row_begin + rows);
+    const int rows = imin(kBlockM, m_p.seqlen_q - row_begin);
+    const int key_end = m_p.mask.key_end(row_begin + rows);
     const int num_kv_blocks = (key_end + kBlockN - 1) / kBlockN;
     // Rows of accumulator element (mt, j): row0 + mt·kRows + (j / 2)·8.
     const int row0 = row_begin + warp * kWarpRows + lane / 4;
@@ -177,7 +172,7 @@ class FlashForwardWideMmaKernel {
     for (int r = 0; r < kRows; ++r) row_max[r] = -INFINITY, row_sum[r] = 0;
     value_type s[kMTiles][kTilesS][Atom::kC];
 
-    load_tile(sQ, gQ, row_begin, m_seqlen_q, kBlockM);
+    load_tile(sQ, gQ, row_begin, m_p.seqlen_q, kBlockM);
     if (num_kv_blocks > 0) load_kv(0);
     cp_async_commit();
     for (int kv_block = 0; kv_block < num_kv_blocks; ++kv_block) {
@@ -265,7 +260,7 @@ class FlashForwardWideMmaKernel {
     using namespace cuda_mma;
     const int lane = threadIdx.x;
     const bool needs_mask =
-        m_mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin, key_begin + kBlockN);
+        m_p.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin, key_begin + kBlockN);
     value_type block_max[kRows];
     #pragma unroll
     for (int r = 0; r < kRows; ++r) block_max[r] = row_max[r];
@@ -279,7 +274,7 @@ class FlashForwardWideMmaKernel {
           if (needs_mask) {
             const int row = row0 + mt * Atom::kRows + (j / 2) * 8;
             const int col = key_begin + n * 8 + (lane % 4) * 2 + (j & 1);
-            if (m_mask.masked(row, col)) x = -INFINITY;
+            if (m_p.mask.masked(row, col)) x = -INFINITY;
           }
           s[mt][n][j] = x;
           block_max[mt * kHalves + j / 2] = vmax(block_max[mt * kHalves + j / 2], x);
@@ -345,7 +340,7 @@ class FlashForwardWideMmaKernel {
       value_type (&row_sum)[kRows], int row0, int b, int h) const {
     using namespace cuda_mma;
     const int lane = threadIdx.x;
-    const long row_stride = long(m_heads) * kHeadDim;
+    const long row_stride = long(m_p.heads) * kHeadDim;
     #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       row_sum[r] += shfl_xor(row_sum[r], 1);
@@ -355,9 +350,9 @@ class FlashForwardWideMmaKernel {
     for (int r = 0; r < kRows; ++r) {
       const int mt = r / kHalves, half = r % kHalves;
       const int row = row0 + mt * Atom::kRows + half * 8;
-      if (row >= m_seqlen_q) continue;
+      if (row >= m_p.seqlen_q) continue;
       const value_type inv = row_sum[r] > 0 ? value_type(1) / row_sum[r] : value_type(0);
-      value_type* gO = m_o + (long(b) * m_seqlen_q * m_heads + h) * kHeadDim + row * row_stride;
+      value_type* gO = m_o + m_p.offset(b, h, m_p.seqlen_q, kHeadDim) + row * row_stride;
       #pragma unroll
       for (int n = 0; n < kTilesO; ++n) {
         const int d = n * 8 + (lane % 4) * 2;
@@ -366,7 +361,7 @@ class FlashForwardWideMmaKernel {
       }
       if (lane % 4 == 0) {
         // lse in the natural base: row_max is in the softmax's base.
-        m_lse[(long(b) * m_heads + h) * m_seqlen_q + row] =
+        m_lse[m_p.lse_offset(b, h) + row] =
             row_sum[r] > 0 ? (kBase2 ? row_max[r] * value_type(0.6931471805599453) : row_max[r]) +
                                  log_base(row_sum[r])
                            : value_type(-INFINITY);
@@ -381,8 +376,8 @@ class FlashForwardWideMmaKernel {
   value_type* m_o;
   value_type* m_lse;
   value_type m_scale;  // softmax scale, times log2(e) in base 2
-  int m_batch, m_seqlen_q, m_heads, m_seqlen_k, m_num_q_blocks;
-  AttentionMask m_mask;
+  FusedProblem m_p;
+  int m_num_q_blocks;
 };
 
 }  // namespace Impl

@@ -61,12 +61,8 @@ class FlashForwardSimtKernel {
         m_o(o.data()),
         m_lse(lse.data()),
         m_scale(scale),
-        m_batch(static_cast<int>(q.extent(0))),
-        m_seqlen_q(static_cast<int>(q.extent(1))),
-        m_heads(static_cast<int>(q.extent(2))),
-        m_seqlen_k(static_cast<int>(k.extent(1))),
-        m_num_q_blocks((m_seqlen_q + kBlockM - 1) / kBlockM),
-        m_mask(m_seqlen_q, m_seqlen_k, -1, causal ? 0 : -1) {}
+        m_p(q, k, causal),
+        m_num_q_blocks((m_p.seqlen_q + kBlockM - 1) / kBlockM) {}
 
   static bool fits(const ExecSpace& space) {
     return scratch_bytes() <= cuda_team_scratch_max(space);
@@ -74,7 +70,7 @@ class FlashForwardSimtKernel {
 
   void launch(const ExecSpace& space) const {
     launch_cuda_team(space, "kfa::fwd::simt_main_loop", *this,
-                     m_num_q_blocks * m_batch * m_heads, scratch_bytes());
+                     m_p.league(m_num_q_blocks), scratch_bytes());
   }
 
   /// Q, K and V per stage, Pᵀ.
@@ -93,15 +89,14 @@ class FlashForwardSimtKernel {
     const int ty = warp * 4 + lane / 8, tx = lane % 8;
 
     const int league = team.league_rank();
-    const int bh = league % (m_batch * m_heads);
+    int b, h;
     // Longest rows first under a causal mask.
-    const int q_block = m_num_q_blocks - 1 - league / (m_batch * m_heads);
-    const int b = bh / m_heads, h = bh % m_heads;
+    const int q_block = m_num_q_blocks - 1 - m_p.block_of(league, b, h);
     const int row_begin = q_block * kBlockM;
-    const long row_stride = long(m_heads) * kHeadDim;
-    const float* gQ = m_q + (long(b) * m_seqlen_q * m_heads + h) * kHeadDim;
-    const float* gK = m_k + (long(b) * m_seqlen_k * m_heads + h) * kHeadDim;
-    const float* gV = m_v + (long(b) * m_seqlen_k * m_heads + h) * kHeadDim;
+    const long row_stride = long(m_p.heads) * kHeadDim;
+    const float* gQ = m_q + m_p.offset(b, h, m_p.seqlen_q, kHeadDim);
+    const float* gK = m_k + m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
+    const float* gV = m_v + m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
     float* const sQ = reinterpret_cast<float*>(
         (reinterpret_cast<std::uintptr_t>(raw) + 15) & ~std::uintptr_t(15));
     float* const sP = sQ + (kBlockM + 2 * kStages * kBlockN) * kPitch;
@@ -115,12 +110,12 @@ class FlashForwardSimtKernel {
     };
     auto load_kv = [&](int kv_block) {
       const int stage = kv_block % kStages;
-      load_tile(sK(stage), gK, kv_block * kBlockN, m_seqlen_k, kBlockN);
-      load_tile(sV(stage), gV, kv_block * kBlockN, m_seqlen_k, kBlockN);
+      load_tile(sK(stage), gK, kv_block * kBlockN, m_p.seqlen_k, kBlockN);
+      load_tile(sV(stage), gV, kv_block * kBlockN, m_p.seqlen_k, kBlockN);
     };
 
-    const int rows = imin(kBlockM, m_seqlen_q - row_begin);
-    const int key_end = m_mask.key_end(row_begin + rows);
+    const int rows = imin(kBlockM, m_p.seqlen_q - row_begin);
+    const int key_end = m_p.mask.key_end(row_begin + rows);
     const int num_kv_blocks = (key_end + kBlockN - 1) / kBlockN;
     const int row0 = row_begin + ty * 4;  // this thread's first row
 
@@ -133,7 +128,7 @@ class FlashForwardSimtKernel {
 #pragma unroll
     for (int i = 0; i < 4; ++i) row_max[i] = -INFINITY, row_sum[i] = 0.f;
 
-    load_tile(sQ, gQ, row_begin, m_seqlen_q, kBlockM);
+    load_tile(sQ, gQ, row_begin, m_p.seqlen_q, kBlockM);
     if (num_kv_blocks > 0) load_kv(0);
     cp_async_commit();
     for (int kv_block = 0; kv_block < num_kv_blocks; ++kv_block) {
@@ -175,7 +170,7 @@ class FlashForwardSimtKernel {
 
       // Scale, mask, online softmax; the 8 lanes of a row group share rows.
       const bool needs_mask =
-          m_mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin, key_begin + kBlockN);
+          m_p.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin, key_begin + kBlockN);
       float alpha[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -183,7 +178,7 @@ class FlashForwardSimtKernel {
 #pragma unroll
         for (int j = 0; j < kKeys; ++j) {
           float x = s[i][j] * m_scale;
-          if (needs_mask && m_mask.masked(row0 + i, key_begin + tx + 8 * j)) x = -INFINITY;
+          if (needs_mask && m_p.mask.masked(row0 + i, key_begin + tx + 8 * j)) x = -INFINITY;
           s[i][j] = x;
           block_max = fmaxf(block_max, x);
         }
@@ -246,16 +241,16 @@ class FlashForwardSimtKernel {
       sum += shfl_xor(sum, 2);
       sum += shfl_xor(sum, 4);
       const int row = row0 + i;
-      if (row >= m_seqlen_q) continue;
+      if (row >= m_p.seqlen_q) continue;
       const float inv = sum > 0.f ? 1.f / sum : 0.f;
-      float* gO = m_o + (long(b) * m_seqlen_q * m_heads + h) * kHeadDim + row * row_stride;
+      float* gO = m_o + m_p.offset(b, h, m_p.seqlen_q, kHeadDim) + row * row_stride;
 #pragma unroll
       for (int c4 = 0; c4 < kCols / 4; ++c4)
         *reinterpret_cast<float4*>(gO + c4 * 32 + tx * 4) =
             make_float4(acc_o[i][4 * c4] * inv, acc_o[i][4 * c4 + 1] * inv,
                         acc_o[i][4 * c4 + 2] * inv, acc_o[i][4 * c4 + 3] * inv);
       if (tx == 0)
-        m_lse[(long(b) * m_heads + h) * m_seqlen_q + row] =
+        m_lse[m_p.lse_offset(b, h) + row] =
             sum > 0.f ? row_max[i] + logf(sum) : -INFINITY;
     }
 #else
@@ -271,8 +266,8 @@ class FlashForwardSimtKernel {
   float* m_o;
   float* m_lse;
   float m_scale;
-  int m_batch, m_seqlen_q, m_heads, m_seqlen_k, m_num_q_blocks;
-  AttentionMask m_mask;
+  FusedProblem m_p;
+  int m_num_q_blocks;
 };
 
 }  // namespace Impl

@@ -18,6 +18,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <kfa_fwd_kernel.hpp>  // check_scratch
+#include <kfa_mask.hpp>
 
 #include <cstddef>
 #include <stdexcept>
@@ -25,6 +26,43 @@
 
 namespace kfa {
 namespace Impl {
+
+/// What every fused CUDA kernel knows of its problem: q [batch][seqlen_q]
+/// [heads][head_dim], k and v [batch][seqlen_k][heads][head_dim], lse
+/// [batch][heads][seqlen_q], and the causal (or no) mask; the offsets of one
+/// (batch, head) in those tensors; and which (batch, head, block) a team of
+/// a league that runs the blocks of every (batch, head) owns.
+struct FusedProblem {
+  int batch, seqlen_q, heads, seqlen_k;
+  AttentionMask mask;
+
+  template <class Q, class K>
+  FusedProblem(const Q& q, const K& k, bool causal)
+      : batch(static_cast<int>(q.extent(0))),
+        seqlen_q(static_cast<int>(q.extent(1))),
+        heads(static_cast<int>(q.extent(2))),
+        seqlen_k(static_cast<int>(k.extent(1))),
+        mask(seqlen_q, seqlen_k, -1, causal ? 0 : -1) {}
+
+  /// Teams of a league of `blocks` blocks per (batch, head).
+  int league(int blocks) const { return blocks * batch * heads; }
+  /// Team `league_rank`'s batch, head and block; blocks of one index run
+  /// side by side over every (batch, head).
+  KOKKOS_INLINE_FUNCTION int block_of(int league_rank, int& b, int& h) const {
+    const int bh = league_rank % (batch * heads);
+    b = bh / heads;
+    h = bh % heads;
+    return league_rank / (batch * heads);
+  }
+  /// Offset of (b, row 0, h, 0) in a [b][rows][heads][head_dim] tensor.
+  KOKKOS_INLINE_FUNCTION long offset(int b, int h, int rows, int head_dim) const {
+    return (long(b) * rows * heads + h) * head_dim;
+  }
+  /// Offset of (b, h, row 0) in lse (or D) [batch][heads][seqlen_q].
+  KOKKOS_INLINE_FUNCTION long lse_offset(int b, int h) const {
+    return (long(b) * heads + h) * seqlen_q;
+  }
+};
 
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
 

@@ -73,23 +73,14 @@ KOKKOS_FORCEINLINE_FUNCTION void cp_async_16(void* dst, const void* src, int src
 #endif
 }
 
-/// 4-byte asynchronous copy (lse and D rows); src_bytes = 0 writes a zero.
-KOKKOS_FORCEINLINE_FUNCTION void cp_async_4(void* dst, const void* src, int src_bytes) {
+/// Bytes-byte asynchronous copy (4 or 8: lse and D values); src_bytes = 0
+/// writes zeros.
+template <int Bytes>
+KOKKOS_FORCEINLINE_FUNCTION void cp_async_small(void* dst, const void* src, int src_bytes) {
+  static_assert(Bytes == 4 || Bytes == 8, "kfa: cp.async.ca copies 4 or 8 bytes here");
 #if KFA_CUDA_MMA_DEVICE
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_address(dst)),
-               "l"(src), "r"(src_bytes));
-#else
-  (void)dst;
-  (void)src;
-  (void)src_bytes;
-#endif
-}
-
-/// 8-byte asynchronous copy (fp64 lse and D rows); src_bytes = 0 writes a zero.
-KOKKOS_FORCEINLINE_FUNCTION void cp_async_8(void* dst, const void* src, int src_bytes) {
-#if KFA_CUDA_MMA_DEVICE
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem_address(dst)),
-               "l"(src), "r"(src_bytes));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(smem_address(dst)),
+               "l"(src), "n"(Bytes), "r"(src_bytes));
 #else
   (void)dst;
   (void)src;
@@ -150,13 +141,8 @@ KOKKOS_FORCEINLINE_FUNCTION void load_query_block_async(T* sQ, S* s_stats, const
     const int row = row_begin + tid;
     const bool ok = row < seqlen_q;
     const int bytes = ok ? int(sizeof(S)) : 0;
-    if constexpr (sizeof(S) == 8) {
-      cp_async_8(s_stats + tid, g_lse + (ok ? row : 0), bytes);
-      cp_async_8(s_stats + BlockM + tid, g_delta + (ok ? row : 0), bytes);
-    } else {
-      cp_async_4(s_stats + tid, g_lse + (ok ? row : 0), bytes);
-      cp_async_4(s_stats + BlockM + tid, g_delta + (ok ? row : 0), bytes);
-    }
+    cp_async_small<sizeof(S)>(s_stats + tid, g_lse + (ok ? row : 0), bytes);
+    cp_async_small<sizeof(S)>(s_stats + BlockM + tid, g_delta + (ok ? row : 0), bytes);
   }
   cp_async_commit();
 }
