@@ -132,6 +132,38 @@ std::function<void()> mma_forward_shape(const Args& a, View4 q, View4 k, View4 v
   }
 }
 
+/// The Hopper (wgmma) forward, pipelined or not, for experiments.
+template <bool Pipelined, class T, class View4, class View3>
+std::function<void()> wgmma_forward(const Args& a, View4 q, View4 k, View4 v, View4 o,
+                                    View3 lse) {
+  using Space = Kokkos::DefaultExecutionSpace;
+  using Format = typename kfa::Impl::MmaFormat<Space, T>::type;
+#ifdef KOKKOS_ENABLE_CUDA
+  if constexpr (!std::is_void<Format>::value) {
+    using kfa::Impl::FlashForwardWgmmaKernel;
+    if (!kfa::Impl::wgmma_available(Space()))
+      throw std::invalid_argument("--fwd-variant wgmma_*: no sm_90a code for this GPU");
+    const float scale = 1.0f / std::sqrt(float(a.head_dim));
+    const bool causal = a.causal;
+    if (a.head_dim == 64)
+      return [=] {
+        FlashForwardWgmmaKernel<Space, 64, Format, View4, View4, View4, View4, View3, Pipelined>(
+            q, k, v, o, lse, scale, causal)
+            .launch(Space());
+      };
+    if (a.head_dim == 128)
+      return [=] {
+        FlashForwardWgmmaKernel<Space, 128, Format, View4, View4, View4, View4, View3, Pipelined>(
+            q, k, v, o, lse, scale, causal)
+            .launch(Space());
+      };
+    throw std::invalid_argument("--fwd-variant wgmma_* needs head_dim 64 or 128");
+  }
+#endif
+  (void)q, (void)k, (void)v, (void)o, (void)lse;
+  throw std::invalid_argument("--fwd-variant wgmma_* needs bf16 or fp16 on CUDA");
+}
+
 kfa::Fp32Matmul fp32_matmul(const std::string& name) {
   if (name == "ieee") return kfa::Fp32Matmul::ieee;
   if (name == "split_tf32") return kfa::Fp32Matmul::split_tf32;
@@ -245,10 +277,14 @@ std::function<void()> forward_variant(const Args& a, View4 q, View4 k, View4 v, 
       return mma_forward_shape<FwdMmaShape<4, 2, 32, 1, 1>, T>(a, q, k, v, o, lse);
     if (a.fwd_variant == "large_8w")
       return mma_forward_shape<FwdMmaShape<8, 1, 64, 2, 1>, T>(a, q, k, v, o, lse);
+    if (a.fwd_variant == "wgmma_serial")
+      return wgmma_forward<false, T>(a, q, k, v, o, lse);
+    if (a.fwd_variant == "mma_large")
+      return mma_forward_shape<FwdMmaShape<4, 2, 64, 2, 2>, T>(a, q, k, v, o, lse);
     if (a.fwd_variant == "large_n32")
       return mma_forward_shape<FwdMmaShape<4, 2, 32, 2, 2>, T>(a, q, k, v, o, lse);
     throw std::invalid_argument(
-        "--fwd-variant must be default, policy, policy_m2, large_8w or large_n32");
+        "--fwd-variant must be default, policy, policy_m2, large_8w, mma_large, wgmma_serial or large_n32");
   }
 }
 
@@ -302,8 +338,13 @@ void run(const Args& a) {
     write_from(dk, a.dir + "/dk_kfa.bin");
     write_from(dv, a.dir + "/dv_kfa.bin");
   }
-  std::printf("{\"fwd_ms\": %.6f, \"bwd_ms\": %.6f, \"fwd_bwd_ms\": %.6f}\n", t_fwd, t_bwd,
-              t_fwd_bwd);
+  // Whether the library's 16-bit forward runs the Hopper (wgmma) kernel.
+  int wgmma = 0;
+#ifdef KOKKOS_ENABLE_CUDA
+  wgmma = kfa::Impl::wgmma_available(space) ? 1 : 0;
+#endif
+  std::printf("{\"fwd_ms\": %.6f, \"bwd_ms\": %.6f, \"fwd_bwd_ms\": %.6f, \"wgmma\": %d}\n",
+              t_fwd, t_bwd, t_fwd_bwd, wgmma);
 }
 
 }  // namespace

@@ -168,6 +168,9 @@ def main():
                   flush=True)
             continue
         kfa_t = json.loads(res.stdout.strip().splitlines()[-1])
+        if not rows:
+            print(f"kfa 16-bit forward on wgmma (sm_90a code): {'yes' if kfa_t.get('wgmma') else 'no'}",
+                  flush=True)
         lse_dtype = torch.float64 if dt == "fp64" else torch.float32
         o = read(f"{args.dir}/o_kfa.bin", (B, N, H, D), dtype)
         lse = read(f"{args.dir}/lse_kfa.bin", (B, H, N), lse_dtype)

@@ -27,6 +27,7 @@
 
 #include <impl/backend/kfa_cuda_bwd_mma.hpp>
 #include <impl/backend/kfa_cuda_fwd_mma.hpp>
+#include <impl/backend/kfa_cuda_fwd_wgmma.hpp>
 #include <impl/backend/kfa_cuda_bwd_mma_wide.hpp>
 #include <impl/backend/kfa_cuda_bwd_simt.hpp>
 #include <impl/backend/kfa_cuda_fwd_mma_wide.hpp>
@@ -235,8 +236,10 @@ inline bool& use_opt_in_shared_memory() {
   return enabled;
 }
 
-/// The tensor-core forward in its large shape (opt-in shared memory) where
-/// the GPU grants it, else in the shape that fits Kokkos' TeamPolicy.
+/// The tensor-core forward: on Hopper with sm_90a device code the wgmma
+/// kernel (head_dim 64, 128), else mma.sync in its large shape (opt-in
+/// shared memory) where the GPU grants it, else in the shape that fits
+/// Kokkos' TeamPolicy.
 template <class ExecSpace, int HeadDim, class Format, class Q, class K, class V, class O,
           class Lse>
 void launch_forward_mma(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
@@ -245,6 +248,15 @@ void launch_forward_mma(const ExecSpace& space, const Q& q, const K& k, const V&
                                         FwdMmaLargeShape<HeadDim>>;
   using policy_t = FlashForwardMmaKernel<ExecSpace, HeadDim, Format, Q, K, V, O, Lse,
                                          FwdMmaPolicyShape<HeadDim>>;
+#if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
+  if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value && (HeadDim == 64 || HeadDim == 128)) {
+    using wgmma_t = FlashForwardWgmmaKernel<ExecSpace, HeadDim, Format, Q, K, V, O, Lse>;
+    if (use_opt_in_shared_memory() && wgmma_available(space) && wgmma_t::fits(space)) {
+      wgmma_t(q, k, v, o, lse, scale, causal).launch(space);
+      return;
+    }
+  }
+#endif
   if (use_opt_in_shared_memory() && large_t::fits(space))
     large_t(q, k, v, o, lse, scale, causal).launch(space);
   else

@@ -150,13 +150,18 @@ TYPED_TEST(FlashForward, ExplicitScale) {
 // the GPU grants it, and the one that fits Kokkos' TeamPolicy scratch, its
 // fallback. The entry point only ever runs one of them on a given GPU, so
 // both are launched here directly and checked against the oracle.
-template <class MmaShape, int HeadDim, class T>
-void check_mma_shape(const Shape& s, bool causal) {
+template <class T>
+using DeviceIn4 = Kokkos::View<const T****, Kokkos::LayoutRight, Kokkos::CudaSpace>;
+
+/// Launches Kernel (a 16-bit forward: mma.sync or wgmma) directly and checks
+/// O and lse against the oracle.
+template <class Kernel, class T>
+void check_fwd_kernel(const Shape& s, bool causal) {
   using Space = Kokkos::Cuda;
   using View4 = DeviceView4<T, Space>;
-  using In4 = Kokkos::View<const T****, Kokkos::LayoutRight, Space::memory_space>;
+  using In4 = DeviceIn4<T>;
   using View3 = DeviceView3<float, Space>;
-  using Format = typename kfa::Impl::MmaFormat<Space, T>::type;
+  constexpr int HeadDim = Kernel::kHeadDim;
   kfa::AttentionOptions opt;
   opt.causal = causal;
   const Case c = make_case<T>(s, opt, "mma_shape");
@@ -173,8 +178,7 @@ void check_mma_shape(const Shape& s, bool causal) {
   const double err_lse_std = max_abs_diff(to_host(lse), c.lse_ref);
   poison(o);
   poison(lse);
-  kfa::Impl::FlashForwardMmaKernel<Space, HeadDim, Format, In4, In4, In4, View4, View3, MmaShape>
-      kernel(In4(q), In4(k), In4(v), o, lse, 1.0f / std::sqrt(float(HeadDim)), causal);
+  Kernel kernel(In4(q), In4(k), In4(v), o, lse, 1.0f / std::sqrt(float(HeadDim)), causal);
   ASSERT_TRUE(kernel.fits(Space()));
   kernel.launch(Space());
   Space().fence();
@@ -185,6 +189,48 @@ void check_mma_shape(const Shape& s, bool causal) {
   EXPECT_LE(max_abs_diff(to_host(o), c.o_ref), allowed_error<T>(err_std, c.o_ref)) << what;
   EXPECT_LE(max_abs_diff(to_host(lse), c.lse_ref), allowed_error<float>(err_lse_std, c.lse_ref))
       << what;
+}
+
+template <class MmaShape, int HeadDim, class T>
+void check_mma_shape(const Shape& s, bool causal) {
+  using Format = typename kfa::Impl::MmaFormat<Kokkos::Cuda, T>::type;
+  check_fwd_kernel<kfa::Impl::FlashForwardMmaKernel<Kokkos::Cuda, HeadDim, Format, DeviceIn4<T>,
+                                                    DeviceIn4<T>, DeviceIn4<T>,
+                                                    DeviceView4<T, Kokkos::Cuda>,
+                                                    DeviceView3<float, Kokkos::Cuda>, MmaShape>,
+                   T>(s, causal);
+}
+
+template <int HeadDim, class T>
+void check_wgmma(const Shape& s, bool causal) {
+  using Format = typename kfa::Impl::MmaFormat<Kokkos::Cuda, T>::type;
+  check_fwd_kernel<kfa::Impl::FlashForwardWgmmaKernel<Kokkos::Cuda, HeadDim, Format,
+                                                      DeviceIn4<T>, DeviceIn4<T>, DeviceIn4<T>,
+                                                      DeviceView4<T, Kokkos::Cuda>,
+                                                      DeviceView3<float, Kokkos::Cuda>>,
+                   T>(s, causal);
+}
+
+// The Hopper forward (wgmma), where this build has sm_90a code and the GPU
+// is an sm_90: awkward lengths (partial query and key blocks, more keys
+// than queries and fewer), both formats, both head dims, causal and not.
+// The entry point runs it too (the typed tests) on such a GPU.
+TEST(FlashForwardCuda, HopperWgmma) {
+  if (!kfa::Impl::wgmma_available(Kokkos::Cuda())) {
+    GTEST_SKIP() << "no sm_90 GPU, or this build has no sm_90a device code (KFA_CUDA_SM90A)";
+  }
+  for (bool causal : {false, true}) {
+    for (const Shape& s : {Shape{2, 190, 333, 2, 64}, Shape{1, 1000, 257, 1, 64},
+                           Shape{1, 128, 128, 3, 64}}) {
+      check_wgmma<64, kfa::bfloat16>(s, causal);
+      check_wgmma<64, kfa::half>(s, causal);
+    }
+    for (const Shape& s : {Shape{1, 300, 129, 2, 128}, Shape{1, 257, 1000, 1, 128},
+                           Shape{2, 512, 384, 2, 128}}) {
+      check_wgmma<128, kfa::bfloat16>(s, causal);
+      check_wgmma<128, kfa::half>(s, causal);
+    }
+  }
 }
 
 TEST(FlashForwardCuda, TensorCoreTileShapes) {

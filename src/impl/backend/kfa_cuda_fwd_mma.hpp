@@ -23,6 +23,7 @@
 #include <kfa_mask.hpp>
 #include <kfa_traits.hpp>
 
+#include <impl/backend/kfa_cuda_fwd_softmax.hpp>
 #include <impl/backend/kfa_cuda_launch.hpp>
 #include <impl/backend/kfa_cuda_mma.hpp>
 
@@ -287,57 +288,15 @@ class FlashForwardMmaKernel {
     }
   }
 
-  /// Scale (base 2), mask, online softmax in registers: S becomes P, the
-  /// running max and sum move on, O is rescaled. Row max and sum are reduced
-  /// over the 4 lanes (a quad) that share a row.
   KOKKOS_FORCEINLINE_FUNCTION void softmax_update(float (&s)[kMTiles][kTilesS][4],
                                                   float (&acc_o)[kMTiles][kTilesO][4],
                                                   float (&row_max)[kRows],
                                                   float (&row_sum)[kRows], int row_begin,
                                                   int row0, int key_begin) const {
-    using namespace cuda_mma;
-    const int lane = threadIdx.x;
-    const bool needs_mask =
-        m_p.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin, key_begin + kBlockN);
-    float block_max[kRows];
-    for (int r = 0; r < kRows; ++r) block_max[r] = row_max[r];
-    for (int mt = 0; mt < kMTiles; ++mt)
-      for (int n = 0; n < kTilesS; ++n)
-        for (int e = 0; e < 4; ++e) {
-          const int row = row0 + mt * 16 + (e / 2) * 8;
-          const int col = key_begin + n * 8 + (lane % 4) * 2 + (e & 1);
-          float x = s[mt][n][e] * m_scale_log2;
-          if (needs_mask && m_p.mask.masked(row, col)) x = -INFINITY;
-          s[mt][n][e] = x;
-          block_max[2 * mt + e / 2] = fmaxf(block_max[2 * mt + e / 2], x);
-        }
-    float shift[kRows], alpha[kRows];
-    for (int r = 0; r < kRows; ++r) {
-      block_max[r] = fmaxf(block_max[r], shfl_xor(block_max[r], 1));
-      block_max[r] = fmaxf(block_max[r], shfl_xor(block_max[r], 2));
-      // A row whose every score so far is masked keeps max -inf: shift by
-      // 0 so exp2(-inf - shift) = 0 instead of NaN.
-      shift[r] = block_max[r] == -INFINITY ? 0.f : block_max[r];
-      alpha[r] = row_max[r] == -INFINITY ? 0.f : exp2_fast(row_max[r] - shift[r]);
-      row_max[r] = block_max[r];
-    }
-    float block_sum[kRows];
-    for (int r = 0; r < kRows; ++r) block_sum[r] = 0;
-    for (int mt = 0; mt < kMTiles; ++mt)
-      for (int n = 0; n < kTilesS; ++n)
-        for (int e = 0; e < 4; ++e) {
-          const float p = exp2_fast(s[mt][n][e] - shift[2 * mt + e / 2]);
-          s[mt][n][e] = p;
-          block_sum[2 * mt + e / 2] += p;
-        }
-    for (int r = 0; r < kRows; ++r) row_sum[r] = alpha[r] * row_sum[r] + block_sum[r];
-    for (int mt = 0; mt < kMTiles; ++mt)
-      for (int n = 0; n < kTilesO; ++n) {
-        acc_o[mt][n][0] *= alpha[2 * mt];
-        acc_o[mt][n][1] *= alpha[2 * mt];
-        acc_o[mt][n][2] *= alpha[2 * mt + 1];
-        acc_o[mt][n][3] *= alpha[2 * mt + 1];
-      }
+    fwd_softmax_update(
+        s, acc_o, row_max, row_sum, m_p.mask,
+        m_p.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin, key_begin + kBlockN),
+        m_scale_log2, row0, key_begin);
   }
 
   /// O += P·V_j. The S accumulators of n-tiles 2kk, 2kk+1 are exactly the A
@@ -367,35 +326,13 @@ class FlashForwardMmaKernel {
     }
   }
 
-  /// O = acc_o / row_sum in the value type, lse = ln(sum) + max (natural log).
   KOKKOS_FORCEINLINE_FUNCTION void write_output(const float (&acc_o)[kMTiles][kTilesO][4],
                                                 const float (&row_max)[kRows],
                                                 float (&row_sum)[kRows], int row0, int b,
                                                 int h) const {
-    using namespace cuda_mma;
-    const int lane = threadIdx.x;
-    const long row_stride = long(m_p.heads) * kHeadDim;
-    for (int r = 0; r < kRows; ++r) {
-      row_sum[r] += shfl_xor(row_sum[r], 1);
-      row_sum[r] += shfl_xor(row_sum[r], 2);
-    }
-    for (int r = 0; r < kRows; ++r) {
-      const int mt = r / 2, half = r % 2;
-      const int row = row0 + mt * 16 + half * 8;
-      if (row >= m_p.seqlen_q) continue;
-      const float inv = row_sum[r] > 0.f ? 1.f / row_sum[r] : 0.f;
-      std::uint16_t* gO = m_o + m_p.offset(b, h, m_p.seqlen_q, kHeadDim) + row * row_stride;
-      for (int n = 0; n < kTilesO; ++n) {
-        const int d = n * 8 + (lane % 4) * 2;
-        *reinterpret_cast<std::uint32_t*>(gO + d) = pack2<Format>(
-            acc_o[mt][n][2 * half] * inv, acc_o[mt][n][2 * half + 1] * inv);
-      }
-      if (lane % 4 == 0) {
-        m_lse[m_p.lse_offset(b, h) + row] =
-            row_sum[r] > 0.f ? (row_max[r] + log2f(row_sum[r])) * 0.6931471805599453f
-                             : -INFINITY;
-      }
-    }
+    fwd_write_output<Format>(acc_o, row_max, row_sum, row0, m_p.seqlen_q,
+                             m_o + m_p.offset(b, h, m_p.seqlen_q, kHeadDim),
+                             long(m_p.heads) * kHeadDim, m_lse + m_p.lse_offset(b, h));
   }
 #endif
 

@@ -1,0 +1,144 @@
+#ifndef KFA_CUDA_FWD_SOFTMAX_HPP
+#define KFA_CUDA_FWD_SOFTMAX_HPP
+
+// The online softmax and the output of the 16-bit tensor-core forwards
+// (mma.sync and wgmma), on accumulators in the m16n8 C layout: a thread
+// holds, per m-tile mt of 16 rows, the rows row0 + 16·mt (e = 0, 1) and
+// row0 + 16·mt + 8 (e = 2, 3), and per n-tile n of 8 columns the columns
+// 8n + 2·(lane % 4) + (e % 2). The 4 lanes of a quad share a row.
+
+#include <kfa_mask.hpp>
+
+#include <impl/backend/kfa_cuda_mma.hpp>
+
+#include <cstdint>
+
+namespace kfa {
+namespace Impl {
+
+/// Scale (base 2), mask, online softmax in registers: S becomes P and the
+/// running max and sum move on; `alpha` receives the factors O must be
+/// rescaled by (fwd_rescale), kept apart for a pipeline whose O is still
+/// being written by the tensor cores. `needs_mask`: whether the tile may
+/// hold masked elements (else the element mask is skipped).
+template <int MTiles, int TilesS>
+KOKKOS_FORCEINLINE_FUNCTION void fwd_softmax_scores(float (&s)[MTiles][TilesS][4],
+                                                    float (&row_max)[2 * MTiles],
+                                                    float (&row_sum)[2 * MTiles],
+                                                    float (&alpha)[2 * MTiles],
+                                                    const AttentionMask& mask, bool needs_mask,
+                                                    float scale_log2, int row0, int key_begin) {
+  using namespace cuda_mma;
+  constexpr int kRows = 2 * MTiles;
+  const int lane = lane_id();
+  float block_max[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) block_max[r] = row_max[r];
+#pragma unroll
+  for (int mt = 0; mt < MTiles; ++mt)
+#pragma unroll
+    for (int n = 0; n < TilesS; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = row0 + mt * 16 + (e / 2) * 8;
+        const int col = key_begin + n * 8 + (lane % 4) * 2 + (e & 1);
+        float x = s[mt][n][e] * scale_log2;
+        if (needs_mask && mask.masked(row, col)) x = -INFINITY;
+        s[mt][n][e] = x;
+        block_max[2 * mt + e / 2] = fmaxf(block_max[2 * mt + e / 2], x);
+      }
+  float shift[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    block_max[r] = fmaxf(block_max[r], shfl_xor(block_max[r], 1));
+    block_max[r] = fmaxf(block_max[r], shfl_xor(block_max[r], 2));
+    // A row whose every score so far is masked keeps max -inf: shift by
+    // 0 so exp2(-inf - shift) = 0 instead of NaN.
+    shift[r] = block_max[r] == -INFINITY ? 0.f : block_max[r];
+    alpha[r] = row_max[r] == -INFINITY ? 0.f : exp2_fast(row_max[r] - shift[r]);
+    row_max[r] = block_max[r];
+  }
+  float block_sum[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) block_sum[r] = 0;
+#pragma unroll
+  for (int mt = 0; mt < MTiles; ++mt)
+#pragma unroll
+    for (int n = 0; n < TilesS; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float p = exp2_fast(s[mt][n][e] - shift[2 * mt + e / 2]);
+        s[mt][n][e] = p;
+        block_sum[2 * mt + e / 2] += p;
+      }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) row_sum[r] = alpha[r] * row_sum[r] + block_sum[r];
+}
+
+/// O rescaled by the factors of fwd_softmax_scores.
+template <int MTiles, int TilesO>
+KOKKOS_FORCEINLINE_FUNCTION void fwd_rescale(float (&acc_o)[MTiles][TilesO][4],
+                                             const float (&alpha)[2 * MTiles]) {
+#pragma unroll
+  for (int mt = 0; mt < MTiles; ++mt)
+#pragma unroll
+    for (int n = 0; n < TilesO; ++n) {
+      acc_o[mt][n][0] *= alpha[2 * mt];
+      acc_o[mt][n][1] *= alpha[2 * mt];
+      acc_o[mt][n][2] *= alpha[2 * mt + 1];
+      acc_o[mt][n][3] *= alpha[2 * mt + 1];
+    }
+}
+
+/// One online-softmax step: fwd_softmax_scores, then O rescaled.
+template <int MTiles, int TilesS, int TilesO>
+KOKKOS_FORCEINLINE_FUNCTION void fwd_softmax_update(
+    float (&s)[MTiles][TilesS][4], float (&acc_o)[MTiles][TilesO][4],
+    float (&row_max)[2 * MTiles], float (&row_sum)[2 * MTiles], const AttentionMask& mask,
+    bool needs_mask, float scale_log2, int row0, int key_begin) {
+  float alpha[2 * MTiles];
+  fwd_softmax_scores(s, row_max, row_sum, alpha, mask, needs_mask, scale_log2, row0, key_begin);
+  fwd_rescale(acc_o, alpha);
+}
+
+/// O = acc_o / row_sum in the operand format, lse = ln(sum) + max (natural
+/// log). `gO`: row 0 of this (batch, head) in O, rows `row_stride` apart;
+/// `g_lse`: its lse row. Rows at or past `seqlen_q` are not stored.
+template <class Format, int MTiles, int TilesO>
+KOKKOS_FORCEINLINE_FUNCTION void fwd_write_output(const float (&acc_o)[MTiles][TilesO][4],
+                                                  const float (&row_max)[2 * MTiles],
+                                                  float (&row_sum)[2 * MTiles], int row0,
+                                                  int seqlen_q, std::uint16_t* gO,
+                                                  long row_stride, float* g_lse) {
+  using namespace cuda_mma;
+  constexpr int kRows = 2 * MTiles;
+  const int lane = lane_id();
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    row_sum[r] += shfl_xor(row_sum[r], 1);
+    row_sum[r] += shfl_xor(row_sum[r], 2);
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int mt = r / 2, half = r % 2;
+    const int row = row0 + mt * 16 + half * 8;
+    if (row >= seqlen_q) continue;
+    const float inv = row_sum[r] > 0.f ? 1.f / row_sum[r] : 0.f;
+    std::uint16_t* o_row = gO + row * row_stride;
+#pragma unroll
+    for (int n = 0; n < TilesO; ++n) {
+      const int d = n * 8 + (lane % 4) * 2;
+      *reinterpret_cast<std::uint32_t*>(o_row + d) =
+          pack2<Format>(acc_o[mt][n][2 * half] * inv, acc_o[mt][n][2 * half + 1] * inv);
+    }
+    if (lane % 4 == 0) {
+      g_lse[row] = row_sum[r] > 0.f ? (row_max[r] + log2f(row_sum[r])) * 0.6931471805599453f
+                                    : -INFINITY;
+    }
+  }
+}
+
+}  // namespace Impl
+}  // namespace kfa
+
+#endif

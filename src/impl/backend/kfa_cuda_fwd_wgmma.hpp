@@ -1,0 +1,316 @@
+#ifndef KFA_CUDA_FWD_WGMMA_HPP
+#define KFA_CUDA_FWD_WGMMA_HPP
+
+// Hopper forward for 16-bit types: warpgroup tensor cores (wgmma, sm_90a).
+// A team of WarpGroups warpgroups owns 64·WarpGroups query rows, 64 per
+// warpgroup; K and V blocks of BlockN keys stream through team scratch,
+// double buffered, by cp.async (the next block loads during the current
+// block's work). Per block, every warpgroup
+//   S = Q·K_jᵀ    wgmma m64n{BlockN}k16, Q and K from scratch (K-major),
+//   online softmax in registers (fwd_softmax_update, base 2, scale folded),
+//   O += P·V_j    wgmma m64n{head_dim}k16, P from registers (rounded to the
+//                 operand format where it was computed), V from scratch
+//                 (MN-major).
+// One wgmma instruction is a 64 x N x 16 product of a whole warpgroup,
+// issued once instead of 4·N/8 mma.sync, with its operands read by the
+// tensor cores from scratch: no ldmatrix, no fragment registers for Q, K
+// or V. Scratch tiles are 128-byte swizzled (kfa_cuda_wgmma.hpp).
+// Scratch at head_dim 128, 128 query rows, 128 keys: Q 32 KB, K and V
+// 2 x 2 x 32 KB, 161 KB with the alignment slack.
+
+#include <kfa_mask.hpp>
+
+#include <impl/backend/kfa_cuda_fwd_softmax.hpp>
+#include <impl/backend/kfa_cuda_launch.hpp>
+#include <impl/backend/kfa_cuda_mma.hpp>
+#include <impl/backend/kfa_cuda_wgmma.hpp>
+
+#include <cstdint>
+
+namespace kfa {
+namespace Impl {
+
+#if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
+namespace cuda_mma {
+// Writes 1 where the device code that runs is sm_90a's (it has the wgmma
+// kernels), 0 elsewhere. static: one per translation unit, like the kernels.
+__global__ static void kfa_wgmma_probe_kernel(int* flag) { *flag = KFA_CUDA_WGMMA_DEVICE; }
+}  // namespace cuda_mma
+
+/// Whether the wgmma kernels of this translation unit run on `space`'s GPU:
+/// a compute capability 9.0 device and device code compiled for sm_90a
+/// (probed once per process and translation unit by a one-thread kernel,
+/// since a fat binary may also carry sm_90 code, which has none).
+static inline bool wgmma_available(const Kokkos::Cuda& space) {
+  static const bool available = [&] {
+    const auto& prop = space.cuda_device_prop();
+    if (prop.major != 9 || prop.minor != 0) return false;
+    Kokkos::View<int, Kokkos::CudaSpace> flag(Kokkos::view_alloc(space, "kfa::wgmma_probe"));
+    cuda_mma::kfa_wgmma_probe_kernel<<<1, 1, 0, space.cuda_stream()>>>(flag.data());
+    if (cudaGetLastError() != cudaSuccess) return false;
+    int host = 0;
+    Kokkos::deep_copy(space, host, flag);
+    space.fence("kfa::wgmma_probe");
+    return host == 1;
+  }();
+  return available;
+}
+#endif
+
+template <class ExecSpace, int HeadDim, class Format, class QView, class KView, class VView,
+          class OView, class LseView, bool Pipelined = true>
+class FlashForwardWgmmaKernel {
+ public:
+  /// Pipelined: P_{j-1}·V_{j-1} runs on the tensor cores while the
+  /// warpgroup computes the softmax of block j (FlashAttention-3's
+  /// intra-warpgroup overlap); else each block's products and softmax run
+  /// one after the other.
+  static constexpr bool kPipelined = Pipelined;
+  static constexpr int kHeadDim = HeadDim;
+  static constexpr int kWarpGroups = 2;
+  static constexpr int kWarps = 4 * kWarpGroups;
+  static constexpr int kBlockM = 64 * kWarpGroups;
+  static constexpr int kBlockN = 128;
+  static constexpr int kStages = 2;  // K/V buffers (launch_mma_kernel: opt-in scratch)
+  static constexpr int kMinBlocksPerSM = 1;
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "kfa: the wgmma forward runs head_dim 64 or 128");
+  static constexpr int kTileQ = kBlockM * kHeadDim;  // values per tile
+  static constexpr int kTileKV = kBlockN * kHeadDim;
+  using policy_t = Kokkos::TeamPolicy<ExecSpace>;
+
+  FlashForwardWgmmaKernel(const QView& q, const KView& k, const VView& v, const OView& o,
+                          const LseView& lse, float scale, bool causal)
+      : m_q(reinterpret_cast<const std::uint16_t*>(q.data())),
+        m_k(reinterpret_cast<const std::uint16_t*>(k.data())),
+        m_v(reinterpret_cast<const std::uint16_t*>(v.data())),
+        m_o(reinterpret_cast<std::uint16_t*>(o.data())),
+        m_lse(lse.data()),
+        m_scale_log2(scale * 1.4426950408889634f),
+        m_p(q, k, causal),
+        m_num_q_blocks((m_p.seqlen_q + kBlockM - 1) / kBlockM) {}
+
+  static bool fits(const ExecSpace& space) {
+    return mma_kernel_fits<FlashForwardWgmmaKernel>(space);
+  }
+
+  void launch(const ExecSpace& space) const {
+    launch_mma_kernel(space, "kfa::fwd::wgmma_main_loop", *this, m_p.league(m_num_q_blocks));
+  }
+
+  /// Q, then K and V per stage, and the slack that aligns the swizzle atoms
+  /// to 1024 bytes.
+  KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
+    return sizeof(std::uint16_t) * (std::size_t(kTileQ) + 2 * kStages * std::size_t(kTileKV)) +
+           1024;
+  }
+
+  template <class Team>
+  KOKKOS_INLINE_FUNCTION void body(const Team& team, void* raw) const {
+#if KFA_CUDA_WGMMA_DEVICE
+    using namespace cuda_mma;
+    const int lane = threadIdx.x, warp = threadIdx.y;
+    const int tid = warp * 32 + lane;
+    const int wg = warp / 4;
+
+    const int league = team.league_rank();
+    int b, h;
+    // Longest rows first under the causal mask.
+    const int q_block = m_num_q_blocks - 1 - m_p.block_of(league, b, h);
+    const int row_begin = q_block * kBlockM;
+    const long row_stride = long(m_p.heads) * kHeadDim;
+    const std::uint16_t* gQ = m_q + m_p.offset(b, h, m_p.seqlen_q, kHeadDim);
+    const std::uint16_t* gK = m_k + m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
+    const std::uint16_t* gV = m_v + m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
+
+    // Tiles at a 1024-aligned shared address.
+    const std::uint32_t raw_addr = smem_address(raw);
+    const std::uint32_t base_addr = (raw_addr + 1023) & ~std::uint32_t(1023);
+    std::uint16_t* const sQ =
+        reinterpret_cast<std::uint16_t*>(static_cast<unsigned char*>(raw) + (base_addr - raw_addr));
+    auto sK = [&](int stage) { return sQ + kTileQ + 2 * stage * kTileKV; };
+    auto sV = [&](int stage) { return sK(stage) + kTileKV; };
+    auto addr = [&](const std::uint16_t* p) {
+      return base_addr + std::uint32_t(reinterpret_cast<const unsigned char*>(p) -
+                                       reinterpret_cast<const unsigned char*>(sQ));
+    };
+    auto load_kv = [&](int kv_block) {
+      const int stage = kv_block % kStages;
+      load_rows_sw128_async<kHeadDim>(sK(stage), gK, row_stride, kv_block * kBlockN, kBlockN,
+                                      m_p.seqlen_k, tid, kWarps * 32);
+      load_rows_sw128_async<kHeadDim>(sV(stage), gV, row_stride, kv_block * kBlockN, kBlockN,
+                                      m_p.seqlen_k, tid, kWarps * 32);
+    };
+
+    const int rows = imin(kBlockM, m_p.seqlen_q - row_begin);
+    const int key_end = m_p.mask.key_end(row_begin + rows);
+    const int num_kv_blocks = (key_end + kBlockN - 1) / kBlockN;
+    // This thread's rows: row0 and row0 + 8 (warp = 4·wg + warp in group).
+    const int row0 = row_begin + warp * 16 + lane / 4;
+
+    float acc_o[1][kTilesO][4];
+    float s[1][kTilesS][4];
+    for (int n = 0; n < kTilesO; ++n)
+      acc_o[0][n][0] = acc_o[0][n][1] = acc_o[0][n][2] = acc_o[0][n][3] = 0;
+    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0, 0};
+    auto& o_flat = reinterpret_cast<float(&)[4 * kTilesO]>(acc_o);
+    auto& s_flat = reinterpret_cast<float(&)[4 * kTilesS]>(s);
+
+    // This warpgroup's 64 Q rows: 64 · 128 bytes into each column block.
+    const std::uint32_t q_addr = addr(sQ) + wg * 64 * 128;
+    // S = Q·K_jᵀ issued (not waited for): head_dim / 16 k-steps, 4 per
+    // 64-value column block.
+    auto issue_scores = [&](int stage) {
+      const std::uint32_t k_addr = addr(sK(stage));
+      fence_operands(s_flat);
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+        const std::uint32_t col = ks / 4, step = (ks % 4) * 32;
+        const std::uint64_t desc_q =
+            sw128_descriptor(q_addr + col * sw128_block_bytes(kBlockM) + step, 16, 1024);
+        const std::uint64_t desc_k =
+            sw128_descriptor(k_addr + col * sw128_block_bytes(kBlockN) + step, 16, 1024);
+        Wgmma<Format, kBlockN>::ss(s_flat, desc_q, desc_k, ks > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+    };
+    // O += P·V issued: P's 16-key slice kk is the A operand of k-step kk.
+    std::uint32_t p[kBlockN / 16][4];
+    auto issue_pv = [&](int stage) {
+      const std::uint32_t v_addr = addr(sV(stage));
+      fence_operands(o_flat);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        const std::uint64_t desc_v =
+            sw128_descriptor(v_addr + kk * 16 * 128, sw128_block_bytes(kBlockN), 1024);
+        Wgmma<Format, kHeadDim>::rs(o_flat, p[kk], desc_v, 1);
+      }
+      wgmma_commit();
+    };
+    auto pack_p = [&] {
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        p[kk][0] = pack2<Format>(s[0][2 * kk][0], s[0][2 * kk][1]);
+        p[kk][1] = pack2<Format>(s[0][2 * kk][2], s[0][2 * kk][3]);
+        p[kk][2] = pack2<Format>(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
+        p[kk][3] = pack2<Format>(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
+      }
+    };
+    auto softmax = [&](int key_begin, float (&alpha)[2]) {
+      fwd_softmax_scores(
+          s, row_max, row_sum, alpha, m_p.mask,
+          m_p.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin, key_begin + kBlockN),
+          m_scale_log2, row0, key_begin);
+    };
+    // Every thread's copies have landed and are visible to wgmma, for every
+    // warpgroup (and every warpgroup is done with what the next copies
+    // overwrite).
+    auto sync_tiles = [&] {
+      cp_async_wait<0>();
+      fence_proxy_async();
+      team.team_barrier();
+    };
+
+    load_rows_sw128_async<kHeadDim>(sQ, gQ, row_stride, row_begin, kBlockM, m_p.seqlen_q, tid,
+                                    kWarps * 32);
+    if constexpr (!kPipelined) {
+      if (num_kv_blocks > 0) load_kv(0);
+      cp_async_commit();
+      for (int kv_block = 0; kv_block < num_kv_blocks; ++kv_block) {
+        // K_j and V_j (and Q) are in scratch; block j-1's stage, which
+        // j+1 reuses, is free.
+        sync_tiles();
+        if (kv_block + 1 < num_kv_blocks) load_kv(kv_block + 1);
+        cp_async_commit();
+        const int stage = kv_block % kStages;
+        issue_scores(stage);
+        wgmma_wait<0>();
+        fence_operands(s_flat);
+        float alpha[2];
+        softmax(kv_block * kBlockN, alpha);
+        fwd_rescale(acc_o, alpha);
+        pack_p();
+        issue_pv(stage);
+        wgmma_wait<0>();
+        fence_operands(o_flat);
+      }
+    } else {
+      // K_j and V_{j-1} are read in iteration j, so the copies of iteration
+      // j are K_{j+1} and V_j: K_{j+1} takes the stage of K_{j-1} (S_{j-1}
+      // done in iteration j-1), V_j that of V_{j-2} (P_{j-2}·V_{j-2} done
+      // in iteration j-1).
+      auto load_k = [&](int kv_block) {
+        load_rows_sw128_async<kHeadDim>(sK(kv_block % kStages), gK, row_stride,
+                                        kv_block * kBlockN, kBlockN, m_p.seqlen_k, tid,
+                                        kWarps * 32);
+      };
+      auto load_v = [&](int kv_block) {
+        load_rows_sw128_async<kHeadDim>(sV(kv_block % kStages), gV, row_stride,
+                                        kv_block * kBlockN, kBlockN, m_p.seqlen_k, tid,
+                                        kWarps * 32);
+      };
+      if (num_kv_blocks > 0) load_k(0);
+      cp_async_commit();
+      for (int kv_block = 0; kv_block < num_kv_blocks; ++kv_block) {
+        sync_tiles();
+        if (kv_block + 1 < num_kv_blocks) load_k(kv_block + 1);
+        load_v(kv_block);
+        cp_async_commit();
+        issue_scores(kv_block % kStages);
+        if (kv_block > 0) {
+          issue_pv((kv_block - 1) % kStages);
+          wgmma_wait<1>();  // S_j is done, P_{j-1}·V_{j-1} may still run
+        } else {
+          wgmma_wait<0>();
+        }
+        fence_operands(s_flat);
+        float alpha[2];
+        softmax(kv_block * kBlockN, alpha);
+        wgmma_wait<0>();
+        fence_operands(o_flat);
+        fwd_rescale(acc_o, alpha);
+        pack_p();
+      }
+      if (num_kv_blocks > 0) {
+        // V of the last block.
+        sync_tiles();
+        issue_pv((num_kv_blocks - 1) % kStages);
+        wgmma_wait<0>();
+        fence_operands(o_flat);
+      }
+    }
+    cp_async_wait<0>();
+    fwd_write_output<Format>(acc_o, row_max, row_sum, row0, m_p.seqlen_q,
+                             m_o + m_p.offset(b, h, m_p.seqlen_q, kHeadDim), row_stride,
+                             m_lse + m_p.lse_offset(b, h));
+#elif defined(__CUDA_ARCH__)
+    // Device code without wgmma (not sm_90a): the dispatch never launches
+    // this kernel there (wgmma_available); a launch anyway stops it.
+    (void)team;
+    (void)raw;
+    __trap();
+#else
+    (void)team;
+    (void)raw;
+#endif
+  }
+
+ private:
+  static constexpr int kTilesS = kBlockN / 8;   // n-tiles of S per thread
+  static constexpr int kTilesO = kHeadDim / 8;  // n-tiles of O per thread
+
+  const std::uint16_t* m_q;
+  const std::uint16_t* m_k;
+  const std::uint16_t* m_v;
+  std::uint16_t* m_o;
+  float* m_lse;
+  float m_scale_log2;
+  FusedProblem m_p;
+  int m_num_q_blocks;
+};
+
+}  // namespace Impl
+}  // namespace kfa
+
+#endif
