@@ -6,7 +6,7 @@
 //
 //   bench_device --dtype bf16|fp16|fp32|fp64 --batch B --seqlen N --heads H
 //                --head-dim D [--causal] [--iters 20] [--warmup 3] [--no-bwd]
-//                [--fwd-variant NAME] --dir /dev/shm/kfa_bench | --random
+//                [--fwd-variant NAME] [--no-wgmma] --dir /dev/shm/kfa_bench | --random
 
 #include <kfa/kfa.hpp>
 
@@ -39,6 +39,8 @@ struct Args {
   /// "default" (the library's dispatch), or a tile shape of
   /// mma_forward_variant(). (Earlier variants, lb3 and w8, are in RESULTS.md.)
   std::string fwd_variant = "default";
+  /// Whether the library's 16-bit kernels may take the Hopper (wgmma) path.
+  bool wgmma = true;
 };
 
 Args parse(int argc, char* argv[]) {
@@ -62,6 +64,7 @@ Args parse(int argc, char* argv[]) {
     else if (s == "--random") a.random = true;
     else if (s == "--fp32-matmul") a.fp32_matmul = next();
     else if (s == "--fwd-variant") a.fwd_variant = next();
+    else if (s == "--no-wgmma") a.wgmma = false;
     else throw std::invalid_argument("unknown argument " + s);
   }
   return a;
@@ -133,7 +136,7 @@ std::function<void()> mma_forward_shape(const Args& a, View4 q, View4 k, View4 v
 }
 
 /// The Hopper (wgmma) forward, pipelined or not, for experiments.
-template <bool Pipelined, class T, class View4, class View3>
+template <bool Pipelined, bool FoldScale, class T, class View4, class View3>
 std::function<void()> wgmma_forward(const Args& a, View4 q, View4 k, View4 v, View4 o,
                                     View3 lse) {
   using Space = Kokkos::DefaultExecutionSpace;
@@ -147,17 +150,25 @@ std::function<void()> wgmma_forward(const Args& a, View4 q, View4 k, View4 v, Vi
     const bool causal = a.causal;
     if (a.head_dim == 64)
       return [=] {
-        FlashForwardWgmmaKernel<Space, 64, Format, View4, View4, View4, View4, View3, Pipelined>(
+        FlashForwardWgmmaKernel<Space, 64, Format, View4, View4, View4, View4, View3, Pipelined,
+                                FoldScale>(
             q, k, v, o, lse, scale, causal)
             .launch(Space());
       };
     if (a.head_dim == 128)
       return [=] {
-        FlashForwardWgmmaKernel<Space, 128, Format, View4, View4, View4, View4, View3, Pipelined>(
+        FlashForwardWgmmaKernel<Space, 128, Format, View4, View4, View4, View4, View3, Pipelined,
+                                FoldScale>(
             q, k, v, o, lse, scale, causal)
             .launch(Space());
       };
-    throw std::invalid_argument("--fwd-variant wgmma_* needs head_dim 64 or 128");
+    if (a.head_dim == 256)
+      return [=] {
+        FlashForwardWgmmaKernel<Space, 256, Format, View4, View4, View4, View4, View3, Pipelined,
+                                FoldScale>(q, k, v, o, lse, scale, causal)
+            .launch(Space());
+      };
+    throw std::invalid_argument("--fwd-variant wgmma_* needs head_dim 64, 128 or 256");
   }
 #endif
   (void)q, (void)k, (void)v, (void)o, (void)lse;
@@ -278,13 +289,15 @@ std::function<void()> forward_variant(const Args& a, View4 q, View4 k, View4 v, 
     if (a.fwd_variant == "large_8w")
       return mma_forward_shape<FwdMmaShape<8, 1, 64, 2, 1>, T>(a, q, k, v, o, lse);
     if (a.fwd_variant == "wgmma_serial")
-      return wgmma_forward<false, T>(a, q, k, v, o, lse);
+      return wgmma_forward<false, true, T>(a, q, k, v, o, lse);
+    if (a.fwd_variant == "wgmma_nofold")
+      return wgmma_forward<true, false, T>(a, q, k, v, o, lse);
     if (a.fwd_variant == "mma_large")
       return mma_forward_shape<FwdMmaShape<4, 2, 64, 2, 2>, T>(a, q, k, v, o, lse);
     if (a.fwd_variant == "large_n32")
       return mma_forward_shape<FwdMmaShape<4, 2, 32, 2, 2>, T>(a, q, k, v, o, lse);
     throw std::invalid_argument(
-        "--fwd-variant must be default, policy, policy_m2, large_8w, mma_large, wgmma_serial or large_n32");
+        "--fwd-variant must be default, policy, policy_m2, large_8w, mma_large, wgmma_serial, wgmma_nofold or large_n32");
   }
 }
 
@@ -315,6 +328,7 @@ void run(const Args& a) {
     read_into(v, a.dir + "/v.bin");
     read_into(d_o, a.dir + "/do.bin");
   }
+  kfa::Impl::use_wgmma_kernels() = a.wgmma;
   kfa::AttentionOptions opt;
   opt.causal = a.causal;
   opt.fp32_matmul = fp32_matmul(a.fp32_matmul);
@@ -341,7 +355,7 @@ void run(const Args& a) {
   // Whether the library's 16-bit forward runs the Hopper (wgmma) kernel.
   int wgmma = 0;
 #ifdef KOKKOS_ENABLE_CUDA
-  wgmma = kfa::Impl::wgmma_available(space) ? 1 : 0;
+  wgmma = a.wgmma && kfa::Impl::wgmma_available(space) ? 1 : 0;
 #endif
   std::printf("{\"fwd_ms\": %.6f, \"bwd_ms\": %.6f, \"fwd_bwd_ms\": %.6f, \"wgmma\": %d}\n",
               t_fwd, t_bwd, t_fwd_bwd, wgmma);

@@ -181,19 +181,24 @@ def main():
                 kg = read(f"{args.dir}/{g}_kfa.bin", (B, N, H, D), dtype)
                 errs[g] = max_err(kg[:1, :, :2], ref[2 + i])
         # Extra forward variants: timed, and their own O checked against the reference.
-        variants, variant_errs = {}, {}
+        variants, variant_errs, variant_bwd = {}, {}, {}
         if args.fwd_variants:
             for entry in args.fwd_variants.split(","):
                 # "name" runs on every type, "dtype:name" on that type only.
                 vdt, _, var = entry.rpartition(":")
                 if vdt and vdt != dt:
                     continue
-                vr = subprocess.run(cmd + ["--no-bwd", "--fwd-variant", var], capture_output=True,
-                                    text=True)
+                # "no_wgmma": the library's mma.sync kernels (forward and backward)
+                # where it would take the Hopper ones; others are forward variants.
+                extra = ["--no-wgmma"] if var == "no_wgmma" else ["--no-bwd", "--fwd-variant", var]
+                vr = subprocess.run(cmd + extra, capture_output=True, text=True)
                 if vr.returncode != 0:
                     print(f"variant {var} failed: {vr.stderr.strip()}", flush=True)
                     continue
-                variants[var] = json.loads(vr.stdout.strip().splitlines()[-1])["fwd_ms"]
+                vt = json.loads(vr.stdout.strip().splitlines()[-1])
+                variants[var] = vt["fwd_ms"]
+                if var == "no_wgmma":
+                    variant_bwd[var] = vt["bwd_ms"]
                 vo = read(f"{args.dir}/o_kfa.bin", (B, N, H, D), dtype)
                 vl = read(f"{args.dir}/lse_kfa.bin", (B, H, N), lse_dtype)
                 variant_errs[var] = max(max_err(vo[:1, :, :2], ref[0]),
@@ -227,6 +232,8 @@ def main():
         for var, ms in variants.items():
             row[f"kfa_fwd_{var}"] = tf(ms)
             row[f"err_{var}"] = variant_errs[var]
+        for var, ms in variant_bwd.items():
+            row[f"kfa_bwd_{var}"] = tf(ms, 2.5)
         for name, (f_ms, b_ms) in anchors.items():
             row[f"{name}_fwd"] = tf(f_ms)
             row[f"{name}_fwd_bwd"] = tf(b_ms, 3.5)
@@ -239,6 +246,7 @@ def main():
               + f" | fwd ratio vs {a0} {row['kfa_fwd'] / row[a0 + '_fwd']:.3f}"
               + "".join(f" | fwd {var} {row['kfa_fwd_' + var]:7.2f} (err o/lse {row['err_' + var]:.1e})"
                         for var in variants)
+              + "".join(f" | bwd {var} {row['kfa_bwd_' + var]:7.2f}" for var in variant_bwd)
               + f" | err kfa o {errs['o']:.2e} torch o {terr['o']:.2e}"
               + (f" kfa dq {errs['dq']:.2e} torch dq {terr['dq']:.2e}" if 'dq' in errs else ""),
               flush=True)

@@ -26,6 +26,7 @@
 #include <kfa_variant.hpp>
 
 #include <impl/backend/kfa_cuda_bwd_mma.hpp>
+#include <impl/backend/kfa_cuda_bwd_wgmma.hpp>
 #include <impl/backend/kfa_cuda_fwd_mma.hpp>
 #include <impl/backend/kfa_cuda_fwd_wgmma.hpp>
 #include <impl/backend/kfa_cuda_bwd_mma_wide.hpp>
@@ -236,8 +237,16 @@ inline bool& use_opt_in_shared_memory() {
   return enabled;
 }
 
+/// Whether the 16-bit kernels may take the Hopper (wgmma) path where the GPU
+/// and the device code have it; false runs the mma.sync kernels there too.
+/// Like use_opt_in_shared_memory: for tests and comparisons, process-wide.
+inline bool& use_wgmma_kernels() {
+  static bool enabled = true;
+  return enabled;
+}
+
 /// The tensor-core forward: on Hopper with sm_90a device code the wgmma
-/// kernel (head_dim 64, 128), else mma.sync in its large shape (opt-in
+/// kernel, else mma.sync in its large shape (opt-in
 /// shared memory) where the GPU grants it, else in the shape that fits
 /// Kokkos' TeamPolicy.
 template <class ExecSpace, int HeadDim, class Format, class Q, class K, class V, class O,
@@ -249,9 +258,10 @@ void launch_forward_mma(const ExecSpace& space, const Q& q, const K& k, const V&
   using policy_t = FlashForwardMmaKernel<ExecSpace, HeadDim, Format, Q, K, V, O, Lse,
                                          FwdMmaPolicyShape<HeadDim>>;
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
-  if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value && (HeadDim == 64 || HeadDim == 128)) {
+  if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
     using wgmma_t = FlashForwardWgmmaKernel<ExecSpace, HeadDim, Format, Q, K, V, O, Lse>;
-    if (use_opt_in_shared_memory() && wgmma_available(space) && wgmma_t::fits(space)) {
+    if (use_opt_in_shared_memory() && use_wgmma_kernels() && wgmma_available(space) &&
+        wgmma_t::fits(space)) {
       wgmma_t(q, k, v, o, lse, scale, causal).launch(space);
       return;
     }
@@ -312,6 +322,18 @@ bool try_backward_mma(const ExecSpace& space, const Q& q, const K& k, const V& v
                                               AccView, DK, DV, 3>;
       using policy_t = FlashBackwardMmaKernel<ExecSpace, D, Format, Q, K, V, DO, Lse, Delta,
                                               AccView, DK, DV, 1>;
+#if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
+      // At head_dim 64 the mma.sync backward is faster on the H200 (RESULTS v12).
+      if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value && D == 128) {
+        using wgmma_t = FlashBackwardWgmmaKernel<ExecSpace, D, Format, Q, K, V, DO, Lse, Delta,
+                                                 AccView, DK, DV>;
+        if (use_opt_in_shared_memory() && use_wgmma_kernels() && wgmma_available(space) &&
+            wgmma_t::fits(space)) {
+          wgmma_t(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, options.causal).launch(space);
+          return;
+        }
+      }
+#endif
       if (use_opt_in_shared_memory() && staged_t::fits(space))
         staged_t(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, options.causal).launch(space);
       else

@@ -108,6 +108,42 @@ TEST(FlashBackwardCuda, TeamPolicyShapesWithoutOptInSharedMemory) {
   }
 }
 
+// On Hopper with sm_90a code the typed tests run the wgmma kernels; this
+// one runs the mma.sync kernels (large shapes) there too, forward and
+// backward, on the shapes the typed tests give the tensor cores. Elsewhere
+// it repeats what the typed tests check.
+TEST(FlashBackwardCuda, MmaSyncKernelsWithoutWgmma) {
+  struct Restore {
+    ~Restore() { kfa::Impl::use_wgmma_kernels() = true; }
+  } restore;
+  kfa::Impl::use_wgmma_kernels() = false;
+  using C16 = Config<Kokkos::Cuda, kfa::bfloat16>;
+  using C16h = Config<Kokkos::Cuda, kfa::half, true>;
+  for (bool causal : {false, true}) {
+    check_backward<C16>({2, 190, 333, 2, 64}, causal, false);
+    check_backward<C16>({1, 300, 129, 2, 128}, causal, false);
+    check_backward<C16h>({1, 129, 300, 2, 128}, causal, false);
+    check_backward<C16h>({1, 1023, 1024, 1, 64}, causal, false);
+  }
+}
+
+// The Hopper backward on more shapes than the typed tests: query and key
+// blocks partial and whole, more keys than queries and fewer, several
+// heads and batches.
+TEST(FlashBackwardCuda, HopperWgmma) {
+  if (!kfa::Impl::wgmma_available(Kokkos::Cuda())) {
+    GTEST_SKIP() << "no sm_90 GPU, or this build has no sm_90a device code (KFA_CUDA_SM90A)";
+  }
+  using C16 = Config<Kokkos::Cuda, kfa::bfloat16>;
+  using C16h = Config<Kokkos::Cuda, kfa::half, true>;
+  for (bool causal : {false, true}) {
+    check_backward<C16>({2, 256, 384, 2, 128}, causal, false);
+    check_backward<C16h>({1, 129, 300, 2, 128}, causal, false);
+    check_backward<C16>({1, 64, 128, 3, 64}, causal, false);
+    check_backward<C16h>({2, 333, 190, 2, 64}, causal, false);
+  }
+}
+
 // fp32 on tensor cores (Fp32Matmul::split_tf32 and tf32) trades precision
 // for speed, so it is held to a bound of its own: relative to the size of
 // the gradients, 3e-5 for 3xTF32 (22 of 24 significand bits per operand),

@@ -201,18 +201,20 @@ void check_mma_shape(const Shape& s, bool causal) {
                    T>(s, causal);
 }
 
-template <int HeadDim, class T>
+template <int HeadDim, class T, bool FoldScale = true>
 void check_wgmma(const Shape& s, bool causal) {
   using Format = typename kfa::Impl::MmaFormat<Kokkos::Cuda, T>::type;
   check_fwd_kernel<kfa::Impl::FlashForwardWgmmaKernel<Kokkos::Cuda, HeadDim, Format,
                                                       DeviceIn4<T>, DeviceIn4<T>, DeviceIn4<T>,
                                                       DeviceView4<T, Kokkos::Cuda>,
-                                                      DeviceView3<float, Kokkos::Cuda>>,
+                                                      DeviceView3<float, Kokkos::Cuda>, true,
+                                                      FoldScale>,
                    T>(s, causal);
 }
 
 // The Hopper forward (wgmma), where this build has sm_90a code and the GPU
-// is an sm_90: awkward lengths (partial query and key blocks, more keys
+// is an sm_90, with the scale folded into the exponent (the default) and
+// not: awkward lengths (partial query and key blocks, more keys
 // than queries and fewer), both formats, both head dims, causal and not.
 // The entry point runs it too (the typed tests) on such a GPU.
 TEST(FlashForwardCuda, HopperWgmma) {
@@ -224,11 +226,17 @@ TEST(FlashForwardCuda, HopperWgmma) {
                            Shape{1, 128, 128, 3, 64}}) {
       check_wgmma<64, kfa::bfloat16>(s, causal);
       check_wgmma<64, kfa::half>(s, causal);
+      check_wgmma<64, kfa::bfloat16, false>(s, causal);
     }
     for (const Shape& s : {Shape{1, 300, 129, 2, 128}, Shape{1, 257, 1000, 1, 128},
                            Shape{2, 512, 384, 2, 128}}) {
       check_wgmma<128, kfa::bfloat16>(s, causal);
       check_wgmma<128, kfa::half>(s, causal);
+      check_wgmma<128, kfa::half, false>(s, causal);
+    }
+    for (const Shape& s : {Shape{1, 200, 77, 2, 256}, Shape{1, 129, 300, 1, 256}}) {
+      check_wgmma<256, kfa::bfloat16>(s, causal);
+      check_wgmma<256, kfa::half>(s, causal);
     }
   }
 }

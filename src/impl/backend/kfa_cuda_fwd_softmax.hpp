@@ -75,6 +75,81 @@ KOKKOS_FORCEINLINE_FUNCTION void fwd_softmax_scores(float (&s)[MTiles][TilesS][4
   for (int r = 0; r < kRows; ++r) row_sum[r] = alpha[r] * row_sum[r] + block_sum[r];
 }
 
+/// fwd_softmax_scores with the scale folded into the exponent's FFMA: the
+/// row max is taken on the raw scores (their minimum where the scale is
+/// negative), so each score costs exp2(fma(s, scale, -shift)) instead of a
+/// multiply, a max and a subtract (FlashAttention-3's form). Same results
+/// up to rounding of the product.
+template <bool PositiveScale, int MTiles, int TilesS>
+KOKKOS_FORCEINLINE_FUNCTION void fwd_softmax_scores_folded_impl(
+    float (&s)[MTiles][TilesS][4], float (&row_max)[2 * MTiles], float (&row_sum)[2 * MTiles],
+    float (&alpha)[2 * MTiles], const AttentionMask& mask, bool needs_mask, float scale_log2,
+    int row0, int key_begin) {
+  using namespace cuda_mma;
+  constexpr int kRows = 2 * MTiles;
+  constexpr float kMasked = PositiveScale ? -INFINITY : INFINITY;
+  const int lane = lane_id();
+  float raw_best[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) raw_best[r] = kMasked;
+#pragma unroll
+  for (int mt = 0; mt < MTiles; ++mt)
+#pragma unroll
+    for (int n = 0; n < TilesS; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = s[mt][n][e];
+        if (needs_mask) {
+          const int row = row0 + mt * 16 + (e / 2) * 8;
+          const int col = key_begin + n * 8 + (lane % 4) * 2 + (e & 1);
+          if (mask.masked(row, col)) x = kMasked;
+          s[mt][n][e] = x;
+        }
+        raw_best[2 * mt + e / 2] = PositiveScale ? fmaxf(raw_best[2 * mt + e / 2], x)
+                                                 : fminf(raw_best[2 * mt + e / 2], x);
+      }
+  float shift[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    float best = raw_best[r];
+    best = PositiveScale ? fmaxf(best, shfl_xor(best, 1)) : fminf(best, shfl_xor(best, 1));
+    best = PositiveScale ? fmaxf(best, shfl_xor(best, 2)) : fminf(best, shfl_xor(best, 2));
+    // In base-2 scaled units; a row masked so far keeps -inf (shift 0).
+    const float block_max = fmaxf(row_max[r], best * scale_log2);
+    shift[r] = block_max == -INFINITY ? 0.f : block_max;
+    alpha[r] = row_max[r] == -INFINITY ? 0.f : exp2_fast(row_max[r] - shift[r]);
+    row_max[r] = block_max;
+  }
+  float block_sum[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) block_sum[r] = 0;
+#pragma unroll
+  for (int mt = 0; mt < MTiles; ++mt)
+#pragma unroll
+    for (int n = 0; n < TilesS; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float p = exp2_fast(fmaf(s[mt][n][e], scale_log2, -shift[2 * mt + e / 2]));
+        s[mt][n][e] = p;
+        block_sum[2 * mt + e / 2] += p;
+      }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) row_sum[r] = alpha[r] * row_sum[r] + block_sum[r];
+}
+
+template <int MTiles, int TilesS>
+KOKKOS_FORCEINLINE_FUNCTION void fwd_softmax_scores_folded(
+    float (&s)[MTiles][TilesS][4], float (&row_max)[2 * MTiles], float (&row_sum)[2 * MTiles],
+    float (&alpha)[2 * MTiles], const AttentionMask& mask, bool needs_mask, float scale_log2,
+    int row0, int key_begin) {
+  if (scale_log2 > 0)
+    fwd_softmax_scores_folded_impl<true>(s, row_max, row_sum, alpha, mask, needs_mask,
+                                         scale_log2, row0, key_begin);
+  else
+    fwd_softmax_scores_folded_impl<false>(s, row_max, row_sum, alpha, mask, needs_mask,
+                                          scale_log2, row0, key_begin);
+}
+
 /// O rescaled by the factors of fwd_softmax_scores.
 template <int MTiles, int TilesO>
 KOKKOS_FORCEINLINE_FUNCTION void fwd_rescale(float (&acc_o)[MTiles][TilesO][4],

@@ -312,6 +312,32 @@ struct Wgmma<Fp16, 256> {
 #endif  // KFA_CUDA_WGMMA_DEVICE
 
 }  // namespace cuda_mma
+
+#if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
+// Writes 1 where the device code that runs is sm_90a's (it has the wgmma
+// kernels), 0 elsewhere. static: one per translation unit, like the kernels.
+__global__ static void kfa_wgmma_probe_kernel(int* flag) { *flag = KFA_CUDA_WGMMA_DEVICE; }
+
+/// Whether the wgmma kernels of this translation unit run on `space`'s GPU:
+/// a compute capability 9.0 device and device code compiled for sm_90a
+/// (probed once per process and translation unit by a one-thread kernel,
+/// since a fat binary may also carry sm_90 code, which has none).
+static inline bool wgmma_available(const Kokkos::Cuda& space) {
+  static const bool available = [&] {
+    const auto& prop = space.cuda_device_prop();
+    if (prop.major != 9 || prop.minor != 0) return false;
+    Kokkos::View<int, Kokkos::CudaSpace> flag(Kokkos::view_alloc(space, "kfa::wgmma_probe"));
+    kfa_wgmma_probe_kernel<<<1, 1, 0, space.cuda_stream()>>>(flag.data());
+    if (cudaGetLastError() != cudaSuccess) return false;
+    int host = 0;
+    Kokkos::deep_copy(space, host, flag);
+    space.fence("kfa::wgmma_probe");
+    return host == 1;
+  }();
+  return available;
+}
+#endif
+
 }  // namespace Impl
 }  // namespace kfa
 

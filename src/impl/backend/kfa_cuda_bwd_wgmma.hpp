@@ -1,0 +1,359 @@
+#ifndef KFA_CUDA_BWD_WGMMA_HPP
+#define KFA_CUDA_BWD_WGMMA_HPP
+
+// Hopper backward for 16-bit types (dK, dV, and dQ by fp32 atomics):
+// warpgroup tensor cores (wgmma, sm_90a). A team of 2 warpgroups owns a
+// block of 128 keys, 64 per warpgroup, and walks the 64-row query blocks
+// that see them, the next block's Q, dO, lse and D loading (cp.async,
+// double buffered) during the current one's products. Per query block,
+// each warpgroup computes for its keys
+//   Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ      wgmma m64n64k16, all operands from scratch
+//   Pᵀ = exp2(Sᵀ·scale·log2e - lse·log2e), dSᵀ = Pᵀ ∘ (dPᵀ - D)  registers
+//   dV += Pᵀ·dO, dK += dSᵀ·Q    wgmma m64n{d}k16, Pᵀ and dSᵀ from registers
+//                               (rounded where computed), dO and Q N-major
+// and stages dSᵀ in scratch; then dQ = dS·K·scale, A = dS (M-major view of
+// the dSᵀ tile), B = K (N-major): at head_dim 128 each warpgroup takes 64
+// of the head dims over all 128 keys, at 64 all head dims over its own 64
+// keys (two partial sums), added to an fp32 accumulator with atomics.
+// Scratch at head_dim 128: K, V 2 x 32 KB, 2 x (Q, dO 2 x 16 KB, lse, D),
+// the dSᵀ tile 16 KB: 145 KB. Tiles are 128-byte swizzled
+// (kfa_cuda_wgmma.hpp); a dSᵀ tile is [128 keys][64 queries].
+
+#include <kfa_mask.hpp>
+
+#include <impl/backend/kfa_cuda_launch.hpp>
+#include <impl/backend/kfa_cuda_mma.hpp>
+#include <impl/backend/kfa_cuda_wgmma.hpp>
+
+#include <cstdint>
+
+namespace kfa {
+namespace Impl {
+
+template <class ExecSpace, int HeadDim, class Format, class QView, class KView, class VView,
+          class DOView, class LseView, class DeltaView, class DQAccView, class DKView,
+          class DVView>
+class FlashBackwardWgmmaKernel {
+ public:
+  static constexpr int kHeadDim = HeadDim;
+  static constexpr int kWarps = 8;     // 2 warpgroups
+  static constexpr int kBlockN = 128;  // keys per team, 64 per warpgroup
+  static constexpr int kBlockM = 64;   // queries per step
+  static constexpr int kStages = 2;    // Q/dO buffers (launch_mma_kernel: opt-in scratch)
+  static constexpr int kMinBlocksPerSM = 1;
+  static_assert(kHeadDim == 64 || kHeadDim == 128,
+                "kfa: the wgmma backward runs head_dim 64 or 128");
+  /// dQ split over the warpgroups: by head dim (128) or by keys (64).
+  static constexpr bool kDqSplitKeys = kHeadDim == 64;
+  static constexpr int kTileKV = kBlockN * kHeadDim;  // values per tile
+  static constexpr int kTileQ = kBlockM * kHeadDim;
+  static constexpr int kTileDS = kBlockN * kBlockM;
+  using policy_t = Kokkos::TeamPolicy<ExecSpace>;
+
+  FlashBackwardWgmmaKernel(const QView& q, const KView& k, const VView& v, const DOView& d_o,
+                           const LseView& lse, const DeltaView& delta, const DQAccView& dq_acc,
+                           const DKView& dk, const DVView& dv, float scale, bool causal)
+      : m_q(reinterpret_cast<const std::uint16_t*>(q.data())),
+        m_k(reinterpret_cast<const std::uint16_t*>(k.data())),
+        m_v(reinterpret_cast<const std::uint16_t*>(v.data())),
+        m_do(reinterpret_cast<const std::uint16_t*>(d_o.data())),
+        m_lse(lse.data()),
+        m_delta(delta.data()),
+        m_dq_acc(dq_acc.data()),
+        m_dk(reinterpret_cast<std::uint16_t*>(dk.data())),
+        m_dv(reinterpret_cast<std::uint16_t*>(dv.data())),
+        m_scale(scale),
+        m_p(q, k, causal),
+        m_num_kv_blocks((m_p.seqlen_k + kBlockN - 1) / kBlockN) {}
+
+  static bool fits(const ExecSpace& space) {
+    return mma_kernel_fits<FlashBackwardWgmmaKernel>(space);
+  }
+
+  void launch(const ExecSpace& space) const {
+    launch_mma_kernel(space, "kfa::bwd::wgmma_dk_dv", *this, m_p.league(m_num_kv_blocks));
+  }
+
+  /// K, V, per stage Q, dO, lse and D, the dSᵀ tile, and the slack that
+  /// aligns the swizzle atoms to 1024 bytes.
+  KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
+    return sizeof(std::uint16_t) * (2 * std::size_t(kTileKV) + 2 * kStages * std::size_t(kTileQ) +
+                                    std::size_t(kTileDS)) +
+           2 * kStages * sizeof(float) * kBlockM + 1024;
+  }
+
+  template <class Team>
+  KOKKOS_INLINE_FUNCTION void body(const Team& team, void* raw) const {
+#if KFA_CUDA_WGMMA_DEVICE
+    using namespace cuda_mma;
+    constexpr float kLog2e = 1.4426950408889634f;
+    constexpr int kTilesS = kBlockM / 8;   // n-tiles of Sᵀ (queries) per thread
+    constexpr int kTilesD = kHeadDim / 8;  // n-tiles of dK, dV per thread
+    constexpr int kDqN = 64;               // dQ columns per warpgroup
+    const int lane = threadIdx.x, warp = threadIdx.y;
+    const int tid = warp * 32 + lane;
+    const int wg = warp / 4;
+
+    const int league = team.league_rank();
+    int b, h;
+    const int kv_block = m_p.block_of(league, b, h);
+    const int key_begin = kv_block * kBlockN;
+    const long row_stride = long(m_p.heads) * kHeadDim;
+    const long q_offset = m_p.offset(b, h, m_p.seqlen_q, kHeadDim);
+    const long k_offset = m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
+    const float* g_lse = m_lse + m_p.lse_offset(b, h);
+    const float* g_delta = m_delta + m_p.lse_offset(b, h);
+
+    const std::uint32_t raw_addr = smem_address(raw);
+    const std::uint32_t base_addr = (raw_addr + 1023) & ~std::uint32_t(1023);
+    std::uint16_t* const sK =
+        reinterpret_cast<std::uint16_t*>(static_cast<unsigned char*>(raw) + (base_addr - raw_addr));
+    std::uint16_t* const sV = sK + kTileKV;
+    std::uint16_t* const sQ0 = sV + kTileKV;  // stage s: Q, then dO
+    std::uint16_t* const sdS = sQ0 + 2 * kStages * kTileQ;
+    float* const s_stats0 = reinterpret_cast<float*>(sdS + kTileDS);  // stage s: lse, D
+    auto stage_q = [&](int s) { return sQ0 + 2 * s * kTileQ; };
+    auto stage_stats = [&](int s) { return s_stats0 + 2 * s * kBlockM; };
+    auto addr = [&](const void* p) {
+      return base_addr + std::uint32_t(static_cast<const unsigned char*>(p) -
+                                       reinterpret_cast<const unsigned char*>(sK));
+    };
+
+    load_rows_sw128_async<kHeadDim>(sK, m_k + k_offset, row_stride, key_begin, kBlockN,
+                                    m_p.seqlen_k, tid, kWarps * 32);
+    load_rows_sw128_async<kHeadDim>(sV, m_v + k_offset, row_stride, key_begin, kBlockN,
+                                    m_p.seqlen_k, tid, kWarps * 32);
+    // Q, dO, lse and D of a query block into a stage. Rows past seqlen_q
+    // read 0: S = dP = D = 0 there and dO = 0, so nothing reaches dK or dV,
+    // and their dQ is not stored.
+    auto load_q_block = [&](int q_block, int stage) {
+      const int row_begin = q_block * kBlockM;
+      load_rows_sw128_async<kHeadDim>(stage_q(stage), m_q + q_offset, row_stride, row_begin,
+                                      kBlockM, m_p.seqlen_q, tid, kWarps * 32);
+      load_rows_sw128_async<kHeadDim>(stage_q(stage) + kTileQ, m_do + q_offset, row_stride,
+                                      row_begin, kBlockM, m_p.seqlen_q, tid, kWarps * 32);
+      if (tid < kBlockM) {
+        const int row = row_begin + tid;
+        const bool ok = row < m_p.seqlen_q;
+        float* stats = stage_stats(stage);
+        cp_async_small<4>(stats + tid, g_lse + (ok ? row : 0), ok ? 4 : 0);
+        cp_async_small<4>(stats + kBlockM + tid, g_delta + (ok ? row : 0), ok ? 4 : 0);
+      }
+    };
+
+    float acc_dk[1][kTilesD][4], acc_dv[1][kTilesD][4];
+#pragma unroll
+    for (int n = 0; n < kTilesD; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_dk[0][n][e] = acc_dv[0][n][e] = 0;
+    auto& dk_flat = reinterpret_cast<float(&)[4 * kTilesD]>(acc_dk);
+    auto& dv_flat = reinterpret_cast<float(&)[4 * kTilesD]>(acc_dv);
+    float st[kTilesS][4], dpt[kTilesS][4];
+    auto& st_flat = reinterpret_cast<float(&)[4 * kTilesS]>(st);
+    auto& dpt_flat = reinterpret_cast<float(&)[4 * kTilesS]>(dpt);
+    float dq[kDqN / 8][4];
+    auto& dq_flat = reinterpret_cast<float(&)[kDqN / 2]>(dq);
+
+    // This thread's keys (rows of Sᵀ): warp = 4·wg + warp in group.
+    const int key0 = key_begin + warp * 16 + lane / 4, key1 = key0 + 8;
+    const int first_q_block = m_p.mask.row_begin(key_begin) / kBlockM;
+    const int num_q_blocks = (m_p.seqlen_q + kBlockM - 1) / kBlockM;
+    const std::uint32_t k_addr = addr(sK) + wg * 64 * 128;  // this warpgroup's 64 keys
+    const std::uint32_t v_addr = addr(sV) + wg * 64 * 128;
+    // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ of a query block's stage, issued (reduction
+    // over head_dim, K-major).
+    auto issue_scores = [&](int stage) {
+      const std::uint32_t q_addr = addr(stage_q(stage));
+      const std::uint32_t do_addr = q_addr + kTileQ * 2;
+      fence_operands(st_flat);
+      fence_operands(dpt_flat);
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+        const std::uint32_t off = (ks % 4) * 32;
+        const std::uint32_t col_kv = (ks / 4) * sw128_block_bytes(kBlockN);
+        const std::uint32_t col_q = (ks / 4) * sw128_block_bytes(kBlockM);
+        Wgmma<Format, kBlockM>::ss(st_flat, sw128_descriptor(k_addr + col_kv + off, 16, 1024),
+                                   sw128_descriptor(q_addr + col_q + off, 16, 1024), ks > 0);
+        Wgmma<Format, kBlockM>::ss(dpt_flat, sw128_descriptor(v_addr + col_kv + off, 16, 1024),
+                                   sw128_descriptor(do_addr + col_q + off, 16, 1024), ks > 0);
+      }
+      wgmma_commit();
+    };
+
+    auto stage_of = [&](int q_block) { return (q_block - first_q_block) % kStages; };
+    if (first_q_block < num_q_blocks) load_q_block(first_q_block, 0);
+    cp_async_commit();
+    for (int q_block = first_q_block; q_block < num_q_blocks; ++q_block) {
+      const int row_begin = q_block * kBlockM;
+      const int stage = stage_of(q_block);
+      cp_async_wait<0>();
+      fence_proxy_async();
+      // This block's stage (and K, V) is in scratch for every warpgroup's
+      // wgmma, and every warpgroup is done with the previous block (its
+      // stage, which the next block now takes, and dSᵀ).
+      team.team_barrier();
+      if (q_block + 1 < num_q_blocks) load_q_block(q_block + 1, stage_of(q_block + 1));
+      cp_async_commit();
+      const std::uint32_t q_addr = addr(stage_q(stage));
+      const std::uint32_t do_addr = q_addr + kTileQ * 2;
+      const float* s_lse = stage_stats(stage);
+      const float* s_delta = s_lse + kBlockM;
+      issue_scores(stage);
+      wgmma_wait<0>();
+      fence_operands(st_flat);
+      fence_operands(dpt_flat);
+
+      // Pᵀ and dSᵀ in registers (rows = keys, columns = queries).
+      const bool needs_mask = m_p.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin,
+                                                       key_begin + kBlockN);
+      const float scale_log2 = m_scale * kLog2e;
+#pragma unroll
+      for (int n = 0; n < kTilesS; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = n * 8 + (lane % 4) * 2 + (e & 1);
+          const int key = e < 2 ? key0 : key1;
+          float p = exp2_fast(fmaf(st[n][e], scale_log2, -s_lse[col] * kLog2e));
+          if (needs_mask && m_p.mask.masked(row_begin + col, key)) p = 0.f;
+          st[n][e] = p;
+          dpt[n][e] = p * (dpt[n][e] - s_delta[col]);
+        }
+      std::uint32_t p_frag[kBlockM / 16][4], ds_frag[kBlockM / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < kBlockM / 16; ++kk) {
+        p_frag[kk][0] = pack2<Format>(st[2 * kk][0], st[2 * kk][1]);
+        p_frag[kk][1] = pack2<Format>(st[2 * kk][2], st[2 * kk][3]);
+        p_frag[kk][2] = pack2<Format>(st[2 * kk + 1][0], st[2 * kk + 1][1]);
+        p_frag[kk][3] = pack2<Format>(st[2 * kk + 1][2], st[2 * kk + 1][3]);
+        ds_frag[kk][0] = pack2<Format>(dpt[2 * kk][0], dpt[2 * kk][1]);
+        ds_frag[kk][1] = pack2<Format>(dpt[2 * kk][2], dpt[2 * kk][3]);
+        ds_frag[kk][2] = pack2<Format>(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]);
+        ds_frag[kk][3] = pack2<Format>(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3]);
+      }
+      // dSᵀ to scratch, swizzled: key r, queries c, c+1 at byte r·128 +
+      // ((c / 8) ^ (r % 8))·16 + (c % 8)·2.
+      {
+        const int r0 = warp * 16 + lane / 4;
+        unsigned char* ds_bytes = reinterpret_cast<unsigned char*>(sdS);
+        auto put = [&](int r, int c, std::uint32_t v) {
+          *reinterpret_cast<std::uint32_t*>(ds_bytes + r * 128 + (((c / 8) ^ (r % 8)) * 16) +
+                                            (c % 8) * 2) = v;
+        };
+#pragma unroll
+        for (int kk = 0; kk < kBlockM / 16; ++kk) {
+          const int c = kk * 16 + (lane % 4) * 2;
+          put(r0, c, ds_frag[kk][0]);
+          put(r0 + 8, c, ds_frag[kk][1]);
+          put(r0, c + 8, ds_frag[kk][2]);
+          put(r0 + 8, c + 8, ds_frag[kk][3]);
+        }
+      }
+
+      // dV += Pᵀ·dO, dK += dSᵀ·Q (reduction over the queries: dO and Q
+      // N-major, 16 query rows per k-step, column blocks of 64 head dims).
+      fence_operands(dv_flat);
+      fence_operands(dk_flat);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBlockM / 16; ++kk) {
+        Wgmma<Format, kHeadDim>::rs(
+            dv_flat, p_frag[kk],
+            sw128_descriptor(do_addr + kk * 2048, sw128_block_bytes(kBlockM), 1024), 1);
+        Wgmma<Format, kHeadDim>::rs(
+            dk_flat, ds_frag[kk],
+            sw128_descriptor(q_addr + kk * 2048, sw128_block_bytes(kBlockM), 1024), 1);
+      }
+      wgmma_commit();
+
+      fence_proxy_async();
+      // The whole dSᵀ tile is in scratch, visible to wgmma.
+      team.team_barrier();
+
+      // dQ = dS·K: A = dS, the M-major view of dSᵀ (rows = keys = k);
+      // B = K (N-major). Head dims [64·wg, +64) over all keys, or all head
+      // dims over this warpgroup's keys.
+      const int dq_key0 = kDqSplitKeys ? 64 * wg : 0;
+      const int dq_col0 = kDqSplitKeys ? 0 : 64 * wg;
+      constexpr int kDqSteps = (kDqSplitKeys ? 64 : kBlockN) / 16;
+      fence_operands(dq_flat);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kDqSteps; ++kk) {
+        const std::uint32_t key_off = (dq_key0 + kk * 16) * 128;
+        Wgmma<Format, kDqN>::ss_mn(
+            dq_flat, sw128_descriptor(addr(sdS) + key_off, sw128_block_bytes(kBlockN), 1024),
+            sw128_descriptor(addr(sK) + (dq_col0 / 64) * sw128_block_bytes(kBlockN) + key_off,
+                             sw128_block_bytes(kBlockN), 1024),
+            kk > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();  // dQ, and dV, dK of this block
+      fence_operands(dv_flat);
+      fence_operands(dk_flat);
+      fence_operands(dq_flat);
+
+      // dQ rows: 16·(warp in group) + lane / 4 (+ 8), columns dq_col0 + 8n + 2·(lane % 4).
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = row_begin + (warp % 4) * 16 + lane / 4 + half * 8;
+        if (row >= m_p.seqlen_q) continue;
+        float* g_dq = m_dq_acc + q_offset + long(row) * row_stride + dq_col0;
+#pragma unroll
+        for (int n = 0; n < kDqN / 8; ++n) {
+          const int d = n * 8 + (lane % 4) * 2;
+          atomicAdd(g_dq + d, dq[n][2 * half] * m_scale);
+          atomicAdd(g_dq + d + 1, dq[n][2 * half + 1] * m_scale);
+        }
+      }
+    }
+    // No copy may still be in flight when the team ends (K and V, where no
+    // query block sees these keys).
+    cp_async_wait<0>();
+
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int key = half == 0 ? key0 : key1;
+      if (key >= m_p.seqlen_k) continue;
+      std::uint16_t* g_dk = m_dk + k_offset + long(key) * row_stride;
+      std::uint16_t* g_dv = m_dv + k_offset + long(key) * row_stride;
+#pragma unroll
+      for (int n = 0; n < kTilesD; ++n) {
+        const int d = n * 8 + (lane % 4) * 2;
+        *reinterpret_cast<std::uint32_t*>(g_dk + d) = pack2<Format>(
+            acc_dk[0][n][2 * half] * m_scale, acc_dk[0][n][2 * half + 1] * m_scale);
+        *reinterpret_cast<std::uint32_t*>(g_dv + d) =
+            pack2<Format>(acc_dv[0][n][2 * half], acc_dv[0][n][2 * half + 1]);
+      }
+    }
+#elif defined(__CUDA_ARCH__)
+    // Device code without wgmma (not sm_90a): never launched there
+    // (wgmma_available); a launch anyway stops the kernel.
+    (void)team;
+    (void)raw;
+    __trap();
+#else
+    (void)team;
+    (void)raw;
+#endif
+  }
+
+ private:
+  const std::uint16_t* m_q;
+  const std::uint16_t* m_k;
+  const std::uint16_t* m_v;
+  const std::uint16_t* m_do;
+  const float* m_lse;
+  const float* m_delta;
+  float* m_dq_acc;
+  std::uint16_t* m_dk;
+  std::uint16_t* m_dv;
+  float m_scale;
+  FusedProblem m_p;
+  int m_num_kv_blocks;
+};
+
+}  // namespace Impl
+}  // namespace kfa
+
+#endif
