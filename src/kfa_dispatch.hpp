@@ -246,9 +246,8 @@ inline bool& use_wgmma_kernels() {
 }
 
 /// The tensor-core forward: on Hopper with sm_90a device code the wgmma
-/// kernel, else mma.sync in its large shape (opt-in
-/// shared memory) where the GPU grants it, else in the shape that fits
-/// Kokkos' TeamPolicy.
+/// kernel, else mma.sync in its large shape (opt-in shared memory) where the
+/// GPU grants it, else in the shape that fits Kokkos' TeamPolicy.
 template <class ExecSpace, int HeadDim, class Format, class Q, class K, class V, class O,
           class Lse>
 void launch_forward_mma(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,

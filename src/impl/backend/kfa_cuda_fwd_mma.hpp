@@ -288,6 +288,8 @@ class FlashForwardMmaKernel {
     }
   }
 
+  /// The online softmax of block key_begin (fwd_softmax_update): S becomes
+  /// P, O is rescaled.
   KOKKOS_FORCEINLINE_FUNCTION void softmax_update(float (&s)[kMTiles][kTilesS][4],
                                                   float (&acc_o)[kMTiles][kTilesO][4],
                                                   float (&row_max)[kRows],
@@ -326,6 +328,7 @@ class FlashForwardMmaKernel {
     }
   }
 
+  /// O and lse of this thread's rows (fwd_write_output).
   KOKKOS_FORCEINLINE_FUNCTION void write_output(const float (&acc_o)[kMTiles][kTilesO][4],
                                                 const float (&row_max)[kRows],
                                                 float (&row_sum)[kRows], int row0, int b,
