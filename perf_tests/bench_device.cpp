@@ -135,8 +135,8 @@ std::function<void()> mma_forward_shape(const Args& a, View4 q, View4 k, View4 v
   }
 }
 
-/// The Hopper (wgmma) forward, pipelined or not, for experiments.
-template <bool Pipelined, bool FoldScale, class T, class View4, class View3>
+/// The Hopper (wgmma) forward with the scale folded or not, for experiments.
+template <bool FoldScale, class T, class View4, class View3>
 std::function<void()> wgmma_forward(const Args& a, View4 q, View4 k, View4 v, View4 o,
                                     View3 lse) {
   using Space = Kokkos::DefaultExecutionSpace;
@@ -150,22 +150,20 @@ std::function<void()> wgmma_forward(const Args& a, View4 q, View4 k, View4 v, Vi
     const bool causal = a.causal;
     if (a.head_dim == 64)
       return [=] {
-        FlashForwardWgmmaKernel<Space, 64, Format, View4, View4, View4, View4, View3, Pipelined,
-                                FoldScale>(
+        FlashForwardWgmmaKernel<Space, 64, Format, View4, View4, View4, View4, View3, FoldScale>(
             q, k, v, o, lse, scale, causal)
             .launch(Space());
       };
     if (a.head_dim == 128)
       return [=] {
-        FlashForwardWgmmaKernel<Space, 128, Format, View4, View4, View4, View4, View3, Pipelined,
-                                FoldScale>(
+        FlashForwardWgmmaKernel<Space, 128, Format, View4, View4, View4, View4, View3, FoldScale>(
             q, k, v, o, lse, scale, causal)
             .launch(Space());
       };
     if (a.head_dim == 256)
       return [=] {
-        FlashForwardWgmmaKernel<Space, 256, Format, View4, View4, View4, View4, View3, Pipelined,
-                                FoldScale>(q, k, v, o, lse, scale, causal)
+        FlashForwardWgmmaKernel<Space, 256, Format, View4, View4, View4, View4, View3, FoldScale>(
+            q, k, v, o, lse, scale, causal)
             .launch(Space());
       };
     throw std::invalid_argument("--fwd-variant wgmma_* needs head_dim 64, 128 or 256");
@@ -288,16 +286,14 @@ std::function<void()> forward_variant(const Args& a, View4 q, View4 k, View4 v, 
       return mma_forward_shape<FwdMmaShape<4, 2, 32, 1, 1>, T>(a, q, k, v, o, lse);
     if (a.fwd_variant == "large_8w")
       return mma_forward_shape<FwdMmaShape<8, 1, 64, 2, 1>, T>(a, q, k, v, o, lse);
-    if (a.fwd_variant == "wgmma_serial")
-      return wgmma_forward<false, true, T>(a, q, k, v, o, lse);
     if (a.fwd_variant == "wgmma_nofold")
-      return wgmma_forward<true, false, T>(a, q, k, v, o, lse);
+      return wgmma_forward<false, T>(a, q, k, v, o, lse);
     if (a.fwd_variant == "mma_large")
       return mma_forward_shape<FwdMmaShape<4, 2, 64, 2, 2>, T>(a, q, k, v, o, lse);
     if (a.fwd_variant == "large_n32")
       return mma_forward_shape<FwdMmaShape<4, 2, 32, 2, 2>, T>(a, q, k, v, o, lse);
     throw std::invalid_argument(
-        "--fwd-variant must be default, policy, policy_m2, large_8w, mma_large, wgmma_serial, wgmma_nofold or large_n32");
+        "--fwd-variant must be default, policy, policy_m2, large_8w, mma_large, wgmma_nofold or large_n32");
   }
 }
 

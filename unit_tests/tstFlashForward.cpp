@@ -207,8 +207,7 @@ void check_wgmma(const Shape& s, bool causal) {
   check_fwd_kernel<kfa::Impl::FlashForwardWgmmaKernel<Kokkos::Cuda, HeadDim, Format,
                                                       DeviceIn4<T>, DeviceIn4<T>, DeviceIn4<T>,
                                                       DeviceView4<T, Kokkos::Cuda>,
-                                                      DeviceView3<float, Kokkos::Cuda>, true,
-                                                      FoldScale>,
+                                                      DeviceView3<float, Kokkos::Cuda>, FoldScale>,
                    T>(s, causal);
 }
 

@@ -33,7 +33,7 @@ namespace Impl {
 template <class ExecSpace, int HeadDim, class Format, class QView, class KView, class VView,
           class DOView, class LseView, class DeltaView, class DQAccView, class DKView,
           class DVView>
-class FlashBackwardWgmmaKernel {
+class FlashBackwardWgmmaKernel : public Fused16Backward {
  public:
   static constexpr int kHeadDim = HeadDim;
   static constexpr int kWarps = 8;     // 2 warpgroups
@@ -53,17 +53,7 @@ class FlashBackwardWgmmaKernel {
   FlashBackwardWgmmaKernel(const QView& q, const KView& k, const VView& v, const DOView& d_o,
                            const LseView& lse, const DeltaView& delta, const DQAccView& dq_acc,
                            const DKView& dk, const DVView& dv, float scale, bool causal)
-      : m_q(reinterpret_cast<const std::uint16_t*>(q.data())),
-        m_k(reinterpret_cast<const std::uint16_t*>(k.data())),
-        m_v(reinterpret_cast<const std::uint16_t*>(v.data())),
-        m_do(reinterpret_cast<const std::uint16_t*>(d_o.data())),
-        m_lse(lse.data()),
-        m_delta(delta.data()),
-        m_dq_acc(dq_acc.data()),
-        m_dk(reinterpret_cast<std::uint16_t*>(dk.data())),
-        m_dv(reinterpret_cast<std::uint16_t*>(dv.data())),
-        m_scale(scale),
-        m_p(q, k, causal),
+      : Fused16Backward(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, causal),
         m_num_kv_blocks((m_p.seqlen_k + kBlockN - 1) / kBlockN) {}
 
   static bool fits(const ExecSpace& space) {
@@ -339,17 +329,6 @@ class FlashBackwardWgmmaKernel {
   }
 
  private:
-  const std::uint16_t* m_q;
-  const std::uint16_t* m_k;
-  const std::uint16_t* m_v;
-  const std::uint16_t* m_do;
-  const float* m_lse;
-  const float* m_delta;
-  float* m_dq_acc;
-  std::uint16_t* m_dk;
-  std::uint16_t* m_dv;
-  float m_scale;
-  FusedProblem m_p;
   int m_num_kv_blocks;
 };
 

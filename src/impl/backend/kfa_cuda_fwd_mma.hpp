@@ -77,7 +77,7 @@ using FwdMmaPolicyShape = std::conditional_t<(HeadDim > 128), FwdMmaShape<4, 1, 
 
 template <class ExecSpace, int HeadDim, class Format, class QView, class KView, class VView,
           class OView, class LseView, class Shape = FwdMmaPolicyShape<HeadDim>>
-class FlashForwardMmaKernel {
+class FlashForwardMmaKernel : public Fused16Forward {
  public:
   static constexpr int kHeadDim = HeadDim;
   static constexpr int kWarps = Shape::kWarps;
@@ -104,13 +104,7 @@ class FlashForwardMmaKernel {
 
   FlashForwardMmaKernel(const QView& q, const KView& k, const VView& v, const OView& o,
                         const LseView& lse, float scale, bool causal)
-      : m_q(reinterpret_cast<const std::uint16_t*>(q.data())),
-        m_k(reinterpret_cast<const std::uint16_t*>(k.data())),
-        m_v(reinterpret_cast<const std::uint16_t*>(v.data())),
-        m_o(reinterpret_cast<std::uint16_t*>(o.data())),
-        m_lse(lse.data()),
-        m_scale_log2(scale * 1.4426950408889634f),
-        m_p(q, k, causal),
+      : Fused16Forward(q, k, v, o, lse, scale, causal),
         m_num_q_blocks((m_p.seqlen_q + kBlockM - 1) / kBlockM) {}
 
   /// Whether `space`'s GPU gives a team this shape's scratch.
@@ -339,13 +333,6 @@ class FlashForwardMmaKernel {
   }
 #endif
 
-  const std::uint16_t* m_q;
-  const std::uint16_t* m_k;
-  const std::uint16_t* m_v;
-  std::uint16_t* m_o;
-  float* m_lse;
-  float m_scale_log2;
-  FusedProblem m_p;
   int m_num_q_blocks;
 };
 

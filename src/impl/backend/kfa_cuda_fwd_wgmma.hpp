@@ -2,15 +2,16 @@
 #define KFA_CUDA_FWD_WGMMA_HPP
 
 // Hopper forward for 16-bit types: warpgroup tensor cores (wgmma, sm_90a).
-// A team of WarpGroups warpgroups owns 64·WarpGroups query rows, 64 per
-// warpgroup; K and V blocks of BlockN keys stream through team scratch,
-// double buffered, by cp.async (the next block loads during the current
-// block's work). Per block, every warpgroup
+// A team of 2 warpgroups owns 128 query rows, 64 per warpgroup; K and V
+// blocks of BlockN keys stream through team scratch, double buffered, by
+// cp.async. Per block j, every warpgroup
 //   S = Q·K_jᵀ    wgmma m64n{BlockN}k16, Q and K from scratch (K-major),
-//   online softmax in registers (fwd_softmax_update, base 2, scale folded),
+//   online softmax in registers (base 2, the scale folded into the FFMA),
 //   O += P·V_j    wgmma m64n{head_dim}k16, P from registers (rounded to the
 //                 operand format where it was computed), V from scratch
-//                 (MN-major).
+//                 (MN-major),
+// P_{j-1}·V_{j-1} running on the tensor cores while the softmax of block j
+// runs (FlashAttention-3's intra-warpgroup overlap).
 // One wgmma instruction is a 64 x N x 16 product of a whole warpgroup,
 // issued once instead of 4·N/8 mma.sync, with its operands read by the
 // tensor cores from scratch: no ldmatrix, no fragment registers for Q, K
@@ -33,14 +34,9 @@ namespace Impl {
 
 
 template <class ExecSpace, int HeadDim, class Format, class QView, class KView, class VView,
-          class OView, class LseView, bool Pipelined = true, bool FoldScale = true>
-class FlashForwardWgmmaKernel {
+          class OView, class LseView, bool FoldScale = true>
+class FlashForwardWgmmaKernel : public Fused16Forward {
  public:
-  /// Pipelined: P_{j-1}·V_{j-1} runs on the tensor cores while the
-  /// warpgroup computes the softmax of block j (FlashAttention-3's
-  /// intra-warpgroup overlap); else each block's products and softmax run
-  /// one after the other.
-  static constexpr bool kPipelined = Pipelined;
   /// FoldScale: the softmax scale folded into the exponent's FFMA
   /// (fwd_softmax_scores_folded) instead of a multiply per score (+2-5% on
   /// the H200, RESULTS v12).
@@ -62,13 +58,7 @@ class FlashForwardWgmmaKernel {
 
   FlashForwardWgmmaKernel(const QView& q, const KView& k, const VView& v, const OView& o,
                           const LseView& lse, float scale, bool causal)
-      : m_q(reinterpret_cast<const std::uint16_t*>(q.data())),
-        m_k(reinterpret_cast<const std::uint16_t*>(k.data())),
-        m_v(reinterpret_cast<const std::uint16_t*>(v.data())),
-        m_o(reinterpret_cast<std::uint16_t*>(o.data())),
-        m_lse(lse.data()),
-        m_scale_log2(scale * 1.4426950408889634f),
-        m_p(q, k, causal),
+      : Fused16Forward(q, k, v, o, lse, scale, causal),
         m_num_q_blocks((m_p.seqlen_q + kBlockM - 1) / kBlockM) {}
 
   static bool fits(const ExecSpace& space) {
@@ -114,13 +104,6 @@ class FlashForwardWgmmaKernel {
     auto addr = [&](const std::uint16_t* p) {
       return base_addr + std::uint32_t(reinterpret_cast<const unsigned char*>(p) -
                                        reinterpret_cast<const unsigned char*>(sQ));
-    };
-    auto load_kv = [&](int kv_block) {
-      const int stage = kv_block % kStages;
-      load_rows_sw128_async<kHeadDim>(sK(stage), gK, row_stride, kv_block * kBlockN, kBlockN,
-                                      m_p.seqlen_k, tid, kWarps * 32);
-      load_rows_sw128_async<kHeadDim>(sV(stage), gV, row_stride, kv_block * kBlockN, kBlockN,
-                                      m_p.seqlen_k, tid, kWarps * 32);
     };
 
     const int rows = imin(kBlockM, m_p.seqlen_q - row_begin);
@@ -200,71 +183,48 @@ class FlashForwardWgmmaKernel {
 
     load_rows_sw128_async<kHeadDim>(sQ, gQ, row_stride, row_begin, kBlockM, m_p.seqlen_q, tid,
                                     kWarps * 32);
-    if constexpr (!kPipelined) {
-      if (num_kv_blocks > 0) load_kv(0);
+    // K_j and V_{j-1} are read in iteration j, so the copies of iteration
+    // j are K_{j+1} and V_j: K_{j+1} takes the stage of K_{j-1} (S_{j-1}
+    // done in iteration j-1), V_j that of V_{j-2} (P_{j-2}·V_{j-2} done
+    // in iteration j-1).
+    auto load_k = [&](int kv_block) {
+      load_rows_sw128_async<kHeadDim>(sK(kv_block % kStages), gK, row_stride,
+                                      kv_block * kBlockN, kBlockN, m_p.seqlen_k, tid,
+                                      kWarps * 32);
+    };
+    auto load_v = [&](int kv_block) {
+      load_rows_sw128_async<kHeadDim>(sV(kv_block % kStages), gV, row_stride,
+                                      kv_block * kBlockN, kBlockN, m_p.seqlen_k, tid,
+                                      kWarps * 32);
+    };
+    if (num_kv_blocks > 0) load_k(0);
+    cp_async_commit();
+    for (int kv_block = 0; kv_block < num_kv_blocks; ++kv_block) {
+      sync_tiles();
+      if (kv_block + 1 < num_kv_blocks) load_k(kv_block + 1);
+      load_v(kv_block);
       cp_async_commit();
-      for (int kv_block = 0; kv_block < num_kv_blocks; ++kv_block) {
-        // K_j and V_j (and Q) are in scratch; block j-1's stage, which
-        // j+1 reuses, is free.
-        sync_tiles();
-        if (kv_block + 1 < num_kv_blocks) load_kv(kv_block + 1);
-        cp_async_commit();
-        const int stage = kv_block % kStages;
-        issue_scores(stage);
+      issue_scores(kv_block % kStages);
+      if (kv_block > 0) {
+        issue_pv((kv_block - 1) % kStages);
+        wgmma_wait<1>();  // S_j is done, P_{j-1}·V_{j-1} may still run
+      } else {
         wgmma_wait<0>();
-        fence_operands(s_flat);
-        float alpha[2];
-        softmax(kv_block * kBlockN, alpha);
-        fwd_rescale(acc_o, alpha);
-        pack_p();
-        issue_pv(stage);
-        wgmma_wait<0>();
-        fence_operands(o_flat);
       }
-    } else {
-      // K_j and V_{j-1} are read in iteration j, so the copies of iteration
-      // j are K_{j+1} and V_j: K_{j+1} takes the stage of K_{j-1} (S_{j-1}
-      // done in iteration j-1), V_j that of V_{j-2} (P_{j-2}·V_{j-2} done
-      // in iteration j-1).
-      auto load_k = [&](int kv_block) {
-        load_rows_sw128_async<kHeadDim>(sK(kv_block % kStages), gK, row_stride,
-                                        kv_block * kBlockN, kBlockN, m_p.seqlen_k, tid,
-                                        kWarps * 32);
-      };
-      auto load_v = [&](int kv_block) {
-        load_rows_sw128_async<kHeadDim>(sV(kv_block % kStages), gV, row_stride,
-                                        kv_block * kBlockN, kBlockN, m_p.seqlen_k, tid,
-                                        kWarps * 32);
-      };
-      if (num_kv_blocks > 0) load_k(0);
-      cp_async_commit();
-      for (int kv_block = 0; kv_block < num_kv_blocks; ++kv_block) {
-        sync_tiles();
-        if (kv_block + 1 < num_kv_blocks) load_k(kv_block + 1);
-        load_v(kv_block);
-        cp_async_commit();
-        issue_scores(kv_block % kStages);
-        if (kv_block > 0) {
-          issue_pv((kv_block - 1) % kStages);
-          wgmma_wait<1>();  // S_j is done, P_{j-1}·V_{j-1} may still run
-        } else {
-          wgmma_wait<0>();
-        }
-        fence_operands(s_flat);
-        float alpha[2];
-        softmax(kv_block * kBlockN, alpha);
-        wgmma_wait<0>();
-        fence_operands(o_flat);
-        fwd_rescale(acc_o, alpha);
-        pack_p();
-      }
-      if (num_kv_blocks > 0) {
-        // V of the last block.
-        sync_tiles();
-        issue_pv((num_kv_blocks - 1) % kStages);
-        wgmma_wait<0>();
-        fence_operands(o_flat);
-      }
+      fence_operands(s_flat);
+      float alpha[2];
+      softmax(kv_block * kBlockN, alpha);
+      wgmma_wait<0>();
+      fence_operands(o_flat);
+      fwd_rescale(acc_o, alpha);
+      pack_p();
+    }
+    if (num_kv_blocks > 0) {
+      // V of the last block.
+      sync_tiles();
+      issue_pv((num_kv_blocks - 1) % kStages);
+      wgmma_wait<0>();
+      fence_operands(o_flat);
     }
     cp_async_wait<0>();
     fwd_write_output<Format>(acc_o, row_max, row_sum, row0, m_p.seqlen_q,
@@ -286,13 +246,6 @@ class FlashForwardWgmmaKernel {
   static constexpr int kTilesS = kBlockN / 8;   // n-tiles of S per thread
   static constexpr int kTilesO = kHeadDim / 8;  // n-tiles of O per thread
 
-  const std::uint16_t* m_q;
-  const std::uint16_t* m_k;
-  const std::uint16_t* m_v;
-  std::uint16_t* m_o;
-  float* m_lse;
-  float m_scale_log2;
-  FusedProblem m_p;
   int m_num_q_blocks;
 };
 

@@ -21,6 +21,7 @@
 #include <kfa_mask.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -62,6 +63,64 @@ struct FusedProblem {
   KOKKOS_INLINE_FUNCTION long lse_offset(int b, int h) const {
     return (long(b) * heads + h) * seqlen_q;
   }
+};
+
+/// The operands of a fused 16-bit forward (q, k, v, o as raw 16-bit values,
+/// lse), its scale in base 2 and its problem: what the mma.sync and the
+/// wgmma forward kernels hold alike (their base).
+struct Fused16Forward {
+  const std::uint16_t* m_q;
+  const std::uint16_t* m_k;
+  const std::uint16_t* m_v;
+  std::uint16_t* m_o;
+  float* m_lse;
+  float m_scale_log2;
+  FusedProblem m_p;
+
+  template <class Q, class K, class V, class O, class Lse>
+  Fused16Forward(const Q& q, const K& k, const V& v, const O& o, const Lse& lse, float scale,
+                 bool causal)
+      : m_q(reinterpret_cast<const std::uint16_t*>(q.data())),
+        m_k(reinterpret_cast<const std::uint16_t*>(k.data())),
+        m_v(reinterpret_cast<const std::uint16_t*>(v.data())),
+        m_o(reinterpret_cast<std::uint16_t*>(o.data())),
+        m_lse(lse.data()),
+        m_scale_log2(scale * 1.4426950408889634f),
+        m_p(q, k, causal) {}
+};
+
+/// The operands of a fused 16-bit backward (q, k, v, dO, lse, D, the fp32 dQ
+/// accumulator, dK, dV), its scale and its problem: the base of the
+/// mma.sync and the wgmma backward kernels.
+struct Fused16Backward {
+  const std::uint16_t* m_q;
+  const std::uint16_t* m_k;
+  const std::uint16_t* m_v;
+  const std::uint16_t* m_do;
+  const float* m_lse;
+  const float* m_delta;
+  float* m_dq_acc;
+  std::uint16_t* m_dk;
+  std::uint16_t* m_dv;
+  float m_scale;
+  FusedProblem m_p;
+
+  template <class Q, class K, class V, class DO, class Lse, class Delta, class DQAcc, class DK,
+            class DV>
+  Fused16Backward(const Q& q, const K& k, const V& v, const DO& d_o, const Lse& lse,
+                  const Delta& delta, const DQAcc& dq_acc, const DK& dk, const DV& dv,
+                  float scale, bool causal)
+      : m_q(reinterpret_cast<const std::uint16_t*>(q.data())),
+        m_k(reinterpret_cast<const std::uint16_t*>(k.data())),
+        m_v(reinterpret_cast<const std::uint16_t*>(v.data())),
+        m_do(reinterpret_cast<const std::uint16_t*>(d_o.data())),
+        m_lse(lse.data()),
+        m_delta(delta.data()),
+        m_dq_acc(dq_acc.data()),
+        m_dk(reinterpret_cast<std::uint16_t*>(dk.data())),
+        m_dv(reinterpret_cast<std::uint16_t*>(dv.data())),
+        m_scale(scale),
+        m_p(q, k, causal) {}
 };
 
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
