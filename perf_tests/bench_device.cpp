@@ -135,8 +135,11 @@ std::function<void()> mma_forward_shape(const Args& a, View4 q, View4 k, View4 v
   }
 }
 
-/// The Hopper (wgmma) forward with the scale folded or not, for experiments.
-template <bool FoldScale, class T, class View4, class View3>
+/// The Hopper (wgmma) forward with the scale folded or not and, at head_dim
+/// 64, BlockN keys per block with MinBlocks teams per SM, for experiments
+/// (0: the library's shape).
+template <bool FoldScale, class T, int BlockN64 = 0, int MinBlocks64 = 0, class View4,
+          class View3>
 std::function<void()> wgmma_forward(const Args& a, View4 q, View4 k, View4 v, View4 o,
                                     View3 lse) {
   using Space = Kokkos::DefaultExecutionSpace;
@@ -144,16 +147,20 @@ std::function<void()> wgmma_forward(const Args& a, View4 q, View4 k, View4 v, Vi
 #ifdef KOKKOS_ENABLE_CUDA
   if constexpr (!std::is_void<Format>::value) {
     using kfa::Impl::FlashForwardWgmmaKernel;
+    using kfa::Impl::WgmmaFwdShape;
     if (!kfa::Impl::wgmma_available(Space()))
       throw std::invalid_argument("--fwd-variant wgmma_*: no sm_90a code for this GPU");
     const float scale = 1.0f / std::sqrt(float(a.head_dim));
     const bool causal = a.causal;
-    if (a.head_dim == 64)
+    if (a.head_dim == 64) {
+      constexpr int kBlockN = BlockN64 ? BlockN64 : WgmmaFwdShape<64>::kBlockN;
+      constexpr int kMinBlocks = MinBlocks64 ? MinBlocks64 : WgmmaFwdShape<64>::kMinBlocksPerSM;
       return [=] {
-        FlashForwardWgmmaKernel<Space, 64, Format, View4, View4, View4, View4, View3, FoldScale>(
-            q, k, v, o, lse, scale, causal)
+        FlashForwardWgmmaKernel<Space, 64, Format, View4, View4, View4, View4, View3, FoldScale,
+                                kBlockN, kMinBlocks>(q, k, v, o, lse, scale, causal)
             .launch(Space());
       };
+    }
     if (a.head_dim == 128)
       return [=] {
         FlashForwardWgmmaKernel<Space, 128, Format, View4, View4, View4, View4, View3, FoldScale>(
@@ -288,12 +295,17 @@ std::function<void()> forward_variant(const Args& a, View4 q, View4 k, View4 v, 
       return mma_forward_shape<FwdMmaShape<8, 1, 64, 2, 1>, T>(a, q, k, v, o, lse);
     if (a.fwd_variant == "wgmma_nofold")
       return wgmma_forward<false, T>(a, q, k, v, o, lse);
+    if (a.fwd_variant == "wgmma_n128")  // head_dim 64: 128-key blocks, one team per SM
+      return wgmma_forward<true, T, 128, 1>(a, q, k, v, o, lse);
+    if (a.fwd_variant == "wgmma_n64")  // head_dim 64: 64-key blocks, one team per SM
+      return wgmma_forward<true, T, 64, 1>(a, q, k, v, o, lse);
     if (a.fwd_variant == "mma_large")
       return mma_forward_shape<FwdMmaShape<4, 2, 64, 2, 2>, T>(a, q, k, v, o, lse);
     if (a.fwd_variant == "large_n32")
       return mma_forward_shape<FwdMmaShape<4, 2, 32, 2, 2>, T>(a, q, k, v, o, lse);
     throw std::invalid_argument(
-        "--fwd-variant must be default, policy, policy_m2, large_8w, mma_large, wgmma_nofold or large_n32");
+        "--fwd-variant must be default, policy, policy_m2, large_8w, mma_large, wgmma_nofold, "
+        "wgmma_n128, wgmma_n64 or large_n32");
   }
 }
 

@@ -201,20 +201,24 @@ void check_mma_shape(const Shape& s, bool causal) {
                    T>(s, causal);
 }
 
-template <int HeadDim, class T, bool FoldScale = true>
+/// BlockN = 0: the library's shape for HeadDim; else BlockN keys per block,
+/// one team per SM.
+template <int HeadDim, class T, bool FoldScale = true, int BlockN = 0>
 void check_wgmma(const Shape& s, bool causal) {
   using Format = typename kfa::Impl::MmaFormat<Kokkos::Cuda, T>::type;
-  check_fwd_kernel<kfa::Impl::FlashForwardWgmmaKernel<Kokkos::Cuda, HeadDim, Format,
-                                                      DeviceIn4<T>, DeviceIn4<T>, DeviceIn4<T>,
-                                                      DeviceView4<T, Kokkos::Cuda>,
-                                                      DeviceView3<float, Kokkos::Cuda>, FoldScale>,
+  using KernelShape = kfa::Impl::WgmmaFwdShape<HeadDim>;
+  check_fwd_kernel<kfa::Impl::FlashForwardWgmmaKernel<
+                       Kokkos::Cuda, HeadDim, Format, DeviceIn4<T>, DeviceIn4<T>, DeviceIn4<T>,
+                       DeviceView4<T, Kokkos::Cuda>, DeviceView3<float, Kokkos::Cuda>, FoldScale,
+                       BlockN ? BlockN : KernelShape::kBlockN, BlockN ? 1 : KernelShape::kMinBlocksPerSM>,
                    T>(s, causal);
 }
 
 // The Hopper forward (wgmma), where this build has sm_90a code and the GPU
 // is an sm_90, with the scale folded into the exponent (the default) and
 // not: awkward lengths (partial query and key blocks, more keys
-// than queries and fewer), both formats, both head dims, causal and not.
+// than queries and fewer), both formats, every head dim, causal and not,
+// and at head_dim 64 also the 128-key shape (bench_device's wgmma_n128).
 // The entry point runs it too (the typed tests) on such a GPU.
 TEST(FlashForwardCuda, HopperWgmma) {
   if (!kfa::Impl::wgmma_available(Kokkos::Cuda())) {
@@ -226,6 +230,7 @@ TEST(FlashForwardCuda, HopperWgmma) {
       check_wgmma<64, kfa::bfloat16>(s, causal);
       check_wgmma<64, kfa::half>(s, causal);
       check_wgmma<64, kfa::bfloat16, false>(s, causal);
+      check_wgmma<64, kfa::half, true, 128>(s, causal);
     }
     for (const Shape& s : {Shape{1, 300, 129, 2, 128}, Shape{1, 257, 1000, 1, 128},
                            Shape{2, 512, 384, 2, 128}}) {

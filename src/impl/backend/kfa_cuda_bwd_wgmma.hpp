@@ -14,10 +14,13 @@
 // and stages dSᵀ in scratch; then dQ = dS·K·scale, A = dS (M-major view of
 // the dSᵀ tile), B = K (N-major): at head_dim 128 each warpgroup takes 64
 // of the head dims over all 128 keys, at 64 all head dims over its own 64
-// keys (two partial sums), added to an fp32 accumulator with atomics.
+// keys (two partial sums). dQ goes to scratch (fp32, rows padded) and is
+// added to the fp32 accumulator by the bulk copy engine, one
+// cp.reduce.async.bulk per query row, issued after the next block's first
+// barrier, instead of a red.global per value.
 // Scratch at head_dim 128: K, V 2 x 32 KB, 2 x (Q, dO 2 x 16 KB, lse, D),
-// the dSᵀ tile 16 KB: 145 KB. Tiles are 128-byte swizzled
-// (kfa_cuda_wgmma.hpp); a dSᵀ tile is [128 keys][64 queries].
+// the dSᵀ tile 16 KB, the dQ tile 34 KB: 179 KB. Tiles are 128-byte
+// swizzled (kfa_cuda_wgmma.hpp); a dSᵀ tile is [128 keys][64 queries].
 
 #include <kfa_mask.hpp>
 
@@ -48,6 +51,12 @@ class FlashBackwardWgmmaKernel : public Fused16Backward {
   static constexpr int kTileKV = kBlockN * kHeadDim;  // values per tile
   static constexpr int kTileQ = kBlockM * kHeadDim;
   static constexpr int kTileDS = kBlockN * kBlockM;
+  /// dQ tiles in scratch: one per partial sum, [kBlockM][kDqPitch] fp32
+  /// (8 floats of padding: a warp's 8 rows x 4 column pairs hit distinct
+  /// banks in 2 wavefronts; rows stay 16-byte aligned for the bulk copy).
+  static constexpr int kDqTiles = kDqSplitKeys ? 2 : 1;
+  static constexpr int kDqPitch = kHeadDim + 8;
+  static constexpr int kTileDQ = kBlockM * kDqPitch;
   using policy_t = Kokkos::TeamPolicy<ExecSpace>;
 
   FlashBackwardWgmmaKernel(const QView& q, const KView& k, const VView& v, const DOView& d_o,
@@ -64,12 +73,12 @@ class FlashBackwardWgmmaKernel : public Fused16Backward {
     launch_mma_kernel(space, "kfa::bwd::wgmma_dk_dv", *this, m_p.league(m_num_kv_blocks));
   }
 
-  /// K, V, per stage Q, dO, lse and D, the dSᵀ tile, and the slack that
-  /// aligns the swizzle atoms to 1024 bytes.
+  /// K, V, per stage Q, dO, lse and D, the dSᵀ and dQ tiles, and the slack
+  /// that aligns the swizzle atoms to 1024 bytes.
   KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
     return sizeof(std::uint16_t) * (2 * std::size_t(kTileKV) + 2 * kStages * std::size_t(kTileQ) +
                                     std::size_t(kTileDS)) +
-           2 * kStages * sizeof(float) * kBlockM + 1024;
+           sizeof(float) * (std::size_t(kDqTiles) * kTileDQ + 2 * kStages * kBlockM) + 1024;
   }
 
   template <class Team>
@@ -101,7 +110,8 @@ class FlashBackwardWgmmaKernel : public Fused16Backward {
     std::uint16_t* const sV = sK + kTileKV;
     std::uint16_t* const sQ0 = sV + kTileKV;  // stage s: Q, then dO
     std::uint16_t* const sdS = sQ0 + 2 * kStages * kTileQ;
-    float* const s_stats0 = reinterpret_cast<float*>(sdS + kTileDS);  // stage s: lse, D
+    float* const sdQ = reinterpret_cast<float*>(sdS + kTileDS);  // partial sum t: t · kTileDQ
+    float* const s_stats0 = sdQ + kDqTiles * kTileDQ;               // stage s: lse, D
     auto stage_q = [&](int s) { return sQ0 + 2 * s * kTileQ; };
     auto stage_stats = [&](int s) { return s_stats0 + 2 * s * kBlockM; };
     auto addr = [&](const void* p) {
@@ -171,6 +181,19 @@ class FlashBackwardWgmmaKernel : public Fused16Backward {
       wgmma_commit();
     };
 
+    // dQ of the query block at row dq_row_begin, from its tile(s) in
+    // scratch to the accumulator: thread r < kBlockM of warpgroup t <
+    // kDqTiles adds row r of partial sum t (one bulk reduction each).
+    const int dq_row = tid % 128;
+    const bool dq_issuer = dq_row < kBlockM && wg < kDqTiles;
+    auto add_dq = [&](int dq_row_begin) {
+      if (!dq_issuer || dq_row_begin + dq_row >= m_p.seqlen_q) return;
+      bulk_reduce_add_f32(m_dq_acc + q_offset + long(dq_row_begin + dq_row) * row_stride,
+                          addr(sdQ + wg * kTileDQ + dq_row * kDqPitch),
+                          kHeadDim * sizeof(float));
+      bulk_commit();
+    };
+
     auto stage_of = [&](int q_block) { return (q_block - first_q_block) % kStages; };
     if (first_q_block < num_q_blocks) load_q_block(first_q_block, 0);
     cp_async_commit();
@@ -183,6 +206,9 @@ class FlashBackwardWgmmaKernel : public Fused16Backward {
       // wgmma, and every warpgroup is done with the previous block (its
       // stage, which the next block now takes, and dSᵀ).
       team.team_barrier();
+      // The previous block's dQ tile (written and fenced by every thread
+      // before the barrier) is added to the accumulator.
+      if (q_block > first_q_block) add_dq(row_begin - kBlockM);
       if (q_block + 1 < num_q_blocks) load_q_block(q_block + 1, stage_of(q_block + 1));
       cp_async_commit();
       const std::uint32_t q_addr = addr(stage_q(stage));
@@ -257,6 +283,9 @@ class FlashBackwardWgmmaKernel : public Fused16Backward {
       wgmma_commit();
 
       fence_proxy_async();
+      // The dQ tile's bulk reads (issued after the first barrier) are done
+      // before anyone writes it again.
+      if (dq_issuer) bulk_wait_read();
       // The whole dSᵀ tile is in scratch, visible to wgmma.
       team.team_barrier();
 
@@ -283,23 +312,29 @@ class FlashBackwardWgmmaKernel : public Fused16Backward {
       fence_operands(dk_flat);
       fence_operands(dq_flat);
 
-      // dQ rows: 16·(warp in group) + lane / 4 (+ 8), columns dq_col0 + 8n + 2·(lane % 4).
+      // dQ to its tile: rows 16·(warp in group) + lane / 4 (+ 8), columns
+      // dq_col0 + 8n + 2·(lane % 4); visible to the bulk copy after the
+      // fence and the next barrier.
+      float* const my_dq = sdQ + (kDqSplitKeys ? wg : 0) * kTileDQ + dq_col0;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int row = row_begin + (warp % 4) * 16 + lane / 4 + half * 8;
-        if (row >= m_p.seqlen_q) continue;
-        float* g_dq = m_dq_acc + q_offset + long(row) * row_stride + dq_col0;
+        const int r = (warp % 4) * 16 + lane / 4 + half * 8;
 #pragma unroll
         for (int n = 0; n < kDqN / 8; ++n) {
-          const int d = n * 8 + (lane % 4) * 2;
-          atomicAdd(g_dq + d, dq[n][2 * half] * m_scale);
-          atomicAdd(g_dq + d + 1, dq[n][2 * half + 1] * m_scale);
+          *reinterpret_cast<float2*>(my_dq + r * kDqPitch + n * 8 + (lane % 4) * 2) =
+              make_float2(dq[n][2 * half] * m_scale, dq[n][2 * half + 1] * m_scale);
         }
       }
+      fence_proxy_async();
+    }
+    if (first_q_block < num_q_blocks) {
+      team.team_barrier();
+      add_dq((num_q_blocks - 1) * kBlockM);
     }
     // No copy may still be in flight when the team ends (K and V, where no
-    // query block sees these keys).
+    // query block sees these keys; the last dQ).
     cp_async_wait<0>();
+    if (dq_issuer) bulk_wait();
 
 #pragma unroll
     for (int half = 0; half < 2; ++half) {

@@ -33,8 +33,22 @@ namespace kfa {
 namespace Impl {
 
 
+/// Keys per block and teams per SM of the wgmma forward, by head_dim. At 64:
+/// 64-key blocks, whose S, P and O fit 128 registers, so that two teams
+/// share an SM and one's softmax runs while the other's products do (the
+/// warpgroups of one team meet at a barrier every block). At 128: 128-key
+/// blocks, one team (224 registers). At 256: 64-key blocks, one team (O
+/// alone takes 128 registers).
+template <int HeadDim>
+struct WgmmaFwdShape {
+  static constexpr int kBlockN = HeadDim == 128 ? 128 : 64;
+  static constexpr int kMinBlocksPerSM = HeadDim == 64 ? 2 : 1;
+};
+
 template <class ExecSpace, int HeadDim, class Format, class QView, class KView, class VView,
-          class OView, class LseView, bool FoldScale = true>
+          class OView, class LseView, bool FoldScale = true,
+          int BlockN = WgmmaFwdShape<HeadDim>::kBlockN,
+          int MinBlocksPerSM = WgmmaFwdShape<HeadDim>::kMinBlocksPerSM>
 class FlashForwardWgmmaKernel : public Fused16Forward {
  public:
   /// FoldScale: the softmax scale folded into the exponent's FFMA
@@ -45,11 +59,10 @@ class FlashForwardWgmmaKernel : public Fused16Forward {
   static constexpr int kWarpGroups = 2;
   static constexpr int kWarps = 4 * kWarpGroups;
   static constexpr int kBlockM = 64 * kWarpGroups;
-  /// Keys per block: 128, 64 at head_dim 256 (whose O accumulators take
-  /// 128 registers per thread).
-  static constexpr int kBlockN = HeadDim > 128 ? 64 : 128;
+  static constexpr int kBlockN = BlockN;
   static constexpr int kStages = 2;  // K/V buffers (launch_mma_kernel: opt-in scratch)
-  static constexpr int kMinBlocksPerSM = 1;
+  static constexpr int kMinBlocksPerSM = MinBlocksPerSM;
+  static_assert(kBlockN == 64 || kBlockN == 128, "kfa: the wgmma forward takes 64 or 128 keys");
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256,
                 "kfa: the wgmma forward runs head_dim 64, 128 or 256");
   static constexpr int kTileQ = kBlockM * kHeadDim;  // values per tile
