@@ -6,7 +6,12 @@
 //
 //   bench_device --dtype bf16|fp16|fp32|fp64 --batch B --seqlen N --heads H
 //                --head-dim D [--causal] [--iters 20] [--warmup 3] [--no-bwd]
-//                [--fwd-variant NAME] [--no-wgmma] --dir /dev/shm/kfa_bench | --random
+//                [--fwd-variant NAME] [--no-wgmma] [--league-group TEAMS]
+//                --dir /dev/shm/kfa_bench | --random
+//
+// --no-wgmma: the mma.sync kernels where the library would run the Hopper
+// ones; --league-group: kfa::Impl::league_group_teams() (0: the teams of a
+// block index side by side over every (batch, head)).
 
 #include <kfa/kfa.hpp>
 
@@ -41,6 +46,7 @@ struct Args {
   std::string fwd_variant = "default";
   /// Whether the library's 16-bit kernels may take the Hopper (wgmma) path.
   bool wgmma = true;
+  int league_group = kfa::Impl::league_group_teams();
 };
 
 Args parse(int argc, char* argv[]) {
@@ -65,6 +71,7 @@ Args parse(int argc, char* argv[]) {
     else if (s == "--fp32-matmul") a.fp32_matmul = next();
     else if (s == "--fwd-variant") a.fwd_variant = next();
     else if (s == "--no-wgmma") a.wgmma = false;
+    else if (s == "--league-group") a.league_group = std::stoi(next());
     else throw std::invalid_argument("unknown argument " + s);
   }
   return a;
@@ -337,6 +344,7 @@ void run(const Args& a) {
     read_into(d_o, a.dir + "/do.bin");
   }
   kfa::Impl::use_wgmma_kernels() = a.wgmma;
+  kfa::Impl::league_group_teams() = a.league_group;
   kfa::AttentionOptions opt;
   opt.causal = a.causal;
   opt.fp32_matmul = fp32_matmul(a.fp32_matmul);

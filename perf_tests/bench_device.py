@@ -6,7 +6,8 @@ the bench_device executable (same inputs, written to /dev/shm), times
 PyTorch's flash and cuDNN backends (bf16/fp16), efficient backend (fp32) or
 math backend (fp64) with CUDA events, checks kfa's O, lse, dQ, dK, dV against
 an fp64 reference on a slice of the problem (and reports PyTorch's own error
-on the same slice), and prints a table of TFLOP/s and ratios.
+on the same slice: max-abs, and the ratio of root-mean-square errors), and
+prints a table of TFLOP/s and ratios.
 
   python3 perf_tests/bench_device.py --exe build-cuda/perf_tests/bench_device [--set quick|full]
 
@@ -129,6 +130,13 @@ def max_err(a, b):
     return (a.double() - b.double()).abs().max().item()
 
 
+def rms_err(a, b):
+    """Root-mean-square error: where the output's own rounding dominates (a
+    16-bit O), the max error of one slice is decided by a few elements' side
+    of a rounding boundary, the mean square by all of them."""
+    return (a.double() - b.double()).square().mean().sqrt().item()
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--exe", required=True)
@@ -176,10 +184,12 @@ def main():
         lse = read(f"{args.dir}/lse_kfa.bin", (B, H, N), lse_dtype)
         ref = reference_slice(q, k, v, do, causal)
         errs = {"o": max_err(o[:1, :, :2], ref[0]), "lse": max_err(lse[:1, :2], ref[1])}
+        rms = {"o": rms_err(o[:1, :, :2], ref[0])}
         if not args.no_bwd:
             for i, g in enumerate(("dq", "dk", "dv")):
                 kg = read(f"{args.dir}/{g}_kfa.bin", (B, N, H, D), dtype)
                 errs[g] = max_err(kg[:1, :, :2], ref[2 + i])
+                rms[g] = rms_err(kg[:1, :, :2], ref[2 + i])
         # Extra forward variants: timed, and their own O checked against the reference.
         variants, variant_errs, variant_bwd = {}, {}, {}
         if args.fwd_variants:
@@ -188,16 +198,20 @@ def main():
                 vdt, _, var = entry.rpartition(":")
                 if vdt and vdt != dt:
                     continue
-                # "no_wgmma": the library's mma.sync kernels (forward and backward)
-                # where it would take the Hopper ones; others are forward variants.
-                extra = ["--no-wgmma"] if var == "no_wgmma" else ["--no-bwd", "--fwd-variant", var]
+                # Variants of the library's choices, forward and backward:
+                # "no_wgmma" runs the mma.sync kernels where it would take the
+                # Hopper ones, "ungrouped" the league order before RESULTS v17
+                # (every (batch, head) side by side). Others are forward
+                # variants of bench_device.
+                choices = {"no_wgmma": ["--no-wgmma"], "ungrouped": ["--league-group", "0"]}
+                extra = choices.get(var, ["--no-bwd", "--fwd-variant", var])
                 vr = subprocess.run(cmd + extra, capture_output=True, text=True)
                 if vr.returncode != 0:
                     print(f"variant {var} failed: {vr.stderr.strip()}", flush=True)
                     continue
                 vt = json.loads(vr.stdout.strip().splitlines()[-1])
                 variants[var] = vt["fwd_ms"]
-                if var == "no_wgmma":
+                if var in choices:
                     variant_bwd[var] = vt["bwd_ms"]
                 vo = read(f"{args.dir}/o_kfa.bin", (B, N, H, D), dtype)
                 vl = read(f"{args.dir}/lse_kfa.bin", (B, H, N), lse_dtype)
@@ -223,12 +237,16 @@ def main():
                     "dq": max_err(qs.grad.transpose(1, 2), ref[2]),
                     "dk": max_err(ks.grad.transpose(1, 2), ref[3]),
                     "dv": max_err(vs.grad.transpose(1, 2), ref[4])}
+            trms = {"o": rms_err(ot.transpose(1, 2), ref[0]),
+                    "dq": rms_err(qs.grad.transpose(1, 2), ref[2]),
+                    "dk": rms_err(ks.grad.transpose(1, 2), ref[3]),
+                    "dv": rms_err(vs.grad.transpose(1, 2), ref[4])}
         flops = 4.0 * B * H * N * N * D * (0.5 if causal else 1.0)
         tf = lambda ms, mult=1.0: flops * mult / (ms * 1e-3) / 1e12 if ms and ms > 0 else float("nan")
         row = {"dtype": dt, "B": B, "N": N, "H": H, "D": D, "causal": causal,
                "kfa_fwd": tf(kfa_t["fwd_ms"]), "kfa_bwd": tf(kfa_t["bwd_ms"], 2.5),
                "kfa_fwd_bwd": tf(kfa_t["fwd_bwd_ms"], 3.5), "err": errs, "torch_err": terr,
-               "seconds": time.time() - t0}
+               "err_rms": rms, "torch_err_rms": trms, "seconds": time.time() - t0}
         for var, ms in variants.items():
             row[f"kfa_fwd_{var}"] = tf(ms)
             row[f"err_{var}"] = variant_errs[var]
@@ -248,7 +266,9 @@ def main():
                         for var in variants)
               + "".join(f" | bwd {var} {row['kfa_bwd_' + var]:7.2f}" for var in variant_bwd)
               + f" | err kfa o {errs['o']:.2e} torch o {terr['o']:.2e}"
-              + (f" kfa dq {errs['dq']:.2e} torch dq {terr['dq']:.2e}" if 'dq' in errs else ""),
+              + (f" kfa dq {errs['dq']:.2e} torch dq {terr['dq']:.2e}" if 'dq' in errs else "")
+              + " | rms kfa/torch " + " ".join(f"{g} {rms[g] / trms[g]:.2f}" for g in rms
+                                               if trms.get(g)),
               flush=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -295,7 +295,9 @@ bool try_forward_mma(const ExecSpace& space, const Q& q, const K& k, const V& v,
   return true;
 }
 
-/// The tensor-core backward (dQ by fp32 atomics, so not in deterministic mode).
+/// The tensor-core backward (dQ added to an fp32 accumulator by atomics or
+/// bulk reductions, in no fixed order, so not in deterministic mode): on
+/// Hopper with sm_90a device code the wgmma kernel, else mma.sync.
 template <class ScoreMod, class ExecSpace, class Q, class K, class V, class Lse, class DO,
           class DQ, class DK, class DV, class Delta>
 bool try_backward_mma(const ExecSpace& space, const Q& q, const K& k, const V& v,
@@ -322,8 +324,7 @@ bool try_backward_mma(const ExecSpace& space, const Q& q, const K& k, const V& v
       using policy_t = FlashBackwardMmaKernel<ExecSpace, D, Format, Q, K, V, DO, Lse, Delta,
                                               AccView, DK, DV, 1>;
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
-      // At head_dim 64 the mma.sync backward is faster on the H200 (RESULTS v12).
-      if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value && D == 128) {
+      if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
         using wgmma_t = FlashBackwardWgmmaKernel<ExecSpace, D, Format, Q, K, V, DO, Lse, Delta,
                                                  AccView, DK, DV>;
         if (use_opt_in_shared_memory() && use_wgmma_kernels() && wgmma_available(space) &&

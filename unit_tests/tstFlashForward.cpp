@@ -154,9 +154,11 @@ template <class T>
 using DeviceIn4 = Kokkos::View<const T****, Kokkos::LayoutRight, Kokkos::CudaSpace>;
 
 /// Launches Kernel (a 16-bit forward: mma.sync or wgmma) directly and checks
-/// O and lse against the oracle.
+/// O and lse against the oracle. key_ramp > 0 scales key j by 1 + key_ramp ·
+/// j / seqlen_k, so that the scores, and a row's running max, grow along the
+/// keys (the online softmax then rescales many times).
 template <class Kernel, class T>
-void check_fwd_kernel(const Shape& s, bool causal) {
+void check_fwd_kernel(const Shape& s, bool causal, double key_ramp = 0) {
   using Space = Kokkos::Cuda;
   using View4 = DeviceView4<T, Space>;
   using In4 = DeviceIn4<T>;
@@ -164,7 +166,16 @@ void check_fwd_kernel(const Shape& s, bool causal) {
   constexpr int HeadDim = Kernel::kHeadDim;
   kfa::AttentionOptions opt;
   opt.causal = causal;
-  const Case c = make_case<T>(s, opt, "mma_shape");
+  Case c = make_case<T>(s, opt, "mma_shape");
+  if (key_ramp > 0) {
+    const std::size_t row = std::size_t(kv_heads(s)) * s.head_dim;
+    for (std::size_t n = 0; n < c.k.data.size(); ++n) {
+      const int key = static_cast<int>((n / row) % s.seqlen_k);
+      c.k.data[n] *= 1 + key_ramp * key / s.seqlen_k;
+    }
+    round_to<T>(c.k);
+    reference_forward(c.q, c.k, c.v, opt, c.o_ref, c.lse_ref);
+  }
   // The entry point takes the View types the test build instantiates once
   // (kfa_test_eti.hpp): a second instantiation of the standard attention in
   // this file would give nvcc's extended lambdas inside it two definitions,
@@ -204,21 +215,24 @@ void check_mma_shape(const Shape& s, bool causal) {
 /// BlockN = 0: the library's shape for HeadDim; else BlockN keys per block,
 /// one team per SM.
 template <int HeadDim, class T, bool FoldScale = true, int BlockN = 0>
-void check_wgmma(const Shape& s, bool causal) {
+void check_wgmma(const Shape& s, bool causal, double key_ramp = 0) {
   using Format = typename kfa::Impl::MmaFormat<Kokkos::Cuda, T>::type;
   using KernelShape = kfa::Impl::WgmmaFwdShape<HeadDim>;
   check_fwd_kernel<kfa::Impl::FlashForwardWgmmaKernel<
                        Kokkos::Cuda, HeadDim, Format, DeviceIn4<T>, DeviceIn4<T>, DeviceIn4<T>,
                        DeviceView4<T, Kokkos::Cuda>, DeviceView3<float, Kokkos::Cuda>, FoldScale,
-                       BlockN ? BlockN : KernelShape::kBlockN, BlockN ? 1 : KernelShape::kMinBlocksPerSM>,
-                   T>(s, causal);
+                       BlockN ? BlockN : KernelShape::kBlockN,
+                       BlockN ? 1 : KernelShape::kMinBlocksPerSM>,
+                   T>(s, causal, key_ramp);
 }
 
 // The Hopper forward (wgmma), where this build has sm_90a code and the GPU
 // is an sm_90, with the scale folded into the exponent (the default) and
 // not: awkward lengths (partial query and key blocks, more keys
 // than queries and fewer), both formats, every head dim, causal and not,
-// and at head_dim 64 also the 128-key shape (bench_device's wgmma_n128).
+// and at head_dim 64 also the 128-key shape (bench_device's wgmma_n128);
+// and scores that grow along the keys (key_ramp: the running max of a row
+// moves, and O is rescaled, many times).
 // The entry point runs it too (the typed tests) on such a GPU.
 TEST(FlashForwardCuda, HopperWgmma) {
   if (!kfa::Impl::wgmma_available(Kokkos::Cuda())) {
@@ -242,6 +256,10 @@ TEST(FlashForwardCuda, HopperWgmma) {
       check_wgmma<256, kfa::bfloat16>(s, causal);
       check_wgmma<256, kfa::half>(s, causal);
     }
+    check_wgmma<64, kfa::bfloat16>(Shape{1, 300, 1000, 2, 64}, causal, 4.0);
+    check_wgmma<128, kfa::half>(Shape{1, 300, 1000, 2, 128}, causal, 4.0);
+    check_wgmma<128, kfa::bfloat16, false>(Shape{1, 300, 1000, 2, 128}, causal, 4.0);
+    check_wgmma<256, kfa::bfloat16>(Shape{1, 129, 700, 1, 256}, causal, 4.0);
   }
 }
 

@@ -9,6 +9,49 @@
 namespace kfa_test {
 namespace {
 
+// The league order of the fused CUDA kernels (FusedProblem::block_of, on
+// the host here): every (batch, head, block) has exactly one team; the
+// teams that run at once (a group) share few (batch, head) pairs, and in a
+// group block indices never decrease (block 0, the longest causal key
+// block, first); group size 0, or few blocks, is one group of every pair.
+TEST(FusedProblem, LeagueOwnsEveryBlockOnceGroupedByHead) {
+  struct Restore {
+    ~Restore() { kfa::Impl::league_group_teams() = 256; }
+  } restore;
+  const int pair_shapes[][2] = {{1, 1}, {2, 3}, {3, 16}, {8, 16}};
+  for (const int group : {256, 7, 0})
+    for (const auto& bh : pair_shapes)
+      for (const int blocks : {1, 5, 16, 64, 300}) {
+        kfa::Impl::league_group_teams() = group;
+        const Kokkos::View<float****, Kokkos::HostSpace> q("q", bh[0], 1, bh[1], 1);
+        const kfa::Impl::FusedProblem p(q, q, false);
+        const int pairs = bh[0] * bh[1];
+        const int group_pairs =
+            group > 0 && blocks >= kfa::Impl::FusedProblem::kMinGroupedBlocks
+                ? std::max(1, std::min(pairs, group / blocks))
+                : pairs;
+        const std::string what = "group " + std::to_string(group) + " batch " +
+                                 std::to_string(bh[0]) + " heads " + std::to_string(bh[1]) +
+                                 " blocks " + std::to_string(blocks);
+        ASSERT_EQ(p.league(blocks), pairs * blocks) << what;
+        std::vector<int> owners(std::size_t(pairs) * blocks, 0);
+        int last_block = -1;
+        for (int rank = 0; rank < p.league(blocks); ++rank) {
+          int b = -1, h = -1;
+          const int block = p.block_of(rank, blocks, b, h);
+          ASSERT_TRUE(b >= 0 && b < bh[0] && h >= 0 && h < bh[1] && block >= 0 && block < blocks)
+              << what << " rank " << rank;
+          ++owners[std::size_t(b * bh[1] + h) * blocks + block];
+          const int pair_group = (b * bh[1] + h) / group_pairs;
+          ASSERT_EQ(pair_group, rank / (group_pairs * blocks)) << what << " rank " << rank;
+          if (rank % (group_pairs * blocks) == 0) last_block = -1;
+          ASSERT_GE(block, last_block) << what << " rank " << rank;
+          last_block = block;
+        }
+        for (const int n : owners) ASSERT_EQ(n, 1) << what;
+      }
+}
+
 // The tile queries of the mask agree with the element mask: every visible
 // element lies inside the key range of its row block and the row range of
 // its key block, and a tile said not to need the element mask has no masked

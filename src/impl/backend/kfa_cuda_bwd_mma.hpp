@@ -10,8 +10,11 @@
 //   dSᵀ = Pᵀ ∘ (dPᵀ - D)
 // in registers, accumulates dV += Pᵀ·dO and dK += dSᵀ·Q in registers (Pᵀ
 // and dSᵀ feed the tensor cores straight from their accumulators), stages dSᵀ
-// in scratch and adds dQ += dS·K·scale to an fp32 accumulator with atomics.
-// Scratch: K [Bc][d+8], Q and dO [Br][d+8], dSᵀ [Bc][Br+8], lse and D rows;
+// in scratch and adds dQ += dS·K·scale to an fp32 accumulator: with atomics,
+// or (Stages >= 2 on sm_90+) through a dQ tile in scratch that the bulk copy
+// engine adds, one cp.reduce.async.bulk per query row.
+// Scratch: K [Bc][d+8], Q and dO [Br][d+8], dSᵀ [Bc][Br+8], lse and D rows,
+// with Stages >= 2 dQ [Br][d+8] fp32;
 // Br = 64, but 32 at head_dim 128 in the TeamPolicy shape (registers: its K
 // and V fragments and the dK, dV accumulators fill them).
 //
@@ -64,6 +67,10 @@ class FlashBackwardMmaKernel : public Fused16Backward {
   static constexpr int kKVTiles = kStages >= 2 ? 2 : 1;
   static_assert(kStages >= 2 || 2 * kStages * kBlockM >= kBlockN,
                 "kfa: the mma backward stages V through the Q and dO tiles");
+  /// Whether the shape has a dQ tile in scratch (added by bulk reductions
+  /// where the device code has them, sm_90+; by atomics elsewhere).
+  static constexpr bool kDqTile = kStages >= 2;
+  static constexpr int kPitchDQ = kHeadDim + 8;  // floats per dQ row (conflict-free stores)
 
   FlashBackwardMmaKernel(const QView& q, const KView& k, const VView& v, const DOView& d_o,
                          const LseView& lse, const DeltaView& delta, const DQAccView& dq_acc,
@@ -80,13 +87,14 @@ class FlashBackwardMmaKernel : public Fused16Backward {
     launch_mma_kernel(space, "kfa::bwd::mma_dk_dv", *this, m_p.league(m_num_kv_blocks));
   }
 
-  /// K (and V with 2 stages), per stage Q and dO, dSᵀ, per stage lse and D.
+  /// K (and V with 2 stages), per stage Q and dO, dSᵀ, per stage lse and D,
+  /// the dQ tile.
   KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
     return sizeof(std::uint16_t) *
                (std::size_t(kKVTiles * kBlockN) * kPitch +
                 2 * kStages * std::size_t(kBlockM) * kPitch +
                 std::size_t(kBlockN) * kPitchS) +
-           2 * kStages * sizeof(float) * kBlockM + 16;
+           sizeof(float) * (2 * kStages * kBlockM + (kDqTile ? kBlockM * kPitchDQ : 0)) + 16;
   }
 
   KOKKOS_INLINE_FUNCTION void operator()(const member_t& member) const {
@@ -113,7 +121,7 @@ class FlashBackwardMmaKernel : public Fused16Backward {
 
     const int league = member.league_rank();
     int b, h;
-    const int kv_block = m_p.block_of(league, b, h);
+    const int kv_block = m_p.block_of(league, m_num_kv_blocks, b, h);
     const int key_begin = kv_block * kBlockN;
     const long row_stride = long(m_p.heads) * kHeadDim;
     const long q_offset = m_p.offset(b, h, m_p.seqlen_q, kHeadDim);
@@ -131,6 +139,17 @@ class FlashBackwardMmaKernel : public Fused16Backward {
     float* const s_lse0 = reinterpret_cast<float*>(sdS + kBlockN * kPitchS);
     auto stage_q = [&](int s) { return sQ0 + 2 * s * kBlockM * kPitch; };
     auto stage_lse = [&](int s) { return s_lse0 + 2 * s * kBlockM; };
+    float* const sdQ = s_lse0 + 2 * kStages * kBlockM;
+    // dQ of the query block at row dq_row_begin from the tile to the
+    // accumulator: thread r < kBlockM adds row r (one bulk reduction).
+    constexpr bool kBulkDq = kDqTile && KFA_CUDA_BULK_DEVICE;
+    const bool dq_issuer = kBulkDq && tid < kBlockM;
+    auto add_dq = [&](int dq_row_begin) {
+      if (!dq_issuer || dq_row_begin + tid >= m_p.seqlen_q) return;
+      bulk_reduce_add_f32(m_dq_acc + q_offset + long(dq_row_begin + tid) * row_stride,
+                          smem_address(sdQ + tid * kPitchDQ), kHeadDim * sizeof(float));
+      bulk_commit();
+    };
 
     auto load_rows = [&](std::uint16_t* dst, const std::uint16_t* src, int first_row,
                          int rows, int rows_total) {
@@ -197,8 +216,10 @@ class FlashBackwardMmaKernel : public Fused16Backward {
         cp_async_wait<(kStages >= 2 ? kStages - 2 : 0)>();
         // This block's stage is in scratch for every warp, and every warp is
         // done with the previous block (its stage, which the block kStages - 1
-        // ahead now reuses, and dSᵀ).
+        // ahead now reuses, and dSᵀ); the previous block's dQ tile is
+        // written and fenced, for the bulk reductions.
         member.team_barrier();
+        if (kBulkDq && q_block > first_q_block) add_dq(row_begin - kBlockM);
         const int ahead = q_block + kStages - 1;
         if (ahead < num_q_blocks)
           load_q_block(ahead, (ahead - first_q_block) % kStages);
@@ -280,6 +301,8 @@ class FlashBackwardMmaKernel : public Fused16Backward {
         *reinterpret_cast<std::uint32_t*>(sdS + r * kPitchS + c + 8) = ds_frag[2];
         *reinterpret_cast<std::uint32_t*>(sdS + (r + 8) * kPitchS + c + 8) = ds_frag[3];
       }
+      // The dQ tile's bulk reads are done before it is written again.
+      if (dq_issuer) bulk_wait_read();
       // The whole dSᵀ tile is in scratch.
       member.team_barrier();
 
@@ -301,20 +324,37 @@ class FlashBackwardMmaKernel : public Fused16Backward {
           mma_16816<Format>(acc_dq[2 * np + 1], a, kb[2], kb[3]);
         }
       }
-      for (int half = 0; half < 2; ++half) {
-        const int row = row_begin + q0 + lane / 4 + half * 8;
-        if (row >= m_p.seqlen_q) continue;
-        float* g_dq = m_dq_acc + q_offset + long(row) * row_stride;
-        for (int n = 0; n < kTilesDQ; ++n) {
-          const int d = (n_first + n) * 8 + (lane % 4) * 2;
-          atomicAdd(g_dq + d, acc_dq[n][2 * half] * m_scale);
-          atomicAdd(g_dq + d + 1, acc_dq[n][2 * half + 1] * m_scale);
+      if constexpr (kBulkDq) {
+        // To the dQ tile, visible to the bulk copies after the fence and
+        // the next barrier.
+        for (int half = 0; half < 2; ++half) {
+          const int r = q0 + lane / 4 + half * 8;
+          for (int n = 0; n < kTilesDQ; ++n)
+            *reinterpret_cast<float2*>(sdQ + r * kPitchDQ + (n_first + n) * 8 + (lane % 4) * 2) =
+                make_float2(acc_dq[n][2 * half] * m_scale, acc_dq[n][2 * half + 1] * m_scale);
+        }
+        fence_proxy_async();
+      } else {
+        for (int half = 0; half < 2; ++half) {
+          const int row = row_begin + q0 + lane / 4 + half * 8;
+          if (row >= m_p.seqlen_q) continue;
+          float* g_dq = m_dq_acc + q_offset + long(row) * row_stride;
+          for (int n = 0; n < kTilesDQ; ++n) {
+            const int d = (n_first + n) * 8 + (lane % 4) * 2;
+            atomicAdd(g_dq + d, acc_dq[n][2 * half] * m_scale);
+            atomicAdd(g_dq + d + 1, acc_dq[n][2 * half + 1] * m_scale);
+          }
         }
       }
     }
+    if (kBulkDq && first_q_block < num_q_blocks) {
+      member.team_barrier();
+      add_dq((num_q_blocks - 1) * kBlockM);
+    }
     // No copy may still be in flight when the team ends (K and V, where no
-    // query block sees these keys).
+    // query block sees these keys; the last dQ rows).
     cp_async_wait<0>();
+    if (dq_issuer) bulk_wait();
 
     for (int half = 0; half < 2; ++half) {
       const int key = (half == 0 ? key0 : key1);

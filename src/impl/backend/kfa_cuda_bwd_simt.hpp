@@ -88,7 +88,7 @@ class FlashBackwardSimtKernel {
 
     const int league = team.league_rank();
     int b, h;
-    const int kv_block = m_p.block_of(league, b, h);
+    const int kv_block = m_p.block_of(league, m_num_kv_blocks, b, h);
     const int key_begin = kv_block * kBlockN;
     const long row_stride = long(m_p.heads) * kHeadDim;
     const long q_offset = m_p.offset(b, h, m_p.seqlen_q, kHeadDim);

@@ -1,7 +1,8 @@
 #ifndef KFA_CUDA_BWD_WGMMA_HPP
 #define KFA_CUDA_BWD_WGMMA_HPP
 
-// Hopper backward for 16-bit types (dK, dV, and dQ by fp32 atomics):
+// Hopper backward for 16-bit types (dK, dV, and dQ added to an fp32
+// accumulator, so not deterministic):
 // warpgroup tensor cores (wgmma, sm_90a). A team of 2 warpgroups owns a
 // block of 128 keys, 64 per warpgroup, and walks the 64-row query blocks
 // that see them, the next block's Q, dO, lse and D loading (cp.async,
@@ -95,7 +96,7 @@ class FlashBackwardWgmmaKernel : public Fused16Backward {
 
     const int league = team.league_rank();
     int b, h;
-    const int kv_block = m_p.block_of(league, b, h);
+    const int kv_block = m_p.block_of(league, m_num_kv_blocks, b, h);
     const int key_begin = kv_block * kBlockN;
     const long row_stride = long(m_p.heads) * kHeadDim;
     const long q_offset = m_p.offset(b, h, m_p.seqlen_q, kHeadDim);

@@ -130,7 +130,7 @@ class FlashForwardWideMmaKernel {
     int b, h;
     // Longest rows first: under a causal mask the last query blocks see the
     // most keys, so they start first and the short ones fill the tail.
-    const int q_block = m_num_q_blocks - 1 - m_p.block_of(league, b, h);
+    const int q_block = m_num_q_blocks - 1 - m_p.block_of(league, m_num_q_blocks, b, h);
     const int row_begin = q_block * kBlockM;
     const long row_stride = long(m_p.heads) * kHeadDim;
     const value_type* gQ = m_q + m_p.offset(b, h, m_p.seqlen_q, kHeadDim);

@@ -100,7 +100,7 @@ class FlashForwardWgmmaKernel : public Fused16Forward {
     const int league = team.league_rank();
     int b, h;
     // Longest rows first under the causal mask.
-    const int q_block = m_num_q_blocks - 1 - m_p.block_of(league, b, h);
+    const int q_block = m_num_q_blocks - 1 - m_p.block_of(league, m_num_q_blocks, b, h);
     const int row_begin = q_block * kBlockM;
     const long row_stride = long(m_p.heads) * kHeadDim;
     const std::uint16_t* gQ = m_q + m_p.offset(b, h, m_p.seqlen_q, kHeadDim);

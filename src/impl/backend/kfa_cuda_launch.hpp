@@ -28,6 +28,15 @@
 namespace kfa {
 namespace Impl {
 
+/// Teams per group of (batch, head) pairs in the leagues of the fused CUDA
+/// kernels (FusedProblem::block_of); 0: one group of every pair (the order
+/// before RESULTS v17). For tests and comparisons, process-wide; read when
+/// a kernel is constructed.
+inline int& league_group_teams() {
+  static int teams = 256;
+  return teams;
+}
+
 /// What every fused CUDA kernel knows of its problem: q [batch][seqlen_q]
 /// [heads][head_dim], k and v [batch][seqlen_k][heads][head_dim], lse
 /// [batch][heads][seqlen_q], and the causal (or no) mask; the offsets of one
@@ -36,6 +45,7 @@ namespace Impl {
 struct FusedProblem {
   int batch, seqlen_q, heads, seqlen_k;
   AttentionMask mask;
+  int group_teams;  // league_group_teams() at construction
 
   template <class Q, class K>
   FusedProblem(const Q& q, const K& k, bool causal)
@@ -43,17 +53,37 @@ struct FusedProblem {
         seqlen_q(static_cast<int>(q.extent(1))),
         heads(static_cast<int>(q.extent(2))),
         seqlen_k(static_cast<int>(k.extent(1))),
-        mask(seqlen_q, seqlen_k, -1, causal ? 0 : -1) {}
+        mask(seqlen_q, seqlen_k, -1, causal ? 0 : -1),
+        group_teams(league_group_teams()) {}
 
   /// Teams of a league of `blocks` blocks per (batch, head).
   int league(int blocks) const { return blocks * batch * heads; }
-  /// Team `league_rank`'s batch, head and block; blocks of one index run
-  /// side by side over every (batch, head).
-  KOKKOS_INLINE_FUNCTION int block_of(int league_rank, int& b, int& h) const {
-    const int bh = league_rank % (batch * heads);
+  /// Fewest blocks per (batch, head) for which block_of groups the pairs.
+  static constexpr int kMinGroupedBlocks = 8;
+  /// Team `league_rank`'s batch, head and block, of `blocks` per (batch,
+  /// head). With kMinGroupedBlocks blocks or more, the (batch, head) pairs
+  /// go in groups of about group_teams / blocks; within a group, blocks of
+  /// one index run side by side over its pairs, block 0 first (the longest
+  /// under the causal mask, in the backward; the forward reverses the
+  /// index), and groups run one after the other. So the teams that run at
+  /// once share a few heads, whose K and V (forward) or Q, dO and dQ rows
+  /// (backward) stay in L2 between them, instead of each team of a wave
+  /// streaming its own head from memory. With fewer blocks the pairs of a
+  /// wave fit L2 in any order, and one group of every pair keeps the
+  /// causal teams longest first over the whole league (RESULTS v17).
+  KOKKOS_INLINE_FUNCTION int block_of(int league_rank, int blocks, int& b, int& h) const {
+    const int pairs = batch * heads;
+    const int group_pairs = group_teams > 0 && blocks >= kMinGroupedBlocks
+                                ? imax(1, imin(pairs, group_teams / blocks))
+                                : pairs;
+    const int group = league_rank / (group_pairs * blocks);
+    const int first_pair = group * group_pairs;
+    const int in_group = imin(group_pairs, pairs - first_pair);
+    const int r = league_rank - first_pair * blocks;
+    const int bh = first_pair + r % in_group;
     b = bh / heads;
     h = bh % heads;
-    return league_rank / (batch * heads);
+    return r / in_group;
   }
   /// Offset of (b, row 0, h, 0) in a [b][rows][heads][head_dim] tensor.
   KOKKOS_INLINE_FUNCTION long offset(int b, int h, int rows, int head_dim) const {

@@ -102,6 +102,59 @@ KOKKOS_FORCEINLINE_FUNCTION void cp_async_wait() {
 #endif
 }
 
+// Bulk copies (sm_90+): the engine behind TMA, here its 1-D form, which
+// needs no tensor map. KFA_CUDA_BULK_DEVICE says whether the device code
+// being compiled has them; the functions below are no-ops elsewhere.
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+#define KFA_CUDA_BULK_DEVICE 1
+#else
+#define KFA_CUDA_BULK_DEVICE 0
+#endif
+
+/// Makes this thread's shared-memory writes (cp.async, stores) visible to
+/// the async proxy (wgmma operands, bulk copies).
+KOKKOS_FORCEINLINE_FUNCTION void fence_proxy_async() {
+#if KFA_CUDA_BULK_DEVICE
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+/// Adds `bytes` (a multiple of 16) of fp32 values at shared address `src`
+/// to global `dst` (both 16-byte aligned) by the bulk copy engine: one
+/// element-wise reduction in L2 instead of a red.global per value.
+/// Asynchronous: part of this thread's bulk group (bulk_commit,
+/// bulk_wait_read, bulk_wait).
+KOKKOS_FORCEINLINE_FUNCTION void bulk_reduce_add_f32(float* dst, std::uint32_t src,
+                                                     std::uint32_t bytes) {
+#if KFA_CUDA_BULK_DEVICE
+  asm volatile(
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+      "r"(src), "r"(bytes)
+      : "memory");
+#else
+  (void)dst;
+  (void)src;
+  (void)bytes;
+#endif
+}
+KOKKOS_FORCEINLINE_FUNCTION void bulk_commit() {
+#if KFA_CUDA_BULK_DEVICE
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+/// Waits until this thread's bulk groups have read their shared sources.
+KOKKOS_FORCEINLINE_FUNCTION void bulk_wait_read() {
+#if KFA_CUDA_BULK_DEVICE
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+#endif
+}
+/// Waits until this thread's bulk groups are complete.
+KOKKOS_FORCEINLINE_FUNCTION void bulk_wait() {
+#if KFA_CUDA_BULK_DEVICE
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+#endif
+}
+
 /// `rows` rows of HeadDim values of a [b][i][h][d] tensor (rows `row_stride`
 /// elements apart, from row `first_row` of `src`) into a scratch tile of
 /// Pitch elements per row, by 16-byte asynchronous copies spread over

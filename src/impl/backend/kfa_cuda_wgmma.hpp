@@ -88,28 +88,6 @@ template <int N>
 __device__ inline void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
-/// Makes this thread's shared-memory writes (cp.async, stores) visible to
-/// the async proxy that wgmma reads through.
-__device__ inline void fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-/// Adds `bytes` (a multiple of 16) of fp32 values at shared `src` to global
-/// `dst` (both 16-byte aligned) by the bulk copy engine: one element-wise
-/// reduction in L2 instead of a red.global per value. Asynchronous: part of
-/// this thread's bulk group, see bulk_commit and bulk_wait_read.
-__device__ inline void bulk_reduce_add_f32(float* dst, std::uint32_t src, std::uint32_t bytes) {
-  asm volatile(
-      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
-      "r"(src), "r"(bytes)
-      : "memory");
-}
-__device__ inline void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-/// Waits until this thread's bulk groups have read their shared sources.
-__device__ inline void bulk_wait_read() {
-  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-}
-/// Waits until this thread's bulk groups are complete.
-__device__ inline void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 /// Keeps the compiler from moving accesses of `d` across this point (the
 /// hardware writes wgmma accumulators asynchronously).
 template <int N>
