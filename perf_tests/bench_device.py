@@ -144,6 +144,8 @@ def main():
     p.add_argument("--dir", default="/dev/shm/kfa_bench")
     p.add_argument("--no-bwd", action="store_true")
     p.add_argument("--dtypes", default="bf16,fp16,fp32,fp64", help="types to run")
+    p.add_argument("--seqlens", default="", help="comma-separated seqlens to keep (default: all)")
+    p.add_argument("--head-dims", default="", help="comma-separated head dims to keep (default: all)")
     p.add_argument("--json", default="")
     p.add_argument("--fp32-matmul", default="ieee", choices=("ieee", "split_tf32", "tf32"),
                    help="AttentionOptions::fp32_matmul of kfa's fp32 forward and backward")
@@ -158,6 +160,10 @@ def main():
     rows = []
     for (dt, B, N, H, D, causal) in configs(args.set):
         if dt not in args.dtypes.split(","):
+            continue
+        if args.seqlens and str(N) not in args.seqlens.split(","):
+            continue
+        if args.head_dims and str(D) not in args.head_dims.split(","):
             continue
         dtype = DTYPES[dt]
         torch.manual_seed(1234)
@@ -201,9 +207,12 @@ def main():
                 # Variants of the library's choices, forward and backward:
                 # "no_wgmma" runs the mma.sync kernels where it would take the
                 # Hopper ones, "ungrouped" the league order before RESULTS v17
-                # (every (batch, head) side by side). Others are forward
+                # (every (batch, head) side by side), "group<T>" groups of
+                # about T teams (the library: 256). Others are forward
                 # variants of bench_device.
                 choices = {"no_wgmma": ["--no-wgmma"], "ungrouped": ["--league-group", "0"]}
+                if var.startswith("group") and var[5:].isdigit():
+                    choices[var] = ["--league-group", var[5:]]
                 extra = choices.get(var, ["--no-bwd", "--fwd-variant", var])
                 vr = subprocess.run(cmd + extra, capture_output=True, text=True)
                 if vr.returncode != 0:
