@@ -2,7 +2,8 @@
 // attention, sliding windows (with causal, bottom-right aligned), softcap,
 // dropout, and all of them at once. Fused and materialised, forward and
 // backward, against the fp64 oracle with the error rule of the core tests.
-// Also: the mask's tile queries against brute force, and the dropout mask.
+// Also: the mask's tile queries against brute force, the dropout mask, and
+// the league order of the fused CUDA kernels.
 
 #include "kfa_test_helpers.hpp"
 
