@@ -153,10 +153,24 @@ TYPED_TEST(FlashForward, ExplicitScale) {
 template <class T>
 using DeviceIn4 = Kokkos::View<const T****, Kokkos::LayoutRight, Kokkos::CudaSpace>;
 
+/// key_ramp > 0: key j of the case scaled by 1 + key_ramp · j / seqlen_k
+/// (rounded to T, the reference recomputed), so that the scores, and a
+/// row's running max, grow along the keys: the online softmax then moves its
+/// max, and rescales O, many times.
+template <class T>
+void ramp_keys(Case& c, const Shape& s, const kfa::AttentionOptions& opt, double key_ramp) {
+  if (key_ramp <= 0) return;
+  const std::size_t row = std::size_t(kv_heads(s)) * s.head_dim;
+  for (std::size_t n = 0; n < c.k.data.size(); ++n) {
+    const int key = static_cast<int>((n / row) % s.seqlen_k);
+    c.k.data[n] *= 1 + key_ramp * key / s.seqlen_k;
+  }
+  round_to<T>(c.k);
+  reference_forward(c.q, c.k, c.v, opt, c.o_ref, c.lse_ref);
+}
+
 /// Launches Kernel (a 16-bit forward: mma.sync or wgmma) directly and checks
-/// O and lse against the oracle. key_ramp > 0 scales key j by 1 + key_ramp ·
-/// j / seqlen_k, so that the scores, and a row's running max, grow along the
-/// keys (the online softmax then rescales many times).
+/// O and lse against the oracle (keys ramped by ramp_keys).
 template <class Kernel, class T>
 void check_fwd_kernel(const Shape& s, bool causal, double key_ramp = 0) {
   using Space = Kokkos::Cuda;
@@ -167,15 +181,7 @@ void check_fwd_kernel(const Shape& s, bool causal, double key_ramp = 0) {
   kfa::AttentionOptions opt;
   opt.causal = causal;
   Case c = make_case<T>(s, opt, "mma_shape");
-  if (key_ramp > 0) {
-    const std::size_t row = std::size_t(kv_heads(s)) * s.head_dim;
-    for (std::size_t n = 0; n < c.k.data.size(); ++n) {
-      const int key = static_cast<int>((n / row) % s.seqlen_k);
-      c.k.data[n] *= 1 + key_ramp * key / s.seqlen_k;
-    }
-    round_to<T>(c.k);
-    reference_forward(c.q, c.k, c.v, opt, c.o_ref, c.lse_ref);
-  }
+  ramp_keys<T>(c, s, opt, key_ramp);
   // The entry point takes the View types the test build instantiates once
   // (kfa_test_eti.hpp): a second instantiation of the standard attention in
   // this file would give nvcc's extended lambdas inside it two definitions,
@@ -289,7 +295,7 @@ TEST(FlashForwardCuda, TensorCoreTileShapes) {
 // significand bits per operand, so their errors are about 10x and 1000x
 // those of fp32 arithmetic.
 template <class WideShape, int HeadDim, class Atom>
-void check_wide_shape(const Shape& s, bool causal, double tol_scale = 0) {
+void check_wide_shape(const Shape& s, bool causal, double tol_scale = 0, double key_ramp = 0) {
   using Space = Kokkos::Cuda;
   using T = typename Atom::value_type;
   using View4 = DeviceView4<T, Space>;
@@ -297,7 +303,8 @@ void check_wide_shape(const Shape& s, bool causal, double tol_scale = 0) {
   using View3 = DeviceView3<T, Space>;
   kfa::AttentionOptions opt;
   opt.causal = causal;
-  const Case c = make_case<T>(s, opt, "wide_shape");
+  Case c = make_case<T>(s, opt, "wide_shape");
+  ramp_keys<T>(c, s, opt, key_ramp);
   const View4 q = to_device<T, Space>(c.q, "q"), k = to_device<T, Space>(c.k, "k"),
               v = to_device<T, Space>(c.v, "v");
   View4 o("o", s.batch, s.seqlen_q, s.heads, s.head_dim);
@@ -361,6 +368,17 @@ TEST(FlashForwardCuda, WideTensorCoreTileShapes) {
       check_wide_shape<WideFwdShape<4, 1, 8, 2>, 128, mma::Fp64x16Atom>(s, causal);
 #endif
     }
+    // Scores that grow along the keys, so that fp64's lazy rescale (only
+    // when a row's max rises by more than 16) fires many times per row.
+    const Shape ramp{1, 300, 1000, 2, 128};
+    check_wide_shape<WideFwdDefaultShape<mma::Fp64Atom, 128>::type, 128, mma::Fp64Atom>(
+        ramp, causal, 0, 40.0);
+#if KFA_CUDA_FP64_M16
+    check_wide_shape<WideFwdDefaultShape<mma::Fp64x16Atom, 128>::type, 128, mma::Fp64x16Atom>(
+        ramp, causal, 0, 40.0);
+    check_wide_shape<WideFwdDefaultShape<mma::Fp64x16Atom, 64>::type, 64, mma::Fp64x16Atom>(
+        Shape{1, 300, 1000, 2, 64}, causal, 0, 40.0);
+#endif
   }
 }
 

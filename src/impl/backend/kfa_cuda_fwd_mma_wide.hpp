@@ -197,6 +197,17 @@ class FlashForwardWideMmaKernel {
 
  private:
   static constexpr bool kBase2 = sizeof(value_type) == 4;
+  /// fp64 rescales lazily: the running max (the shift of P, O and the sum)
+  /// moves only when a row of the warp's rows rises above it by more than
+  /// kLazyRescale (a warp vote), else P is taken against the old max (P <=
+  /// e^16) and the rescale factor is 1: as exact, since P stays fp64
+  /// through P·V, and most blocks skip the fp64 exponential of the factor
+  /// (O is still multiplied by it: skipping that too took 37 more
+  /// registers at head_dim 128 and spilled). fp32 rescales every block: there P is rounded to tf32
+  /// for P·V, where the exact max keeps the largest P at exactly 1 (the
+  /// 16-bit forward measured twice the error otherwise, RESULTS v16).
+  static constexpr bool kLazy = !kBase2;
+  static constexpr double kLazyRescale = 16;
   static constexpr int kSteps = kHeadDim / Atom::kDepth;  // k-steps of Q·Kᵀ
   static constexpr int kTilesS = kBlockN / 8;              // n-tiles of S per atom
   static constexpr int kTilesO = kHeadDim / 8;             // n-tiles of O per atom
@@ -280,15 +291,27 @@ class FlashForwardWideMmaKernel {
           block_max[mt * kHalves + j / 2] = vmax(block_max[mt * kHalves + j / 2], x);
         }
     value_type shift[kRows], alpha[kRows];
+    bool grows = false;
     #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       block_max[r] = vmax(block_max[r], shfl_xor(block_max[r], 1));
       block_max[r] = vmax(block_max[r], shfl_xor(block_max[r], 2));
+      // -inf + kLazyRescale = -inf: a row's first finite max always grows.
+      grows = grows || block_max[r] > row_max[r] + value_type(kLazyRescale);
+    }
+    const bool rescale = !kLazy || __any_sync(0xffffffffu, grows);
+    #pragma unroll
+    for (int r = 0; r < kRows; ++r) {
       // A row whose every score so far is masked keeps max -inf: shift by
       // 0 so exp(-inf - shift) = 0 instead of NaN.
-      shift[r] = block_max[r] == -INFINITY ? value_type(0) : block_max[r];
-      alpha[r] = row_max[r] == -INFINITY ? value_type(0) : exp_base(row_max[r] - shift[r]);
-      row_max[r] = block_max[r];
+      if (rescale) {
+        shift[r] = block_max[r] == -INFINITY ? value_type(0) : block_max[r];
+        alpha[r] = row_max[r] == -INFINITY ? value_type(0) : exp_base(row_max[r] - shift[r]);
+        row_max[r] = block_max[r];
+      } else {
+        shift[r] = row_max[r] == -INFINITY ? value_type(0) : row_max[r];
+        alpha[r] = 1;
+      }
     }
     value_type block_sum[kRows];
     #pragma unroll
