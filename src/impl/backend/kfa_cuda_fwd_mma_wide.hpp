@@ -203,9 +203,10 @@ class FlashForwardWideMmaKernel {
   /// e^16) and the rescale factor is 1: as exact, since P stays fp64
   /// through P·V, and most blocks skip the fp64 exponential of the factor
   /// (O is still multiplied by it: skipping that too took 37 more
-  /// registers at head_dim 128 and spilled). fp32 rescales every block: there P is rounded to tf32
-  /// for P·V, where the exact max keeps the largest P at exactly 1 (the
-  /// 16-bit forward measured twice the error otherwise, RESULTS v16).
+  /// registers at head_dim 128 and spilled; RESULTS v18). fp32 rescales
+  /// every block: there P is rounded to tf32 for P·V, where the exact max
+  /// keeps the largest P at exactly 1 (the 16-bit forward measured twice
+  /// the error otherwise, RESULTS v16).
   static constexpr bool kLazy = !kBase2;
   static constexpr double kLazyRescale = 16;
   static constexpr int kSteps = kHeadDim / Atom::kDepth;  // k-steps of Q·Kᵀ
