@@ -22,10 +22,18 @@ namespace kfa {
 namespace Impl {
 
 /// D[vb][h][r] = sum_d dO[vb][r][h][d] * O[vb][r][h][d] over every row of the
-/// (fixed-length or packed) tensors, in the accumulator type.
+/// (fixed-length or packed) tensors, in the accumulator type. A team thread
+/// per row and its vector lanes over the head dims: on GPUs 8 rows per team
+/// and a warp's lanes on consecutive values of a row (coalesced loads); on
+/// host backends one row per team, the head dims in order.
 template <class ExecSpace, class OView, class DOView, class DeltaView>
 struct BackwardPreprocess {
   using acc_t = typename DeltaView::non_const_value_type;
+  using policy_t = Kokkos::TeamPolicy<ExecSpace>;
+  using member_t = typename policy_t::member_type;
+  static constexpr bool kGpu = is_gpu_space<ExecSpace>::value;
+  static constexpr int kRowsPerTeam = kGpu ? 8 : 1;
+  static constexpr int kVector = kGpu ? 32 : 1;
   OView m_o;
   DOView m_do;
   DeltaView m_delta;
@@ -34,18 +42,26 @@ struct BackwardPreprocess {
   void launch(const ExecSpace& space) const {
     const std::size_t rows = m_o.extent(0) * m_o.extent(1) * m_o.extent(2);
     if (rows == 0) return;
-    Kokkos::parallel_for("kfa::bwd::preprocess",
-                         Kokkos::RangePolicy<ExecSpace>(space, 0, rows), *this);
+    const int league = static_cast<int>((rows + kRowsPerTeam - 1) / kRowsPerTeam);
+    Kokkos::parallel_for("kfa::bwd::preprocess", policy_t(space, league, kRowsPerTeam, kVector),
+                         *this);
   }
 
-  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t row) const {
+  KOKKOS_INLINE_FUNCTION void operator()(const member_t& member) const {
+    const std::size_t row =
+        std::size_t(member.league_rank()) * kRowsPerTeam + std::size_t(member.team_rank());
+    if (row >= m_o.extent(0) * m_o.extent(1) * m_o.extent(2)) return;
     const int h = static_cast<int>(row % m_heads);
     const int i = static_cast<int>(row / m_heads % m_rows);
     const int b = static_cast<int>(row / m_heads / m_rows);
     acc_t sum = 0;
-    for (int d = 0; d < m_head_dim; ++d)
-      sum += to_acc<acc_t>(m_do(b, i, h, d)) * to_acc<acc_t>(m_o(b, i, h, d));
-    m_delta(b, h, i) = sum;
+    Kokkos::parallel_reduce(
+        Kokkos::ThreadVectorRange(member, m_head_dim),
+        [&](const int d, acc_t& s) {
+          s += to_acc<acc_t>(m_do(b, i, h, d)) * to_acc<acc_t>(m_o(b, i, h, d));
+        },
+        sum);
+    Kokkos::single(Kokkos::PerThread(member), [&] { m_delta(b, h, i) = sum; });
   }
 };
 

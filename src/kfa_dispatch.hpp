@@ -26,6 +26,7 @@
 #include <kfa_variant.hpp>
 
 #include <impl/backend/kfa_cuda_bwd_mma.hpp>
+#include <impl/backend/kfa_cuda_bwd_prep.hpp>
 #include <impl/backend/kfa_cuda_bwd_wgmma.hpp>
 #include <impl/backend/kfa_cuda_fwd_mma.hpp>
 #include <impl/backend/kfa_cuda_fwd_wgmma.hpp>
@@ -33,6 +34,7 @@
 #include <impl/backend/kfa_cuda_bwd_simt.hpp>
 #include <impl/backend/kfa_cuda_fwd_mma_wide.hpp>
 #include <impl/backend/kfa_cuda_fwd_simt.hpp>
+#include <impl/backend/kfa_workspace.hpp>
 
 #include <cmath>
 
@@ -158,18 +160,46 @@ void dispatch_variant(const AttentionOptions& options, F&& f) {
   }
 }
 
-/// dq = dq_acc, converted from the accumulator type.
+/// dq = dq_acc, converted from the accumulator type (both LayoutRight, of
+/// the same extents; dq_acc contiguous). A contiguous dq is converted as one
+/// flat array, so that adjacent threads touch adjacent values; a strided one
+/// with the last index fastest.
 template <class ExecSpace, class AccView, class DQ>
 void convert_dq(const ExecSpace& space, const AccView& dq_acc, const DQ& dq) {
   using value_type = typename DQ::non_const_value_type;
+  if (dq.span_is_contiguous()) {
+    value_type* const out = dq.data();
+    const auto* const in = dq_acc.data();
+    Kokkos::parallel_for(
+        "kfa::bwd::convert_dq", Kokkos::RangePolicy<ExecSpace>(space, 0, dq.size()),
+        KOKKOS_LAMBDA(const std::size_t i) { out[i] = from_acc<value_type>(in[i]); });
+    return;
+  }
   Kokkos::parallel_for(
       "kfa::bwd::convert_dq",
-      Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<4>>(
-          space, {0, 0, 0, 0},
-          {dq.extent(0), dq.extent(1), dq.extent(2), dq.extent(3)}),
+      Kokkos::MDRangePolicy<ExecSpace,
+                            Kokkos::Rank<4, Kokkos::Iterate::Right, Kokkos::Iterate::Right>>(
+          space, {0, 0, 0, 0}, {dq.extent(0), dq.extent(1), dq.extent(2), dq.extent(3)}),
       KOKKOS_LAMBDA(const int b, const int i, const int h, const int d) {
         dq(b, i, h, d) = from_acc<value_type>(dq_acc(b, i, h, d));
       });
+}
+
+/// The fp32 dq accumulator of a backward call, zeroed on `space`, in the
+/// call's workspace (`bytes` keeps it alive).
+template <class Acc, class ExecSpace, class DQ>
+Kokkos::View<Acc****, Kokkos::LayoutRight, typename ExecSpace::memory_space,
+             Kokkos::MemoryTraits<Kokkos::Unmanaged>>
+zeroed_dq_accumulator(const ExecSpace& space, const DQ& dq,
+                      Kokkos::View<unsigned char*, typename ExecSpace::memory_space>& bytes) {
+  using view_t = Kokkos::View<Acc****, Kokkos::LayoutRight, typename ExecSpace::memory_space,
+                              Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  bytes = workspace(space, WorkspaceSlot::dq_accum, workspace_bytes<Acc>(dq.size()),
+                    "kfa::bwd::dq_accum");
+  auto acc =
+      workspace_view<view_t>(bytes, dq.extent(0), dq.extent(1), dq.extent(2), dq.extent(3));
+  Kokkos::deep_copy(space, acc, Acc(0));
+  return acc;
 }
 
 /// True when a call's shape and options allow the tensor-core kernels: head_dim
@@ -299,11 +329,12 @@ bool try_forward_mma(const ExecSpace& space, const Q& q, const K& k, const V& v,
 /// bulk reductions, in no fixed order, so not in deterministic mode): on
 /// Hopper with sm_90a device code the wgmma kernel, else mma.sync.
 template <class ScoreMod, class ExecSpace, class Q, class K, class V, class Lse, class DO,
-          class DQ, class DK, class DV, class Delta>
+          class DQ, class DK, class DV, class Delta, class O, class Preprocess>
 bool try_backward_mma(const ExecSpace& space, const Q& q, const K& k, const V& v,
                       const Lse& lse, const DO& d_o, const DQ& dq, const DK& dk, const DV& dv,
                       const Delta& delta, const Sequences<typename Q::memory_space>& seq,
-                      const AttentionOptions& options) {
+                      const AttentionOptions& options, const O& o,
+                      const Preprocess& preprocess) {
   using value_type = typename Q::non_const_value_type;
   using Format = typename MmaFormat<ExecSpace, value_type>::type;
   const int head_dim = static_cast<int>(q.extent(3));
@@ -313,10 +344,41 @@ bool try_backward_mma(const ExecSpace& space, const Q& q, const K& k, const V& v
           {q.data(), k.data(), v.data(), d_o.data(), dk.data(), dv.data()}))
     return false;
   if constexpr (!std::is_void<Format>::value) {
-    using AccView = Kokkos::View<float****, Kokkos::LayoutRight, typename ExecSpace::memory_space>;
     const float scale = softmax_scale<float>(options, head_dim);
-    AccView dq_acc(Kokkos::view_alloc(space, std::string("kfa::bwd::dq_accum")), q.extent(0),
-                   q.extent(1), q.extent(2), q.extent(3));
+    using AccView = Kokkos::View<float****, Kokkos::LayoutRight, typename ExecSpace::memory_space,
+                                 Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+    Kokkos::View<unsigned char*, typename ExecSpace::memory_space> dq_bytes;
+    AccView dq_acc;
+    // D and a zeroed accumulator: on CUDA in one pass with 16-byte accesses
+    // (kfa_cuda_bwd_prep.hpp), elsewhere by the portable kernels.
+    bool prepared = false;
+#if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
+    if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
+      dq_bytes = workspace(space, WorkspaceSlot::dq_accum, workspace_bytes<float>(dq.size()),
+                           "kfa::bwd::dq_accum");
+      dq_acc = workspace_view<AccView>(dq_bytes, dq.extent(0), dq.extent(1), dq.extent(2),
+                                       dq.extent(3));
+      auto prep = [&](auto head_dim_tag) {
+        BackwardPrep16Kernel<Format, decltype(head_dim_tag)::value>(
+            reinterpret_cast<const std::uint16_t*>(o.data()),
+            reinterpret_cast<const std::uint16_t*>(d_o.data()), delta.data(), dq_acc.data(),
+            static_cast<int>(q.extent(0)), static_cast<int>(q.extent(1)),
+            static_cast<int>(q.extent(2)))
+            .launch(space);
+      };
+      if (reinterpret_cast<std::uintptr_t>(o.data()) % 16 == 0) {
+        if (head_dim == 64)
+          prep(std::integral_constant<int, 64>());
+        else
+          prep(std::integral_constant<int, 128>());
+        prepared = true;
+      }
+    }
+#endif
+    if (!prepared) {
+      preprocess();
+      dq_acc = zeroed_dq_accumulator<float>(space, dq, dq_bytes);
+    }
     auto run = [&](auto head_dim_tag) {
       constexpr int D = decltype(head_dim_tag)::value;
       using staged_t = FlashBackwardMmaKernel<ExecSpace, D, Format, Q, K, V, DO, Lse, Delta,
@@ -343,6 +405,16 @@ bool try_backward_mma(const ExecSpace& space, const Q& q, const K& k, const V& v
       run(std::integral_constant<int, 64>());
     else
       run(std::integral_constant<int, 128>());
+#if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
+    if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
+      if (dq.span_is_contiguous() && reinterpret_cast<std::uintptr_t>(dq.data()) % 16 == 0) {
+        ConvertDq16Kernel<Format>(dq_acc.data(), reinterpret_cast<std::uint16_t*>(dq.data()),
+                                  static_cast<long>(dq.size()))
+            .launch(space);
+        return true;
+      }
+    }
+#endif
     convert_dq(space, dq_acc, dq);
   }
   return true;
@@ -524,16 +596,21 @@ void dispatch_backward(const ExecSpace& space, const Q& q, const K& k, const V& 
       make_params<acc_t>(options, seq, heads, static_cast<int>(k.extent(2)), head_dim);
 
   // D has lse's layout: [batch][heads][seqlen_q], or [1][heads][total_q].
-  Kokkos::View<acc_t***, Kokkos::LayoutRight, memory_space> delta(
-      Kokkos::view_alloc(space, Kokkos::WithoutInitializing, std::string("kfa::bwd::delta")),
-      view_batch, heads, rows);
-  BackwardPreprocess<ExecSpace, O, DO, decltype(delta)>{o, d_o, delta, rows, heads, head_dim}
-      .launch(space);
-
-  using AccView = Kokkos::View<acc_t****, Kokkos::LayoutRight, memory_space>;
-  if (try_backward_mma<ScoreMod>(space, q, k, v, lse, d_o, dq, dk, dv, delta, seq, options)) {
+  const auto delta_bytes =
+      workspace(space, WorkspaceSlot::delta,
+                workspace_bytes<acc_t>(std::size_t(view_batch) * heads * rows), "kfa::bwd::delta");
+  auto delta = workspace_view<Kokkos::View<acc_t***, Kokkos::LayoutRight, memory_space,
+                                           Kokkos::MemoryTraits<Kokkos::Unmanaged>>>(
+      delta_bytes, view_batch, heads, rows);
+  auto preprocess = [&] {
+    BackwardPreprocess<ExecSpace, O, DO, decltype(delta)>{o, d_o, delta, rows, heads, head_dim}
+        .launch(space);
+  };
+  if (try_backward_mma<ScoreMod>(space, q, k, v, lse, d_o, dq, dk, dv, delta, seq, options, o,
+                                 preprocess)) {
     return;
   }
+  preprocess();
   if (try_backward_wide_mma<ScoreMod>(space, q, k, v, lse, d_o, dq, dk, dv, delta, seq,
                                       options) ||
       try_backward_simt<ScoreMod>(space, q, k, v, lse, d_o, dq, dk, dv, delta, seq, options)) {
@@ -541,15 +618,17 @@ void dispatch_backward(const ExecSpace& space, const Q& q, const K& k, const V& 
   }
   // dQ accumulates with atomics in the accumulator type: in dq itself when
   // it has that type, otherwise in a temporary converted at the end.
+  using AccView = Kokkos::View<acc_t****, Kokkos::LayoutRight, memory_space,
+                               Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
   using DQAcc = std::conditional_t<std::is_same<value_type, acc_t>::value, DQ, AccView>;
   DQAcc dq_acc;
+  Kokkos::View<unsigned char*, memory_space> dq_bytes;
   if (!options.deterministic) {
     if constexpr (std::is_same<value_type, acc_t>::value) {
       Kokkos::deep_copy(space, dq, value_type(0));
       dq_acc = dq;
     } else {
-      dq_acc = AccView(Kokkos::view_alloc(space, std::string("kfa::bwd::dq_accum")), view_batch,
-                       rows, heads, head_dim);
+      dq_acc = zeroed_dq_accumulator<acc_t>(space, dq, dq_bytes);
     }
   }
   dispatch_variant<ScoreMod>(options, [&](auto variant) {

@@ -89,7 +89,50 @@ TYPED_TEST(FlashBackward, AwkwardShapesCausal) {
   check_backward<TypeParam>({1, 40, 150, 2, 16}, true, false);
 }
 
+// The backward's temporary memory (on CUDA kept per stream between calls,
+// growing only): a call after a larger one reuses its dq accumulator, which
+// must be zeroed again; release_workspaces() frees it and the next call
+// allocates anew. Every call matches the reference.
+TYPED_TEST(FlashBackward, WorkspaceReusedAndReleased) {
+  if (is_duplicate_config<TypeParam>()) GTEST_SKIP() << "half is float here";
+  check_backward<TypeParam>({2, 190, 333, 2, 64}, false, false);
+  check_backward<TypeParam>({1, 64, 128, 2, 64}, false, false);  // smaller: reused
+  kfa::release_workspaces();
+  check_backward<TypeParam>({1, 64, 128, 2, 64}, true, false);     // allocated again
+  check_backward<TypeParam>({1, 300, 129, 2, 128}, false, false);  // grown
+}
+
 #ifdef KOKKOS_ENABLE_CUDA
+// The CUDA workspace cache: one buffer per (stream, slot) that a smaller
+// request reuses and a larger one replaces (a View still held keeps the old
+// buffer alive); another stream gets its own.
+TEST(FlashBackwardCuda, WorkspaceCachedPerStream) {
+  using kfa::Impl::WorkspaceSlot;
+  kfa::release_workspaces();
+  const Kokkos::Cuda space;
+  const auto a = kfa::Impl::workspace(space, WorkspaceSlot::dq_accum, 4096, "test::a");
+  const auto b = kfa::Impl::workspace(space, WorkspaceSlot::dq_accum, 1024, "test::b");
+  EXPECT_EQ(a.data(), b.data());
+  EXPECT_EQ(b.extent(0), 4096u);
+  const auto d = kfa::Impl::workspace(space, WorkspaceSlot::delta, 1024, "test::d");
+  EXPECT_NE(d.data(), a.data());
+  const auto c = kfa::Impl::workspace(space, WorkspaceSlot::dq_accum, 8192, "test::c");
+  EXPECT_EQ(c.extent(0), 8192u);
+  EXPECT_EQ(a.extent(0), 4096u);  // still its own buffer
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  {
+    const Kokkos::Cuda other(stream);
+    const auto e = kfa::Impl::workspace(other, WorkspaceSlot::dq_accum, 1024, "test::e");
+    EXPECT_NE(e.data(), c.data());
+  }
+  kfa::release_workspaces();  // frees the other stream's buffer before its stream
+  ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+  const auto f = kfa::Impl::workspace(space, WorkspaceSlot::dq_accum, 1024, "test::f");
+  EXPECT_EQ(f.extent(0), 1024u);  // a new buffer after the release
+  kfa::release_workspaces();
+}
+
 // Where the GPU grants opt-in shared memory the tensor-core kernels run in
 // their large shapes (launched by the backend layer); elsewhere in the shapes
 // that fit Kokkos' TeamPolicy scratch. The typed tests above run the former
@@ -141,6 +184,7 @@ TEST(FlashBackwardCuda, HopperWgmma) {
     check_backward<C16h>({1, 129, 300, 2, 128}, causal, false);
     check_backward<C16>({1, 64, 128, 3, 64}, causal, false);
     check_backward<C16h>({2, 333, 190, 2, 64}, causal, false);
+    check_backward<C16>({1, 520, 515, 2, 64}, causal, false);  // 5 x 5 blocks of 128
   }
 }
 

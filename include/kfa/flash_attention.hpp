@@ -54,8 +54,10 @@ void flash_attention_forward(const ExecSpace& space, const Q& q, const K& k, con
 /// (with grouped-query attention dk and dv sum over the query heads of each
 /// group, without atomics). o and lse must be the forward pass' outputs for
 /// the same q, k, v, options and score modifier. Temporary device memory:
-/// O(batch·heads·seqlen_q) for rowsum(dO∘O), plus an accumulator of dq's size
-/// for 16-bit types. Enqueued on `space`; no fence.
+/// O(batch·heads·seqlen_q) for rowsum(dO∘O), plus an fp32 accumulator of
+/// dq's size for 16-bit types; on CUDA both stay allocated for the next call
+/// on the same stream (see release_workspaces). Enqueued on `space`; no
+/// fence.
 template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO,
           class DQ, class DK, class DV, class ScoreMod>
 void flash_attention_backward(const ExecSpace& space, const Q& q, const K& k, const V& v,
@@ -85,6 +87,12 @@ void flash_attention_backward(const ExecSpace& space, const Q& q, const K& k, co
   flash_attention_backward(space, q, k, v, o, lse, d_o, dq, dk, dv, options,
                            Impl::NoScoreMod{});
 }
+
+/// Frees the device memory that the backward keeps between calls (on CUDA,
+/// per stream: D and the fp32 dq accumulator, which only grow). Also done at
+/// Kokkos::finalize. Memory that a call still in flight uses is freed when
+/// that call returns; a later call allocates again.
+inline void release_workspaces() { Impl::release_workspaces(); }
 
 /// Fused forward over a packed batch of variable-length sequences
 /// (FlashAttention's varlen API): sequence b has query rows
