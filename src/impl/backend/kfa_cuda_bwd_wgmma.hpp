@@ -4,24 +4,26 @@
 // Hopper backward for 16-bit types (dK, dV, and dQ added to an fp32
 // accumulator, so not deterministic):
 // warpgroup tensor cores (wgmma, sm_90a). A team of 2 warpgroups owns a
-// block of 128 keys, 64 per warpgroup, and walks the 64-row query blocks
-// that see them, the next block's Q, dO, lse and D loading (cp.async,
-// double buffered) during the current one's products. Per query block,
-// each warpgroup computes for its keys
-//   Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ      wgmma m64n64k16, all operands from scratch
+// block of 128 keys, 64 per warpgroup, and walks the query blocks (64 rows
+// at head_dim 128, 128 at 64) that see them, the next block's Q, dO, lse
+// and D loading (cp.async, double buffered) during the current one's
+// products. Per query block, each warpgroup computes for its keys
+//   Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ      wgmma m64n{M}k16, all operands from scratch
 //   Pᵀ = exp2(Sᵀ·scale·log2e - lse·log2e), dSᵀ = Pᵀ ∘ (dPᵀ - D)  registers
 //   dV += Pᵀ·dO, dK += dSᵀ·Q    wgmma m64n{d}k16, Pᵀ and dSᵀ from registers
 //                               (rounded where computed), dO and Q N-major
-// and stages dSᵀ in scratch; then dQ = dS·K·scale, A = dS (M-major view of
-// the dSᵀ tile), B = K (N-major): at head_dim 128 each warpgroup takes 64
-// of the head dims over all 128 keys, at 64 all head dims over its own 64
-// keys (two partial sums). dQ goes to scratch (fp32, rows padded) and is
+// and stages dSᵀ in scratch; then dQ = dS·K·scale over all 128 keys, A =
+// dS (M-major view of the dSᵀ tile), B = K (N-major): at head_dim 128 each
+// warpgroup takes 64 of the head dims, at 64 its 64 of the 128 query rows.
+// dQ goes to scratch (fp32, rows padded) and is
 // added to the fp32 accumulator by the bulk copy engine, one
 // cp.reduce.async.bulk per query row, issued after the next block's first
 // barrier, instead of a red.global per value.
 // Scratch at head_dim 128: K, V 2 x 32 KB, 2 x (Q, dO 2 x 16 KB, lse, D),
-// the dSᵀ tile 16 KB, the dQ tile 34 KB: 179 KB. Tiles are 128-byte
-// swizzled (kfa_cuda_wgmma.hpp); a dSᵀ tile is [128 keys][64 queries].
+// the dSᵀ tile 16 KB, the dQ tile 34 KB: 179 KB; at 64: K, V 2 x 16 KB,
+// 2 x (Q, dO 2 x 16 KB), dSᵀ 32 KB, dQ 36 KB: 167 KB. Tiles are 128-byte
+// swizzled (kfa_cuda_wgmma.hpp); a dSᵀ tile is [M / 64][128 keys][64
+// queries].
 
 #include <kfa_mask.hpp>
 
@@ -42,20 +44,22 @@ class FlashBackwardWgmmaKernel : public Fused16Backward {
   static constexpr int kHeadDim = HeadDim;
   static constexpr int kWarps = 8;     // 2 warpgroups
   static constexpr int kBlockN = 128;  // keys per team, 64 per warpgroup
-  static constexpr int kBlockM = 64;   // queries per step
+  /// Queries per step: 128 at head_dim 64 (Sᵀ and dPᵀ 64 registers each,
+  /// dK and dV 32), 64 at 128 (32 and 64).
+  static constexpr int kBlockM = HeadDim == 64 ? 128 : 64;
   static constexpr int kStages = 2;    // Q/dO buffers (launch_mma_kernel: opt-in scratch)
   static constexpr int kMinBlocksPerSM = 1;
   static_assert(kHeadDim == 64 || kHeadDim == 128,
                 "kfa: the wgmma backward runs head_dim 64 or 128");
-  /// dQ split over the warpgroups: by head dim (128) or by keys (64).
-  static constexpr bool kDqSplitKeys = kHeadDim == 64;
+  /// dQ split over the warpgroups: by query rows (kBlockM 128) or by head
+  /// dims (head_dim 128); either way 64 columns over all keys each.
+  static constexpr bool kDqSplitRows = kBlockM == 128;
   static constexpr int kTileKV = kBlockN * kHeadDim;  // values per tile
   static constexpr int kTileQ = kBlockM * kHeadDim;
   static constexpr int kTileDS = kBlockN * kBlockM;
-  /// dQ tiles in scratch: one per partial sum, [kBlockM][kDqPitch] fp32
-  /// (8 floats of padding: a warp's 8 rows x 4 column pairs hit distinct
-  /// banks in 2 wavefronts; rows stay 16-byte aligned for the bulk copy).
-  static constexpr int kDqTiles = kDqSplitKeys ? 2 : 1;
+  /// The dQ tile in scratch, [kBlockM][kDqPitch] fp32 (8 floats of
+  /// padding: a warp's 8 rows x 4 column pairs hit distinct banks in 2
+  /// wavefronts; rows stay 16-byte aligned for the bulk copy).
   static constexpr int kDqPitch = kHeadDim + 8;
   static constexpr int kTileDQ = kBlockM * kDqPitch;
   using policy_t = Kokkos::TeamPolicy<ExecSpace>;
@@ -79,7 +83,7 @@ class FlashBackwardWgmmaKernel : public Fused16Backward {
   KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
     return sizeof(std::uint16_t) * (2 * std::size_t(kTileKV) + 2 * kStages * std::size_t(kTileQ) +
                                     std::size_t(kTileDS)) +
-           sizeof(float) * (std::size_t(kDqTiles) * kTileDQ + 2 * kStages * kBlockM) + 1024;
+           sizeof(float) * (std::size_t(kTileDQ) + 2 * kStages * kBlockM) + 1024;
   }
 
   template <class Team>
@@ -111,8 +115,8 @@ class FlashBackwardWgmmaKernel : public Fused16Backward {
     std::uint16_t* const sV = sK + kTileKV;
     std::uint16_t* const sQ0 = sV + kTileKV;  // stage s: Q, then dO
     std::uint16_t* const sdS = sQ0 + 2 * kStages * kTileQ;
-    float* const sdQ = reinterpret_cast<float*>(sdS + kTileDS);  // partial sum t: t · kTileDQ
-    float* const s_stats0 = sdQ + kDqTiles * kTileDQ;               // stage s: lse, D
+    float* const sdQ = reinterpret_cast<float*>(sdS + kTileDS);
+    float* const s_stats0 = sdQ + kTileDQ;  // stage s: lse, D
     auto stage_q = [&](int s) { return sQ0 + 2 * s * kTileQ; };
     auto stage_stats = [&](int s) { return s_stats0 + 2 * s * kBlockM; };
     auto addr = [&](const void* p) {
@@ -182,11 +186,12 @@ class FlashBackwardWgmmaKernel : public Fused16Backward {
       wgmma_commit();
     };
 
-    // dQ of the query block at row dq_row_begin, from its tile(s) in
-    // scratch to the accumulator: thread r < kBlockM of warpgroup t <
-    // kDqTiles adds row r of partial sum t (one bulk reduction each).
+    // dQ of the query block at row dq_row_begin, from its tile in scratch
+    // to the accumulator: thread r < kBlockM of warpgroup 0 adds row r (one
+    // bulk reduction each). (The address keeps the term wg · kTileDQ, 0 for
+    // every issuer: without it ptxas spills 16 bytes at head_dim 128.)
     const int dq_row = tid % 128;
-    const bool dq_issuer = dq_row < kBlockM && wg < kDqTiles;
+    const bool dq_issuer = dq_row < kBlockM && wg < 1;
     auto add_dq = [&](int dq_row_begin) {
       if (!dq_issuer || dq_row_begin + dq_row >= m_p.seqlen_q) return;
       bulk_reduce_add_f32(m_dq_acc + q_offset + long(dq_row_begin + dq_row) * row_stride,
@@ -248,22 +253,23 @@ class FlashBackwardWgmmaKernel : public Fused16Backward {
         ds_frag[kk][2] = pack2<Format>(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]);
         ds_frag[kk][3] = pack2<Format>(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3]);
       }
-      // dSᵀ to scratch, swizzled: key r, queries c, c+1 at byte r·128 +
-      // ((c / 8) ^ (r % 8))·16 + (c % 8)·2.
+      // dSᵀ to scratch, swizzled: key r, queries 64·b + c, c + 1 at byte
+      // b·(the bytes of a 128-key column block) + r·128 + ((c / 8) ^
+      // (r % 8))·16 + (c % 8)·2.
       {
         const int r0 = warp * 16 + lane / 4;
         unsigned char* ds_bytes = reinterpret_cast<unsigned char*>(sdS);
-        auto put = [&](int r, int c, std::uint32_t v) {
-          *reinterpret_cast<std::uint32_t*>(ds_bytes + r * 128 + (((c / 8) ^ (r % 8)) * 16) +
-                                            (c % 8) * 2) = v;
+        auto put = [&](int r, int b, int c, std::uint32_t v) {
+          *reinterpret_cast<std::uint32_t*>(ds_bytes + b * sw128_block_bytes(kBlockN) + r * 128 +
+                                            (((c / 8) ^ (r % 8)) * 16) + (c % 8) * 2) = v;
         };
 #pragma unroll
         for (int kk = 0; kk < kBlockM / 16; ++kk) {
-          const int c = kk * 16 + (lane % 4) * 2;
-          put(r0, c, ds_frag[kk][0]);
-          put(r0 + 8, c, ds_frag[kk][1]);
-          put(r0, c + 8, ds_frag[kk][2]);
-          put(r0 + 8, c + 8, ds_frag[kk][3]);
+          const int b = kk / 4, c = (kk % 4) * 16 + (lane % 4) * 2;
+          put(r0, b, c, ds_frag[kk][0]);
+          put(r0 + 8, b, c, ds_frag[kk][1]);
+          put(r0, b, c + 8, ds_frag[kk][2]);
+          put(r0 + 8, b, c + 8, ds_frag[kk][3]);
         }
       }
 
@@ -290,19 +296,20 @@ class FlashBackwardWgmmaKernel : public Fused16Backward {
       // The whole dSᵀ tile is in scratch, visible to wgmma.
       team.team_barrier();
 
-      // dQ = dS·K: A = dS, the M-major view of dSᵀ (rows = keys = k);
-      // B = K (N-major). Head dims [64·wg, +64) over all keys, or all head
-      // dims over this warpgroup's keys.
-      const int dq_key0 = kDqSplitKeys ? 64 * wg : 0;
-      const int dq_col0 = kDqSplitKeys ? 0 : 64 * wg;
-      constexpr int kDqSteps = (kDqSplitKeys ? 64 : kBlockN) / 16;
+      // dQ = dS·K over all keys: A = dS, the M-major view of dSᵀ (rows =
+      // keys = k; query rows [64·wg, +64) are column block wg); B = K
+      // (N-major, head dims [64·wg, +64) are column block wg).
+      const int dq_row0 = kDqSplitRows ? 64 * wg : 0;
+      const int dq_col0 = kDqSplitRows ? 0 : 64 * wg;
       fence_operands(dq_flat);
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kDqSteps; ++kk) {
-        const std::uint32_t key_off = (dq_key0 + kk * 16) * 128;
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        const std::uint32_t key_off = kk * 16 * 128;
         Wgmma<Format, kDqN>::ss_mn(
-            dq_flat, sw128_descriptor(addr(sdS) + key_off, sw128_block_bytes(kBlockN), 1024),
+            dq_flat,
+            sw128_descriptor(addr(sdS) + (dq_row0 / 64) * sw128_block_bytes(kBlockN) + key_off,
+                             sw128_block_bytes(kBlockN), 1024),
             sw128_descriptor(addr(sK) + (dq_col0 / 64) * sw128_block_bytes(kBlockN) + key_off,
                              sw128_block_bytes(kBlockN), 1024),
             kk > 0);
@@ -313,10 +320,10 @@ class FlashBackwardWgmmaKernel : public Fused16Backward {
       fence_operands(dk_flat);
       fence_operands(dq_flat);
 
-      // dQ to its tile: rows 16·(warp in group) + lane / 4 (+ 8), columns
-      // dq_col0 + 8n + 2·(lane % 4); visible to the bulk copy after the
-      // fence and the next barrier.
-      float* const my_dq = sdQ + (kDqSplitKeys ? wg : 0) * kTileDQ + dq_col0;
+      // dQ to its tile: rows dq_row0 + 16·(warp in group) + lane / 4 (+ 8),
+      // columns dq_col0 + 8n + 2·(lane % 4); visible to the bulk copy after
+      // the fence and the next barrier.
+      float* const my_dq = sdQ + dq_row0 * kDqPitch + dq_col0;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int r = (warp % 4) * 16 + lane / 4 + half * 8;
