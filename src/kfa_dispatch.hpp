@@ -354,10 +354,6 @@ bool try_backward_mma(const ExecSpace& space, const Q& q, const K& k, const V& v
     bool prepared = false;
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
     if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
-      dq_bytes = workspace(space, WorkspaceSlot::dq_accum, workspace_bytes<float>(dq.size()),
-                           "kfa::bwd::dq_accum");
-      dq_acc = workspace_view<AccView>(dq_bytes, dq.extent(0), dq.extent(1), dq.extent(2),
-                                       dq.extent(3));
       auto prep = [&](auto head_dim_tag) {
         BackwardPrep16Kernel<Format, decltype(head_dim_tag)::value>(
             reinterpret_cast<const std::uint16_t*>(o.data()),
@@ -367,6 +363,10 @@ bool try_backward_mma(const ExecSpace& space, const Q& q, const K& k, const V& v
             .launch(space);
       };
       if (reinterpret_cast<std::uintptr_t>(o.data()) % 16 == 0) {
+        dq_bytes = workspace(space, WorkspaceSlot::dq_accum, workspace_bytes<float>(dq.size()),
+                             "kfa::bwd::dq_accum");
+        dq_acc = workspace_view<AccView>(dq_bytes, dq.extent(0), dq.extent(1), dq.extent(2),
+                                         dq.extent(3));
         if (head_dim == 64)
           prep(std::integral_constant<int, 64>());
         else

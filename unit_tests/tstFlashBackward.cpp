@@ -102,35 +102,71 @@ TYPED_TEST(FlashBackward, WorkspaceReusedAndReleased) {
   check_backward<TypeParam>({1, 300, 129, 2, 128}, false, false);  // grown
 }
 
+// The workspace cache (on host memory here; CUDA keys it by stream): a
+// request reuses its (key, slot)'s buffer, grows it when too small, and gets
+// a private buffer while another holder keeps the cached one (a call in
+// flight on another host thread); clear() empties it.
+TEST(Workspace, CacheReusesGrowsAndKeepsHeldBuffersPrivate) {
+  using kfa::Impl::WorkspaceSlot;
+  kfa::Impl::WorkspaceCache<Kokkos::HostSpace, int> cache;
+  const unsigned char* first = nullptr;
+  {
+    const auto a = cache.get(1, WorkspaceSlot::dq_accum, 4096, "test::a");
+    first = a.data();
+    EXPECT_EQ(a.extent(0), 4096u);
+  }
+  {
+    const auto b = cache.get(1, WorkspaceSlot::dq_accum, 1024, "test::b");
+    EXPECT_EQ(b.data(), first);  // reused, not shrunk
+    EXPECT_EQ(b.extent(0), 4096u);
+    const auto c = cache.get(1, WorkspaceSlot::dq_accum, 1024, "test::c");
+    EXPECT_NE(c.data(), b.data());  // b is held: private
+    EXPECT_EQ(c.extent(0), 1024u);
+    const auto d = cache.get(2, WorkspaceSlot::dq_accum, 1024, "test::d");
+    const auto e = cache.get(1, WorkspaceSlot::delta, 1024, "test::e");
+    EXPECT_NE(d.data(), b.data());
+    EXPECT_NE(e.data(), b.data());
+    EXPECT_NE(e.data(), d.data());
+  }
+  {
+    const auto f = cache.get(1, WorkspaceSlot::dq_accum, 8192, "test::f");
+    EXPECT_EQ(f.extent(0), 8192u);  // grown
+    const auto g = cache.get(2, WorkspaceSlot::dq_accum, 512, "test::g");
+    EXPECT_EQ(g.extent(0), 1024u);
+  }
+  EXPECT_EQ(cache.size(), 3u);  // (1, dq_accum), (2, dq_accum), (1, delta)
+  cache.clear();
+  EXPECT_EQ(cache.size(), 0u);
+}
+
 #ifdef KOKKOS_ENABLE_CUDA
-// The CUDA workspace cache: one buffer per (stream, slot) that a smaller
-// request reuses and a larger one replaces (a View still held keeps the old
-// buffer alive); another stream gets its own.
+// The CUDA workspace: cached per stream (a later request on the stream
+// reuses the buffer), another stream gets its own, release_workspaces()
+// empties the cache.
 TEST(FlashBackwardCuda, WorkspaceCachedPerStream) {
   using kfa::Impl::WorkspaceSlot;
   kfa::release_workspaces();
   const Kokkos::Cuda space;
-  const auto a = kfa::Impl::workspace(space, WorkspaceSlot::dq_accum, 4096, "test::a");
-  const auto b = kfa::Impl::workspace(space, WorkspaceSlot::dq_accum, 1024, "test::b");
-  EXPECT_EQ(a.data(), b.data());
-  EXPECT_EQ(b.extent(0), 4096u);
-  const auto d = kfa::Impl::workspace(space, WorkspaceSlot::delta, 1024, "test::d");
-  EXPECT_NE(d.data(), a.data());
-  const auto c = kfa::Impl::workspace(space, WorkspaceSlot::dq_accum, 8192, "test::c");
-  EXPECT_EQ(c.extent(0), 8192u);
-  EXPECT_EQ(a.extent(0), 4096u);  // still its own buffer
+  const unsigned char* first = nullptr;
+  {
+    const auto a = kfa::Impl::workspace(space, WorkspaceSlot::dq_accum, 4096, "test::a");
+    first = a.data();
+  }
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
   {
+    const auto b = kfa::Impl::workspace(space, WorkspaceSlot::dq_accum, 1024, "test::b");
+    EXPECT_EQ(b.data(), first);
+    EXPECT_EQ(b.extent(0), 4096u);
     const Kokkos::Cuda other(stream);
     const auto e = kfa::Impl::workspace(other, WorkspaceSlot::dq_accum, 1024, "test::e");
-    EXPECT_NE(e.data(), c.data());
+    EXPECT_NE(e.data(), b.data());
+    EXPECT_EQ(e.extent(0), 1024u);
   }
   kfa::release_workspaces();  // frees the other stream's buffer before its stream
   ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
   const auto f = kfa::Impl::workspace(space, WorkspaceSlot::dq_accum, 1024, "test::f");
   EXPECT_EQ(f.extent(0), 1024u);  // a new buffer after the release
-  kfa::release_workspaces();
 }
 
 // Where the GPU grants opt-in shared memory the tensor-core kernels run in

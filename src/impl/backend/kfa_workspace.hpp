@@ -6,11 +6,15 @@
 // the O(N) kernels that use the memory (cudaFree also waits for the whole
 // device), so each slot is cached per CUDA stream and only grows; the cache
 // is emptied by kfa::release_workspaces() and at Kokkos::finalize. Work on
-// one stream runs in order, so a call may reuse the buffer of the previous
-// call on its stream; calls on other streams get their own. Host backends
-// allocate per call (a host allocation is cheap next to a host kernel).
+// one stream runs in order, so a call may reuse the buffer of an earlier
+// call on its stream once that call has returned (its kernels, still
+// queued, run first); a call that finds the buffer held by a call still
+// enqueueing (another host thread) gets a private one, and calls on other
+// streams get their own. Host backends allocate per call (a host
+// allocation is cheap next to a host kernel).
 
 #include <Kokkos_Core.hpp>
+
 #include <cstddef>
 #include <mutex>
 #include <string>
@@ -22,69 +26,86 @@ namespace Impl {
 /// What a workspace holds; each slot of a stream is cached separately.
 enum class WorkspaceSlot { delta, dq_accum };
 
-/// Bytes of device memory from `space`'s memory space, valid until the
-/// returned View (which owns or shares them) is destroyed. Contents are
-/// undefined. 256-byte aligned.
+/// Cached buffers of MemorySpace, one per (key, slot). get() returns the
+/// cached buffer, grown if it is too small, unless a View of it is held
+/// outside the cache (a call in flight), in which case it returns a
+/// private buffer of its own.
+template <class MemorySpace, class Key>
+class WorkspaceCache {
+ public:
+  using buffer_t = Kokkos::View<unsigned char*, MemorySpace>;
+
+  buffer_t get(const Key& key, WorkspaceSlot slot, std::size_t bytes, const char* label) {
+    std::lock_guard<std::mutex> lock(m_mutex);
+    for (Entry& entry : m_entries) {
+      if (!(entry.key == key) || entry.slot != slot) continue;
+      if (entry.buffer.use_count() > 1) return allocate(bytes, label);
+      if (entry.buffer.extent(0) < bytes) {
+        entry.buffer = buffer_t();  // the old one freed before the new one is taken
+        entry.buffer = allocate(bytes, label);
+      }
+      return entry.buffer;
+    }
+    m_entries.push_back({key, slot, allocate(bytes, label)});
+    return m_entries.back().buffer;
+  }
+
+  /// Drops every cached buffer (those still held are freed when released).
+  void clear() {
+    std::lock_guard<std::mutex> lock(m_mutex);
+    m_entries.clear();
+  }
+
+  std::size_t size() {
+    std::lock_guard<std::mutex> lock(m_mutex);
+    return m_entries.size();
+  }
+
+ private:
+  struct Entry {
+    Key key;
+    WorkspaceSlot slot;
+    buffer_t buffer;
+  };
+
+  static buffer_t allocate(std::size_t bytes, const char* label) {
+    return buffer_t(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), bytes);
+  }
+
+  std::mutex m_mutex;
+  std::vector<Entry> m_entries;
+};
+
+/// Bytes of device memory from `space`'s memory space, valid while the
+/// returned View (which owns or shares them) lives. Contents are undefined.
+/// Host backends: a new allocation per call.
 template <class ExecSpace>
-Kokkos::View<unsigned char *, typename ExecSpace::memory_space> workspace(const ExecSpace &space,
-                                                                          WorkspaceSlot,
-                                                                          std::size_t bytes,
-                                                                          const char *label) {
-  return Kokkos::View<unsigned char *, typename ExecSpace::memory_space>(
+Kokkos::View<unsigned char*, typename ExecSpace::memory_space> workspace(const ExecSpace& space,
+                                                                         WorkspaceSlot,
+                                                                         std::size_t bytes,
+                                                                         const char* label) {
+  return Kokkos::View<unsigned char*, typename ExecSpace::memory_space>(
       Kokkos::view_alloc(space, Kokkos::WithoutInitializing, std::string(label)), bytes);
 }
 
 #ifdef KOKKOS_ENABLE_CUDA
-/// The cached CUDA buffers: one per (stream, slot).
-struct CudaWorkspaceCache {
-  using buffer_t = Kokkos::View<unsigned char *, Kokkos::CudaSpace>;
-  struct Entry {
-    cudaStream_t stream;
-    WorkspaceSlot slot;
-    buffer_t buffer;
-  };
-  std::mutex mutex;
-  std::vector<Entry> entries;
-  bool hooked = false;
+/// The process' CUDA cache, keyed by stream; emptied at Kokkos::finalize
+/// (its Views must be gone before Kokkos is).
+inline WorkspaceCache<Kokkos::CudaSpace, cudaStream_t>& cuda_workspace_cache() {
+  static WorkspaceCache<Kokkos::CudaSpace, cudaStream_t>* const cache = [] {
+    auto* c = new WorkspaceCache<Kokkos::CudaSpace, cudaStream_t>();
+    Kokkos::push_finalize_hook([c] { c->clear(); });
+    return c;
+  }();
+  return *cache;
+}
 
-  static CudaWorkspaceCache &instance() {
-    static CudaWorkspaceCache cache;
-    return cache;
-  }
-  void clear() {
-    std::lock_guard<std::mutex> lock(mutex);
-    entries.clear();
-  }
-};
-
-inline Kokkos::View<unsigned char *, Kokkos::CudaSpace> workspace(const Kokkos::Cuda &space,
-                                                                  WorkspaceSlot slot,
-                                                                  std::size_t bytes,
-                                                                  const char *label) {
-  CudaWorkspaceCache &cache = CudaWorkspaceCache::instance();
-  std::lock_guard<std::mutex> lock(cache.mutex);
-  if (!cache.hooked) {
-    // Views must be gone before Kokkos is.
-    Kokkos::push_finalize_hook([] { CudaWorkspaceCache::instance().clear(); });
-    cache.hooked = true;
-  }
-  const cudaStream_t stream = space.cuda_stream();
-  for (auto &entry : cache.entries) {
-    if (entry.stream != stream || entry.slot != slot) continue;
-    if (entry.buffer.extent(0) < bytes) {
-      // Grown: the old buffer is freed once no call holds it (cudaFree waits
-      // for the device, so work already enqueued on it finishes first).
-      entry.buffer = CudaWorkspaceCache::buffer_t();
-      entry.buffer = CudaWorkspaceCache::buffer_t(
-          Kokkos::view_alloc(space, Kokkos::WithoutInitializing, std::string(label)), bytes);
-    }
-    return entry.buffer;
-  }
-  cache.entries.push_back(
-      {stream, slot,
-       CudaWorkspaceCache::buffer_t(
-           Kokkos::view_alloc(space, Kokkos::WithoutInitializing, std::string(label)), bytes)});
-  return cache.entries.back().buffer;
+/// CUDA: the buffer of `space`'s stream and this slot (see above).
+inline Kokkos::View<unsigned char*, Kokkos::CudaSpace> workspace(const Kokkos::Cuda& space,
+                                                                 WorkspaceSlot slot,
+                                                                 std::size_t bytes,
+                                                                 const char* label) {
+  return cuda_workspace_cache().get(space.cuda_stream(), slot, bytes, label);
 }
 #endif
 
@@ -92,13 +113,13 @@ inline Kokkos::View<unsigned char *, Kokkos::CudaSpace> workspace(const Kokkos::
 /// in flight holds are freed when it returns.
 inline void release_workspaces() {
 #ifdef KOKKOS_ENABLE_CUDA
-  CudaWorkspaceCache::instance().clear();
+  cuda_workspace_cache().clear();
 #endif
 }
 
 /// A typed, unmanaged View with these extents over the start of `bytes`.
 template <class ViewType, class Bytes, class... Extents>
-ViewType workspace_view(const Bytes &bytes, Extents... extents) {
+ViewType workspace_view(const Bytes& bytes, Extents... extents) {
   return ViewType(reinterpret_cast<typename ViewType::pointer_type>(bytes.data()), extents...);
 }
 
