@@ -185,19 +185,35 @@ void convert_dq(const ExecSpace& space, const AccView& dq_acc, const DQ& dq) {
       });
 }
 
-/// The fp32 dq accumulator of a backward call, zeroed on `space`, in the
-/// call's workspace (`bytes` keeps it alive).
+/// Returns f(std::integral_constant<int, D>) for D = head_dim, one of the
+/// head dims of the fused CUDA kernels (64, 128; mma_shape_applies checked).
+template <class F>
+decltype(auto) with_fused_head_dim(int head_dim, F&& f) {
+  return head_dim == 64 ? f(std::integral_constant<int, 64>())
+                        : f(std::integral_constant<int, 128>());
+}
+
+/// The dq accumulator of a backward call, in the call's workspace (`bytes`
+/// keeps it alive); contents undefined.
+template <class Acc, class ExecSpace, class DQ>
+Kokkos::View<Acc****, Kokkos::LayoutRight, typename ExecSpace::memory_space,
+             Kokkos::MemoryTraits<Kokkos::Unmanaged>>
+dq_accumulator(const ExecSpace& space, const DQ& dq,
+               Kokkos::View<unsigned char*, typename ExecSpace::memory_space>& bytes) {
+  using view_t = Kokkos::View<Acc****, Kokkos::LayoutRight, typename ExecSpace::memory_space,
+                              Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  bytes = workspace(space, WorkspaceSlot::dq_accum, workspace_bytes<Acc>(dq.size()),
+                    "kfa::bwd::dq_accum");
+  return workspace_view<view_t>(bytes, dq.extent(0), dq.extent(1), dq.extent(2), dq.extent(3));
+}
+
+/// dq_accumulator, zeroed on `space`.
 template <class Acc, class ExecSpace, class DQ>
 Kokkos::View<Acc****, Kokkos::LayoutRight, typename ExecSpace::memory_space,
              Kokkos::MemoryTraits<Kokkos::Unmanaged>>
 zeroed_dq_accumulator(const ExecSpace& space, const DQ& dq,
                       Kokkos::View<unsigned char*, typename ExecSpace::memory_space>& bytes) {
-  using view_t = Kokkos::View<Acc****, Kokkos::LayoutRight, typename ExecSpace::memory_space,
-                              Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-  bytes = workspace(space, WorkspaceSlot::dq_accum, workspace_bytes<Acc>(dq.size()),
-                    "kfa::bwd::dq_accum");
-  auto acc =
-      workspace_view<view_t>(bytes, dq.extent(0), dq.extent(1), dq.extent(2), dq.extent(3));
+  const auto acc = dq_accumulator<Acc>(space, dq, bytes);
   Kokkos::deep_copy(space, acc, Acc(0));
   return acc;
 }
@@ -354,23 +370,16 @@ bool try_backward_mma(const ExecSpace& space, const Q& q, const K& k, const V& v
     bool prepared = false;
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
     if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
-      auto prep = [&](auto head_dim_tag) {
-        BackwardPrep16Kernel<Format, decltype(head_dim_tag)::value>(
-            reinterpret_cast<const std::uint16_t*>(o.data()),
-            reinterpret_cast<const std::uint16_t*>(d_o.data()), delta.data(), dq_acc.data(),
-            static_cast<int>(q.extent(0)), static_cast<int>(q.extent(1)),
-            static_cast<int>(q.extent(2)))
-            .launch(space);
-      };
       if (reinterpret_cast<std::uintptr_t>(o.data()) % 16 == 0) {
-        dq_bytes = workspace(space, WorkspaceSlot::dq_accum, workspace_bytes<float>(dq.size()),
-                             "kfa::bwd::dq_accum");
-        dq_acc = workspace_view<AccView>(dq_bytes, dq.extent(0), dq.extent(1), dq.extent(2),
-                                         dq.extent(3));
-        if (head_dim == 64)
-          prep(std::integral_constant<int, 64>());
-        else
-          prep(std::integral_constant<int, 128>());
+        dq_acc = dq_accumulator<float>(space, dq, dq_bytes);
+        with_fused_head_dim(head_dim, [&](auto head_dim_tag) {
+          BackwardPrep16Kernel<Format, decltype(head_dim_tag)::value>(
+              reinterpret_cast<const std::uint16_t*>(o.data()),
+              reinterpret_cast<const std::uint16_t*>(d_o.data()), delta.data(), dq_acc.data(),
+              static_cast<int>(q.extent(0)), static_cast<int>(q.extent(1)),
+              static_cast<int>(q.extent(2)))
+              .launch(space);
+        });
         prepared = true;
       }
     }
@@ -401,10 +410,7 @@ bool try_backward_mma(const ExecSpace& space, const Q& q, const K& k, const V& v
       else
         policy_t(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, options.causal).launch(space);
     };
-    if (head_dim == 64)
-      run(std::integral_constant<int, 64>());
-    else
-      run(std::integral_constant<int, 128>());
+    with_fused_head_dim(head_dim, run);
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
     if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
       if (dq.span_is_contiguous() && reinterpret_cast<std::uintptr_t>(dq.data()) % 16 == 0) {
@@ -418,14 +424,6 @@ bool try_backward_mma(const ExecSpace& space, const Q& q, const K& k, const V& v
     convert_dq(space, dq_acc, dq);
   }
   return true;
-}
-
-/// Returns f(std::integral_constant<int, D>) for D = head_dim, one of the
-/// head dims of the fused CUDA kernels (64, 128; mma_shape_applies checked).
-template <class F>
-bool with_fused_head_dim(int head_dim, F&& f) {
-  return head_dim == 64 ? f(std::integral_constant<int, 64>())
-                        : f(std::integral_constant<int, 128>());
 }
 
 /// The fp32/fp64 tensor-core forward, where the shape, the options and the
