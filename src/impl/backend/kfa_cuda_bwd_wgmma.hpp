@@ -124,19 +124,20 @@ class FlashBackwardWgmmaKernel : public Fused16Backward {
                                        reinterpret_cast<const unsigned char*>(sK));
     };
 
-    load_rows_sw128_async<kHeadDim>(sK, m_k + k_offset, row_stride, key_begin, kBlockN,
-                                    m_p.seqlen_k, tid, kWarps * 32);
-    load_rows_sw128_async<kHeadDim>(sV, m_v + k_offset, row_stride, key_begin, kBlockN,
-                                    m_p.seqlen_k, tid, kWarps * 32);
+    {
+      const Sw128TileLoader<kHeadDim, kBlockN, kWarps * 32> kv_loader(tid);
+      kv_loader.load(addr(sK), m_k + k_offset, row_stride, key_begin, m_p.seqlen_k);
+      kv_loader.load(addr(sV), m_v + k_offset, row_stride, key_begin, m_p.seqlen_k);
+    }
     // Q, dO, lse and D of a query block into a stage. Rows past seqlen_q
     // read 0: S = dP = D = 0 there and dO = 0, so nothing reaches dK or dV,
     // and their dQ is not stored.
+    const Sw128TileLoader<kHeadDim, kBlockM, kWarps * 32> q_loader(tid);
     auto load_q_block = [&](int q_block, int stage) {
       const int row_begin = q_block * kBlockM;
-      load_rows_sw128_async<kHeadDim>(stage_q(stage), m_q + q_offset, row_stride, row_begin,
-                                      kBlockM, m_p.seqlen_q, tid, kWarps * 32);
-      load_rows_sw128_async<kHeadDim>(stage_q(stage) + kTileQ, m_do + q_offset, row_stride,
-                                      row_begin, kBlockM, m_p.seqlen_q, tid, kWarps * 32);
+      q_loader.load(addr(stage_q(stage)), m_q + q_offset, row_stride, row_begin, m_p.seqlen_q);
+      q_loader.load(addr(stage_q(stage) + kTileQ), m_do + q_offset, row_stride, row_begin,
+                    m_p.seqlen_q);
       if (tid < kBlockM) {
         const int row = row_begin + tid;
         const bool ok = row < m_p.seqlen_q;
@@ -173,15 +174,20 @@ class FlashBackwardWgmmaKernel : public Fused16Backward {
       fence_operands(st_flat);
       fence_operands(dpt_flat);
       wgmma_fence();
+      // Descriptors built once per operand, stepped by constants.
+      const std::uint64_t desc_k = sw128_descriptor(k_addr, 16, 1024);
+      const std::uint64_t desc_v = sw128_descriptor(v_addr, 16, 1024);
+      const std::uint64_t desc_q = sw128_descriptor(q_addr, 16, 1024);
+      const std::uint64_t desc_do = sw128_descriptor(do_addr, 16, 1024);
 #pragma unroll
       for (int ks = 0; ks < kHeadDim / 16; ++ks) {
         const std::uint32_t off = (ks % 4) * 32;
-        const std::uint32_t col_kv = (ks / 4) * sw128_block_bytes(kBlockN);
-        const std::uint32_t col_q = (ks / 4) * sw128_block_bytes(kBlockM);
-        Wgmma<Format, kBlockM>::ss(st_flat, sw128_descriptor(k_addr + col_kv + off, 16, 1024),
-                                   sw128_descriptor(q_addr + col_q + off, 16, 1024), ks > 0);
-        Wgmma<Format, kBlockM>::ss(dpt_flat, sw128_descriptor(v_addr + col_kv + off, 16, 1024),
-                                   sw128_descriptor(do_addr + col_q + off, 16, 1024), ks > 0);
+        const std::uint32_t col_kv = (ks / 4) * sw128_block_bytes(kBlockN) + off;
+        const std::uint32_t col_q = (ks / 4) * sw128_block_bytes(kBlockM) + off;
+        Wgmma<Format, kBlockM>::ss(st_flat, sw128_descriptor_add(desc_k, col_kv),
+                                   sw128_descriptor_add(desc_q, col_q), ks > 0);
+        Wgmma<Format, kBlockM>::ss(dpt_flat, sw128_descriptor_add(desc_v, col_kv),
+                                   sw128_descriptor_add(desc_do, col_q), ks > 0);
       }
       wgmma_commit();
     };
@@ -212,8 +218,11 @@ class FlashBackwardWgmmaKernel : public Fused16Backward {
       // wgmma, and every warpgroup is done with the previous block (its
       // stage, which the next block now takes, and dSᵀ).
       team.team_barrier();
-      // The previous block's dQ tile (written and fenced by every thread
-      // before the barrier) is added to the accumulator.
+      issue_scores(stage);
+      // While the tensor cores run: the previous block's dQ tile (written
+      // and fenced by every thread before the barrier) is added to the
+      // accumulator, and the next block loads into the previous one's
+      // stage (no product in flight reads it).
       if (q_block > first_q_block) add_dq(row_begin - kBlockM);
       if (q_block + 1 < num_q_blocks) load_q_block(q_block + 1, stage_of(q_block + 1));
       cp_async_commit();
@@ -221,7 +230,6 @@ class FlashBackwardWgmmaKernel : public Fused16Backward {
       const std::uint32_t do_addr = q_addr + kTileQ * 2;
       const float* s_lse = stage_stats(stage);
       const float* s_delta = s_lse + kBlockM;
-      issue_scores(stage);
       wgmma_wait<0>();
       fence_operands(st_flat);
       fence_operands(dpt_flat);
@@ -278,14 +286,15 @@ class FlashBackwardWgmmaKernel : public Fused16Backward {
       fence_operands(dv_flat);
       fence_operands(dk_flat);
       wgmma_fence();
+      const std::uint64_t desc_do_n =
+          sw128_descriptor(do_addr, sw128_block_bytes(kBlockM), 1024);
+      const std::uint64_t desc_q_n = sw128_descriptor(q_addr, sw128_block_bytes(kBlockM), 1024);
 #pragma unroll
       for (int kk = 0; kk < kBlockM / 16; ++kk) {
-        Wgmma<Format, kHeadDim>::rs(
-            dv_flat, p_frag[kk],
-            sw128_descriptor(do_addr + kk * 2048, sw128_block_bytes(kBlockM), 1024), 1);
-        Wgmma<Format, kHeadDim>::rs(
-            dk_flat, ds_frag[kk],
-            sw128_descriptor(q_addr + kk * 2048, sw128_block_bytes(kBlockM), 1024), 1);
+        Wgmma<Format, kHeadDim>::rs(dv_flat, p_frag[kk],
+                                    sw128_descriptor_add(desc_do_n, kk * 2048), 1);
+        Wgmma<Format, kHeadDim>::rs(dk_flat, ds_frag[kk],
+                                    sw128_descriptor_add(desc_q_n, kk * 2048), 1);
       }
       wgmma_commit();
 
@@ -301,18 +310,18 @@ class FlashBackwardWgmmaKernel : public Fused16Backward {
       // (N-major, head dims [64·wg, +64) are column block wg).
       const int dq_row0 = kDqSplitRows ? 64 * wg : 0;
       const int dq_col0 = kDqSplitRows ? 0 : 64 * wg;
+      constexpr std::uint32_t kKeyBlock = sw128_block_bytes(kBlockN);
+      const std::uint64_t desc_ds =
+          sw128_descriptor(addr(sdS) + (dq_row0 / 64) * kKeyBlock, kKeyBlock, 1024);
+      const std::uint64_t desc_k_n =
+          sw128_descriptor(addr(sK) + (dq_col0 / 64) * kKeyBlock, kKeyBlock, 1024);
       fence_operands(dq_flat);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 16; ++kk) {
         const std::uint32_t key_off = kk * 16 * 128;
-        Wgmma<Format, kDqN>::ss_mn(
-            dq_flat,
-            sw128_descriptor(addr(sdS) + (dq_row0 / 64) * sw128_block_bytes(kBlockN) + key_off,
-                             sw128_block_bytes(kBlockN), 1024),
-            sw128_descriptor(addr(sK) + (dq_col0 / 64) * sw128_block_bytes(kBlockN) + key_off,
-                             sw128_block_bytes(kBlockN), 1024),
-            kk > 0);
+        Wgmma<Format, kDqN>::ss_mn(dq_flat, sw128_descriptor_add(desc_ds, key_off),
+                                   sw128_descriptor_add(desc_k_n, key_off), kk > 0);
       }
       wgmma_commit();
       wgmma_wait<0>();  // dQ, and dV, dK of this block

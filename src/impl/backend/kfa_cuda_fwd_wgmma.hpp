@@ -137,33 +137,33 @@ class FlashForwardWgmmaKernel : public Fused16Forward {
     const std::uint32_t q_addr = addr(sQ) + wg * 64 * 128;
     // S = Q·K_jᵀ issued (not waited for): head_dim / 16 k-steps, 4 per
     // 64-value column block.
+    // Descriptors are built once per operand and stepped by constants.
+    const std::uint64_t desc_q0 = sw128_descriptor(q_addr, 16, 1024);
     auto issue_scores = [&](int stage) {
-      const std::uint32_t k_addr = addr(sK(stage));
+      const std::uint64_t desc_k0 = sw128_descriptor(addr(sK(stage)), 16, 1024);
       fence_operands(s_flat);
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < kHeadDim / 16; ++ks) {
         const std::uint32_t col = ks / 4, step = (ks % 4) * 32;
-        const std::uint64_t desc_q =
-            sw128_descriptor(q_addr + col * sw128_block_bytes(kBlockM) + step, 16, 1024);
-        const std::uint64_t desc_k =
-            sw128_descriptor(k_addr + col * sw128_block_bytes(kBlockN) + step, 16, 1024);
-        Wgmma<Format, kBlockN>::ss(s_flat, desc_q, desc_k, ks > 0 ? 1 : 0);
+        Wgmma<Format, kBlockN>::ss(
+            s_flat, sw128_descriptor_add(desc_q0, col * sw128_block_bytes(kBlockM) + step),
+            sw128_descriptor_add(desc_k0, col * sw128_block_bytes(kBlockN) + step),
+            ks > 0 ? 1 : 0);
       }
       wgmma_commit();
     };
     // O += P·V issued: P's 16-key slice kk is the A operand of k-step kk.
     std::uint32_t p[kBlockN / 16][4];
     auto issue_pv = [&](int stage) {
-      const std::uint32_t v_addr = addr(sV(stage));
+      const std::uint64_t desc_v0 =
+          sw128_descriptor(addr(sV(stage)), sw128_block_bytes(kBlockN), 1024);
       fence_operands(o_flat);
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        const std::uint64_t desc_v =
-            sw128_descriptor(v_addr + kk * 16 * 128, sw128_block_bytes(kBlockN), 1024);
-        Wgmma<Format, kHeadDim>::rs(o_flat, p[kk], desc_v, 1);
-      }
+      for (int kk = 0; kk < kBlockN / 16; ++kk)
+        Wgmma<Format, kHeadDim>::rs(o_flat, p[kk], sw128_descriptor_add(desc_v0, kk * 16 * 128),
+                                    1);
       wgmma_commit();
     };
     auto pack_p = [&] {
@@ -194,34 +194,40 @@ class FlashForwardWgmmaKernel : public Fused16Forward {
       team.team_barrier();
     };
 
-    load_rows_sw128_async<kHeadDim>(sQ, gQ, row_stride, row_begin, kBlockM, m_p.seqlen_q, tid,
-                                    kWarps * 32);
+    Sw128TileLoader<kHeadDim, kBlockM, kWarps * 32>(tid).load(addr(sQ), gQ, row_stride,
+                                                              row_begin, m_p.seqlen_q);
     // K_j and V_{j-1} are read in iteration j, so the copies of iteration
     // j are K_{j+1} and V_j: K_{j+1} takes the stage of K_{j-1} (S_{j-1}
     // done in iteration j-1), V_j that of V_{j-2} (P_{j-2}·V_{j-2} done
     // in iteration j-1).
+    const Sw128TileLoader<kHeadDim, kBlockN, kWarps * 32> kv_loader(tid);
     auto load_k = [&](int kv_block) {
-      load_rows_sw128_async<kHeadDim>(sK(kv_block % kStages), gK, row_stride,
-                                      kv_block * kBlockN, kBlockN, m_p.seqlen_k, tid,
-                                      kWarps * 32);
+      kv_loader.load(addr(sK(kv_block % kStages)), gK, row_stride, kv_block * kBlockN,
+                     m_p.seqlen_k);
     };
     auto load_v = [&](int kv_block) {
-      load_rows_sw128_async<kHeadDim>(sV(kv_block % kStages), gV, row_stride,
-                                      kv_block * kBlockN, kBlockN, m_p.seqlen_k, tid,
-                                      kWarps * 32);
+      kv_loader.load(addr(sV(kv_block % kStages)), gV, row_stride, kv_block * kBlockN,
+                     m_p.seqlen_k);
     };
     if (num_kv_blocks > 0) load_k(0);
     cp_async_commit();
     for (int kv_block = 0; kv_block < num_kv_blocks; ++kv_block) {
       sync_tiles();
-      if (kv_block + 1 < num_kv_blocks) load_k(kv_block + 1);
-      load_v(kv_block);
-      cp_async_commit();
+      // The products first, then the copies (into the stages of K_{j-1}
+      // and V_{j-2}, which no product in flight reads), so that the tensor
+      // cores start without waiting for the copies' issue.
       issue_scores(kv_block % kStages);
+      auto load_next = [&] {
+        if (kv_block + 1 < num_kv_blocks) load_k(kv_block + 1);
+        load_v(kv_block);
+        cp_async_commit();
+      };
       if (kv_block > 0) {
         issue_pv((kv_block - 1) % kStages);
+        load_next();
         wgmma_wait<1>();  // S_j is done, P_{j-1}·V_{j-1} may still run
       } else {
+        load_next();
         wgmma_wait<0>();
       }
       fence_operands(s_flat);

@@ -60,17 +60,24 @@ KOKKOS_FORCEINLINE_FUNCTION std::uint32_t smem_address(const void* ptr) {
 #endif
 }
 
-/// 16-byte asynchronous copy; src_bytes = 0 fills the destination with zeros
-/// (rows past the end of the sequence).
-KOKKOS_FORCEINLINE_FUNCTION void cp_async_16(void* dst, const void* src, int src_bytes) {
+/// 16-byte asynchronous copy to the shared-memory address `dst`
+/// (smem_address); src_bytes = 0 fills the destination with zeros (rows
+/// past the end of the sequence).
+KOKKOS_FORCEINLINE_FUNCTION void cp_async_16_shared(std::uint32_t dst, const void* src,
+                                                    int src_bytes) {
 #if KFA_CUDA_MMA_DEVICE
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(dst)),
-               "l"(src), "r"(src_bytes));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes));
 #else
   (void)dst;
   (void)src;
   (void)src_bytes;
 #endif
+}
+
+/// The same to a shared-memory pointer.
+KOKKOS_FORCEINLINE_FUNCTION void cp_async_16(void* dst, const void* src, int src_bytes) {
+  cp_async_16_shared(smem_address(dst), src, src_bytes);
 }
 
 /// Bytes-byte asynchronous copy (4 or 8: lse and D values); src_bytes = 0

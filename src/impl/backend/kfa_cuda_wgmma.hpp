@@ -55,26 +55,63 @@ KOKKOS_FORCEINLINE_FUNCTION std::uint64_t sw128_descriptor(std::uint32_t addr, s
          (std::uint64_t((sbo >> 4) & 0x3FFF) << 32) | (std::uint64_t(1) << 62);
 }
 
-/// `rows` rows of HeadDim 16-bit values of a [b][i][h][d] tensor (rows
-/// `row_stride` elements apart, from row `first_row` of `src`) into a
-/// swizzled tile of `rows` rows (see above) at `dst`, by 16-byte cp.async
-/// over `threads` threads from `tid`; rows at or past `rows_total` are
-/// zero-filled.
-template <int HeadDim>
-KOKKOS_FORCEINLINE_FUNCTION void load_rows_sw128_async(std::uint16_t* dst,
-                                                       const std::uint16_t* src,
-                                                       long row_stride, int first_row, int rows,
-                                                       int rows_total, int tid, int threads) {
-  static_assert(HeadDim % 64 == 0, "kfa: swizzled tiles hold head_dim in blocks of 64");
-  constexpr int kChunks = HeadDim / 8;  // 16-byte chunks per row
-  for (int c = tid; c < rows * kChunks; c += threads) {
-    const int r = c / kChunks, cc = c % kChunks;
-    const bool ok = first_row + r < rows_total;
-    const std::uint16_t* from = src + (ok ? long(first_row + r) * row_stride : 0) + cc * 8;
-    std::uint16_t* to = dst + (cc / 8) * (rows * 64) + r * 64 + ((cc % 8) ^ (r % 8)) * 8;
-    cp_async_16(to, from, ok ? 16 : 0);
-  }
+/// The descriptor `desc` (sw128_descriptor) moved `bytes` further (a
+/// multiple of 16): one add on the start-address field, which cannot carry
+/// out of its 14 bits while the address stays inside shared memory
+/// (< 256 KB). So a loop of wgmma builds each operand's descriptor once and
+/// steps it by constants.
+KOKKOS_FORCEINLINE_FUNCTION std::uint64_t sw128_descriptor_add(std::uint64_t desc,
+                                                               std::uint32_t bytes) {
+  return desc + (bytes >> 4);
 }
+
+/// One thread's share of loading Rows rows of HeadDim 16-bit values of a
+/// [b][i][h][d] tensor (rows `row_stride` elements apart) into a swizzled
+/// tile (see above) by 16-byte cp.async, Threads threads a tile. Thread t
+/// copies chunk t % (HeadDim / 8) of rows t / (HeadDim / 8) + k·kRowStep:
+/// a row step that is a multiple of 8 keeps its swizzled chunk, so its
+/// shared-memory offsets and the source step are set once here, and a
+/// load is an add and a cp.async per chunk (the whole tile in range) or
+/// with a bounds check per chunk (rows at or past `rows_total` read as 0).
+template <int HeadDim, int Rows, int Threads>
+class Sw128TileLoader {
+ public:
+  static constexpr int kChunks = HeadDim / 8;  // 16-byte chunks per row
+  static constexpr int kRowStep = Threads / kChunks;
+  static constexpr int kPerThread = Rows / kRowStep;
+  static_assert(HeadDim % 64 == 0, "kfa: swizzled tiles hold head_dim in blocks of 64");
+  static_assert(Threads % kChunks == 0 && Rows % kRowStep == 0 && kRowStep % 8 == 0,
+                "kfa: a swizzled tile load needs whole rows per thread step, 8 rows apart");
+
+  KOKKOS_FORCEINLINE_FUNCTION explicit Sw128TileLoader(int tid)
+      : m_row(tid / kChunks),
+        m_col((tid % kChunks) * 8),
+        m_offset(std::uint32_t(((tid % kChunks) / 8) * Rows * 128 + (tid / kChunks) * 128 +
+                               (((tid % kChunks) % 8) ^ ((tid / kChunks) % 8)) * 16)) {}
+
+  /// Rows first_row.. of `src` into the tile at shared address `dst`.
+  KOKKOS_FORCEINLINE_FUNCTION void load(std::uint32_t dst, const std::uint16_t* src,
+                                        long row_stride, int first_row, int rows_total) const {
+    const std::uint16_t* from = src + long(first_row + m_row) * row_stride + m_col;
+    const long step = long(kRowStep) * row_stride;
+    dst += m_offset;
+    if (first_row + Rows <= rows_total) {
+#pragma unroll
+      for (int k = 0; k < kPerThread; ++k)
+        cp_async_16_shared(dst + k * kRowStep * 128, from + k * step, 16);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kPerThread; ++k) {
+        const bool ok = first_row + m_row + k * kRowStep < rows_total;
+        cp_async_16_shared(dst + k * kRowStep * 128, ok ? from + k * step : src, ok ? 16 : 0);
+      }
+    }
+  }
+
+ private:
+  int m_row, m_col;
+  std::uint32_t m_offset;
+};
 
 #if KFA_CUDA_WGMMA_DEVICE
 
