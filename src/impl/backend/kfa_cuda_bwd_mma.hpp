@@ -129,8 +129,7 @@ class FlashBackwardMmaKernel : public Fused16Backward {
     const float* g_lse = m_lse + m_p.lse_offset(b, h);
     const float* g_delta = m_delta + m_p.lse_offset(b, h);
 
-    std::uint16_t* sK = reinterpret_cast<std::uint16_t*>(
-        (reinterpret_cast<std::uintptr_t>(raw) + 15) & ~std::uintptr_t(15));
+    std::uint16_t* sK = aligned_scratch<std::uint16_t>(raw);
     // Stage s: Q rows, then dO rows, lse and D (stage 0 also stages V on its
     // way into registers when kKVTiles == 1).
     std::uint16_t* const sQ0 = sK + kKVTiles * kBlockN * kPitch;

@@ -131,8 +131,7 @@ class FlashBackwardWideMmaKernel {
     const value_type* g_lse = m_lse + m_p.lse_offset(b, h);
     const value_type* g_delta = m_delta + m_p.lse_offset(b, h);
 
-    value_type* const sK = reinterpret_cast<value_type*>(
-        (reinterpret_cast<std::uintptr_t>(raw) + 15) & ~std::uintptr_t(15));
+    value_type* const sK = aligned_scratch<value_type>(raw);
     value_type* const sV = sK + kBlockN * kPitch;
     value_type* const sQ0 = sV + kBlockN * kPitch;  // per stage: Q rows, then dO rows
     value_type* const sdS = sQ0 + 2 * kStages * kBlockM * kPitch;

@@ -96,8 +96,7 @@ class FlashBackwardSimtKernel {
     const float* g_lse = m_lse + m_p.lse_offset(b, h);
     const float* g_delta = m_delta + m_p.lse_offset(b, h);
 
-    float* const sK = reinterpret_cast<float*>(
-        (reinterpret_cast<std::uintptr_t>(raw) + 15) & ~std::uintptr_t(15));
+    float* const sK = aligned_scratch<float>(raw);
     float* const sV = sK + kBlockN * kPitch;
     float* const sQ0 = sV + kBlockN * kPitch;  // per stage: Q rows, then dO rows
     float* const s_lse0 = sQ0 + 2 * kStages * kBlockM * kPitch;  // per stage: lse, D

@@ -141,8 +141,7 @@ class FlashForwardMmaKernel : public Fused16Forward {
     const std::uint16_t* gQ = m_q + m_p.offset(b, h, m_p.seqlen_q, kHeadDim);
     const std::uint16_t* gK = m_k + m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
     const std::uint16_t* gV = m_v + m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
-    std::uint16_t* scratch = reinterpret_cast<std::uint16_t*>(
-        (reinterpret_cast<std::uintptr_t>(raw) + 15) & ~std::uintptr_t(15));
+    std::uint16_t* scratch = aligned_scratch<std::uint16_t>(raw);
 
     // `rows` rows x head_dim of a [b][i][h][d] tensor into a scratch tile,
     // rows past `rows_total` zero-filled.

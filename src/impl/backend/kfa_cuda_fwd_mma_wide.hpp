@@ -136,8 +136,7 @@ class FlashForwardWideMmaKernel {
     const value_type* gQ = m_q + m_p.offset(b, h, m_p.seqlen_q, kHeadDim);
     const value_type* gK = m_k + m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
     const value_type* gV = m_v + m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
-    value_type* sQ = reinterpret_cast<value_type*>(
-        (reinterpret_cast<std::uintptr_t>(raw) + 15) & ~std::uintptr_t(15));
+    value_type* sQ = aligned_scratch<value_type>(raw);
     auto sK = [&](int stage) { return sQ + (kBlockM + 2 * stage * kBlockN) * kPitch; };
     auto sV = [&](int stage) { return sK(stage) + kBlockN * kPitch; };
 

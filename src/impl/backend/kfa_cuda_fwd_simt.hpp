@@ -97,8 +97,7 @@ class FlashForwardSimtKernel {
     const float* gQ = m_q + m_p.offset(b, h, m_p.seqlen_q, kHeadDim);
     const float* gK = m_k + m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
     const float* gV = m_v + m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
-    float* const sQ = reinterpret_cast<float*>(
-        (reinterpret_cast<std::uintptr_t>(raw) + 15) & ~std::uintptr_t(15));
+    float* const sQ = aligned_scratch<float>(raw);
     float* const sP = sQ + (kBlockM + 2 * kStages * kBlockN) * kPitch;
     auto sK = [&](int stage) { return sQ + (kBlockM + 2 * stage * kBlockN) * kPitch; };
     auto sV = [&](int stage) { return sK(stage) + kBlockN * kPitch; };

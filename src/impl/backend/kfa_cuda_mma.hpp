@@ -95,6 +95,16 @@ KOKKOS_FORCEINLINE_FUNCTION void cp_async_small(void* dst, const void* src, int 
 #endif
 }
 
+/// `raw` rounded up to 16 bytes, as a T*. The offset is added to the
+/// pointer (not computed through an integer round trip), so that the
+/// compiler still sees a pointer into shared memory and emits LDS/STS
+/// instead of generic loads and stores with 64-bit addresses.
+template <class T>
+KOKKOS_FORCEINLINE_FUNCTION T* aligned_scratch(void* raw) {
+  char* const p = static_cast<char*>(raw);
+  return reinterpret_cast<T*>(p + ((16 - (reinterpret_cast<std::uintptr_t>(p) & 15)) & 15));
+}
+
 KOKKOS_FORCEINLINE_FUNCTION void cp_async_commit() {
 #if KFA_CUDA_MMA_DEVICE
   asm volatile("cp.async.commit_group;\n" ::);
