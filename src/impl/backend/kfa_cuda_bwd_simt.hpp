@@ -13,7 +13,8 @@
 //                             per query against float4s of dO and Q
 //   dQ += dS·K·scale          after a team barrier, 4 queries x 4 columns per
 //                             thread over the team's 64 keys, then atomics.
-// K and V stay in scratch; Q, dO, lse and D are double buffered (cp.async).
+// K and V stay in scratch; Q, dO, lse and D are double buffered (cp.async,
+// the next block's copies issued after this block's Sᵀ and dPᵀ).
 
 #include <kfa_mask.hpp>
 #include <kfa_traits.hpp>
@@ -140,7 +141,6 @@ class FlashBackwardSimtKernel {
       // K, V and this block's stage are in scratch for every warp, and every
       // thread is done with the previous block (its stage, P and dS).
       team.team_barrier();
-      if (q_block + 1 < num_q_blocks) load_q_block(q_block + 1, 1 - stage);
       const float* sQ = stage_q(stage);
       const float* sdO = sQ + kBlockM * kPitch;
       const float* s_lse = stage_lse(stage);
@@ -179,6 +179,10 @@ class FlashBackwardSimtKernel {
             dpt[i][j] = fmaf(vr[i].w, dor[j].w, dpt[i][j]);
           }
       }
+      // The next block's copies, into the stage the previous block used,
+      // issued after the Sᵀ and dPᵀ products rather than right after the
+      // barrier (as in the simt forward, RESULTS v23).
+      if (q_block + 1 < num_q_blocks) load_q_block(q_block + 1, 1 - stage);
 
       // Pᵀ, dSᵀ; written [query][key] to the warp's own keys of P and dS.
       const bool needs_mask = m_p.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin,
