@@ -219,6 +219,18 @@ std::function<void()> wide_forward_shape(const Args& a, View4 q, View4 k, View4 
   throw std::invalid_argument("--fwd-variant needs head_dim 64 or 128");
 }
 
+/// The library's wide shape for `Atom` at the run's head_dim.
+template <class Atom, class View4, class View3>
+std::function<void()> wide_forward_default(const Args& a, View4 q, View4 k, View4 v, View4 o,
+                                           View3 lse) {
+  using kfa::Impl::WideFwdDefaultShape;
+  if (a.head_dim == 64)
+    return wide_forward_shape<typename WideFwdDefaultShape<Atom, 64>::type, Atom>(a, q, k, v, o,
+                                                                                  lse);
+  return wide_forward_shape<typename WideFwdDefaultShape<Atom, 128>::type, Atom>(a, q, k, v, o,
+                                                                                 lse);
+}
+
 /// 16-bit types: "policy": the shape that fits Kokkos' TeamPolicy scratch
 /// (4 warps of 16 query rows, 64 keys, one stage; the default before opt-in
 /// shared memory); "policy_m2": the same with 2 m-tiles per warp and 32-key
@@ -226,9 +238,10 @@ std::function<void()> wide_forward_shape(const Args& a, View4 q, View4 k, View4 
 /// the large shape with 32-key blocks (half the S registers).
 /// fp32: "split_tf32" and "tf32" (Fp32Matmul options of the library's
 /// dispatch), "simt_bn16" (the exact kernel with 16-key blocks, three teams
-/// per SM), "portable" (the portable team kernel, as without opt-in shared
-/// memory), "wide_128": 3xTF32 with 128 query rows (4 warps x 2 atoms), 32
-/// keys, one team per SM.
+/// per SM), "split_tf32_accum" (3xTF32 with every product summed inside the
+/// tensor core, the default before RESULTS v23), "portable" (the portable
+/// team kernel, as without opt-in shared memory), "wide_128": 3xTF32 with
+/// 128 query rows (4 warps x 2 atoms), 32 keys, one team per SM.
 /// fp64: "m8n8k4": the m8n8k4 atom in its shapes (the default before
 /// m16n8k8); "bn8": m16n8k8 with 8-key blocks, two teams per SM.
 template <class T, class View4, class View3>
@@ -272,12 +285,14 @@ std::function<void()> forward_variant(const Args& a, View4 q, View4 k, View4 v, 
       };
     }
 #ifdef KOKKOS_ENABLE_CUDA
+    if (a.fwd_variant == "split_tf32_accum")
+      return wide_forward_default<mma::Tf32Atom<3, false>>(a, q, k, v, o, lse);
     if (a.fwd_variant == "wide_128")
       return wide_forward_shape<WideFwdShape<4, 2, 32, 1>, mma::Tf32x3Atom>(a, q, k, v, o, lse);
 #endif
     throw std::invalid_argument(
-        "--fwd-variant for fp32 must be default, split_tf32, tf32, simt_bn16, portable or "
-        "wide_128");
+        "--fwd-variant for fp32 must be default, split_tf32, split_tf32_accum, tf32, simt_bn16, "
+        "portable or wide_128");
   } else if constexpr (std::is_same<T, double>::value) {
 #ifdef KOKKOS_ENABLE_CUDA
     if (a.fwd_variant == "m8n8k4") {

@@ -8,7 +8,9 @@
 // Warps·MTiles·kRows query rows kept in scratch; K and V blocks of BlockN
 // keys are double buffered with cp.async, so block j+1 loads during all of
 // block j's work (one barrier per block); S = Q·Kᵀ and O += P·V accumulate
-// in registers in the value type; the online softmax runs in registers
+// in registers in the value type (3xTF32 sums each block's P·V and each 4
+// k-steps of S in fresh accumulators, added by fp32 adds: Atom::kFreshSums);
+// the online softmax runs in registers
 // (natural base in fp64, base 2 with the scale folded in for fp32); P feeds
 // P·V from its accumulators. Scratch rows are padded by 4 elements, which
 // makes every fragment load of both atoms conflict-free (or two wavefronts,
@@ -67,8 +69,8 @@ struct WideFwdDefaultShape<cuda_mma::Fp64x16Atom, HeadDim> {
   using type = std::conditional_t<(HeadDim <= 64), WideFwdShape<4, 1, 32, 2>,
                                   WideFwdShape<4, 1, 8, 2>>;
 };
-template <int Passes, int HeadDim>
-struct WideFwdDefaultShape<cuda_mma::Tf32Atom<Passes>, HeadDim> {
+template <int Passes, bool FreshSums, int HeadDim>
+struct WideFwdDefaultShape<cuda_mma::Tf32Atom<Passes, FreshSums>, HeadDim> {
   using type = std::conditional_t<(HeadDim <= 64), WideFwdShape<4, 2, 32, 2>,
                                   WideFwdShape<4, 1, 32, 2>>;
 };
@@ -180,6 +182,8 @@ class FlashForwardWideMmaKernel {
       // K_j and V_j (and Q) are in scratch for every warp, and every warp is
       // done with block j-1, whose stage block j+1 now reuses.
       team.team_barrier();
+      // Right after the barrier: issued after S_j instead, the copies
+      // measured no faster here (RESULTS v23), unlike the simt forward's.
       if (kv_block + 1 < num_kv_blocks) load_kv(kv_block + 1);
       cp_async_commit();
       scores(s, sQ, sK(kv_block % kStages), warp);
@@ -209,6 +213,7 @@ class FlashForwardWideMmaKernel {
   static constexpr bool kLazy = !kBase2;
   static constexpr double kLazyRescale = 16;
   static constexpr int kSteps = kHeadDim / Atom::kDepth;  // k-steps of Q·Kᵀ
+  static constexpr int kFreshSteps = 4;                    // k-steps per fresh sum of S
   static constexpr int kTilesS = kBlockN / 8;              // n-tiles of S per atom
   static constexpr int kTilesO = kHeadDim / 8;             // n-tiles of O per atom
   static constexpr int kHalves = Atom::kC / 2;             // 8-row halves per atom
@@ -235,7 +240,9 @@ class FlashForwardWideMmaKernel {
     }
   }
 
-  /// S = Q·K_jᵀ for this warp's atoms of rows.
+  /// S = Q·K_jᵀ for this warp's atoms of rows. With Atom::kFreshSums the
+  /// products of each kFreshSteps k-steps are summed in zeroed accumulators
+  /// and added to S by fp32 adds.
   KOKKOS_FORCEINLINE_FUNCTION void scores(value_type (&s)[kMTiles][kTilesS][Atom::kC],
                                           const value_type* sQ, const value_type* sK,
                                           int warp) const {
@@ -245,17 +252,41 @@ class FlashForwardWideMmaKernel {
       for (int n = 0; n < kTilesS; ++n)
         #pragma unroll
         for (int j = 0; j < Atom::kC; ++j) s[mt][n][j] = 0;
+    constexpr int kGroup = Atom::kFreshSums ? kFreshSteps : kSteps;
+    static_assert(kSteps % kGroup == 0, "kfa: k-steps per fresh sum must divide head_dim");
     #pragma unroll
-    for (int ks = 0; ks < kSteps; ++ks) {
-      typename Atom::A a[kMTiles];
-      #pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
-        a[mt] = Atom::load_a(sQ, kPitch, warp * kWarpRows + mt * Atom::kRows, ks * Atom::kDepth);
-      #pragma unroll
-      for (int n = 0; n < kTilesS; ++n) {
-        const typename Atom::B kb = Atom::load_b_t(sK, kPitch, n * 8, ks * Atom::kDepth);
+    for (int ks0 = 0; ks0 < kSteps; ks0 += kGroup) {
+      value_type part[kMTiles][kTilesS][Atom::kC];
+      value_type(&acc)[kMTiles][kTilesS][Atom::kC] = Atom::kFreshSums ? part : s;
+      if constexpr (Atom::kFreshSums) {
         #pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) Atom::mma(s[mt][n], a[mt], kb);
+        for (int mt = 0; mt < kMTiles; ++mt)
+          #pragma unroll
+          for (int n = 0; n < kTilesS; ++n)
+            #pragma unroll
+            for (int j = 0; j < Atom::kC; ++j) part[mt][n][j] = 0;
+      }
+      #pragma unroll
+      for (int ks = ks0; ks < ks0 + kGroup; ++ks) {
+        typename Atom::A a[kMTiles];
+        #pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+          a[mt] =
+              Atom::load_a(sQ, kPitch, warp * kWarpRows + mt * Atom::kRows, ks * Atom::kDepth);
+        #pragma unroll
+        for (int n = 0; n < kTilesS; ++n) {
+          const typename Atom::B kb = Atom::load_b_t(sK, kPitch, n * 8, ks * Atom::kDepth);
+          #pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) Atom::mma(acc[mt][n], a[mt], kb);
+        }
+      }
+      if constexpr (Atom::kFreshSums) {
+        #pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+          #pragma unroll
+          for (int n = 0; n < kTilesS; ++n)
+            #pragma unroll
+            for (int j = 0; j < Atom::kC; ++j) s[mt][n][j] += part[mt][n][j];
       }
     }
   }
@@ -337,10 +368,21 @@ class FlashForwardWideMmaKernel {
   }
 
   /// O += P·V_j, P straight from the S accumulators (keys permuted within
-  /// each 8-key tile alike in P and V).
+  /// each 8-key tile alike in P and V). With Atom::kFreshSums the block's
+  /// products are summed in zeroed accumulators and added to O by fp32 adds.
   KOKKOS_FORCEINLINE_FUNCTION void accumulate_pv(
       const value_type (&s)[kMTiles][kTilesS][Atom::kC],
       value_type (&acc_o)[kMTiles][kTilesO][Atom::kC], const value_type* sV) const {
+    value_type part[Atom::kFreshSums ? kMTiles : 1][Atom::kFreshSums ? kTilesO : 1][Atom::kC];
+    auto& acc = select_acc(acc_o, part);
+    if constexpr (Atom::kFreshSums) {
+      #pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+        #pragma unroll
+        for (int n = 0; n < kTilesO; ++n)
+          #pragma unroll
+          for (int j = 0; j < Atom::kC; ++j) part[mt][n][j] = 0;
+    }
     #pragma unroll
     for (int kt = 0; kt < kTilesS; ++kt)
       #pragma unroll
@@ -352,9 +394,30 @@ class FlashForwardWideMmaKernel {
         for (int n = 0; n < kTilesO; ++n) {
           const typename Atom::B vb = Atom::load_b_perm(sV, kPitch, kt * 8, slice, n * 8);
           #pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt) Atom::mma(acc_o[mt][n], p[mt], vb);
+          for (int mt = 0; mt < kMTiles; ++mt) Atom::mma(acc[mt][n], p[mt], vb);
         }
       }
+    if constexpr (Atom::kFreshSums) {
+      #pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+        #pragma unroll
+        for (int n = 0; n < kTilesO; ++n)
+          #pragma unroll
+          for (int j = 0; j < Atom::kC; ++j) acc_o[mt][n][j] += part[mt][n][j];
+    }
+  }
+
+  /// The accumulators accumulate_pv sums into: `part` with fresh sums, else O.
+  template <class Part>
+  KOKKOS_FORCEINLINE_FUNCTION static auto select_acc(
+      value_type (&acc_o)[kMTiles][kTilesO][Atom::kC], Part& part)
+      -> value_type (&)[kMTiles][kTilesO][Atom::kC] {
+    if constexpr (Atom::kFreshSums) {
+      return part;
+    } else {
+      (void)part;
+      return acc_o;
+    }
   }
 
   /// O = acc_o / row_sum, lse = ln(sum) + max (natural log).

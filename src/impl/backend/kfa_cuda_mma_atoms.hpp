@@ -32,6 +32,9 @@
 //                                  n-tile as the A operand of slice `slice`
 //                                  (kSlices = 8 / kDepth per 8 columns)
 //   mma(c, a, b)                   c += a·b
+//   kFreshSums                     whether a kernel should sum products in
+//                                  fresh accumulators per few k-steps and
+//                                  add those in the value type (below)
 // a_from_c and load_b_perm permute the 8 keys of a tile the same way (keys
 // 2t and 2t+1 are where lane t holds them in the accumulator), which leaves
 // the sum over keys unchanged: P never leaves registers on its way to P·V.
@@ -47,6 +50,7 @@ namespace cuda_mma {
 struct Fp64Atom {
   using value_type = double;
   static constexpr int kRows = 8, kDepth = 4, kC = 2, kSlices = 2;
+  static constexpr bool kFreshSums = false;
   struct A {
     double a;
   };
@@ -83,6 +87,7 @@ struct Fp64Atom {
 struct Fp64x16Atom {
   using value_type = double;
   static constexpr int kRows = 16, kDepth = 8, kC = 4, kSlices = 1;
+  static constexpr bool kFreshSums = false;
   struct A {
     double a[4];
   };
@@ -120,11 +125,18 @@ struct Fp64x16Atom {
 };
 
 /// Passes = 3: 3xTF32 (fp32 precision); Passes = 1: plain tf32.
-template <int Passes>
+/// FreshSums (3xTF32's default): the forward sums the products of a few
+/// k-steps in zeroed accumulators and adds those to its running sums with
+/// fp32 adds (round to nearest), instead of accumulating everything inside
+/// the tensor core, whose accumulation loses precision the longer a sum
+/// runs in it: with O accumulated over every K/V block there, 3xTF32's
+/// error was 4x higher at N 4096 (RESULTS v23).
+template <int Passes, bool FreshSums = (Passes == 3)>
 struct Tf32Atom {
   static_assert(Passes == 1 || Passes == 3, "kfa: tf32 products take 1 or 3 passes");
   using value_type = float;
   static constexpr int kRows = 16, kDepth = 8, kC = 4, kSlices = 1;
+  static constexpr bool kFreshSums = FreshSums;
   static constexpr bool kSplit = Passes == 3;
   struct A {
     std::uint32_t big[4], small[kSplit ? 4 : 1];
