@@ -161,17 +161,12 @@ class FlashForwardWideMmaKernel {
     // Rows of accumulator element (mt, j): row0 + mt·kRows + (j / 2)·8.
     const int row0 = row_begin + warp * kWarpRows + lane / 4;
 
-    value_type acc_o[kMTiles][kTilesO][Atom::kC];
-    #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
-      #pragma unroll
-      for (int n = 0; n < kTilesO; ++n)
-        #pragma unroll
-        for (int j = 0; j < Atom::kC; ++j) acc_o[mt][n][j] = 0;
+    Tiles<kTilesO> acc_o;
+    zero(acc_o);
     value_type row_max[kRows], row_sum[kRows];
     #pragma unroll
     for (int r = 0; r < kRows; ++r) row_max[r] = -INFINITY, row_sum[r] = 0;
-    value_type s[kMTiles][kTilesS][Atom::kC];
+    Tiles<kTilesS> s;
 
     load_tile(sQ, gQ, row_begin, m_p.seqlen_q, kBlockM);
     if (num_kv_blocks > 0) load_kv(0);
@@ -218,6 +213,12 @@ class FlashForwardWideMmaKernel {
   static constexpr int kTilesO = kHeadDim / 8;             // n-tiles of O per atom
   static constexpr int kHalves = Atom::kC / 2;             // 8-row halves per atom
   static constexpr int kRows = kMTiles * kHalves;          // rows per lane: mt·kHalves + j/2
+  /// A lane's accumulators of N n-tiles per m-tile, and their fresh partial
+  /// sums (Tiles<N> with Atom::kFreshSums, else unused).
+  template <int N>
+  using Tiles = value_type[kMTiles][N][Atom::kC];
+  template <int N>
+  using Part = std::conditional_t<Atom::kFreshSums, Tiles<N>, value_type[1][1][1]>;
 
 #if KFA_CUDA_MMA_DEVICE
   KOKKOS_FORCEINLINE_FUNCTION static value_type exp_base(value_type x) {
@@ -243,29 +244,15 @@ class FlashForwardWideMmaKernel {
   /// S = Q·K_jᵀ for this warp's atoms of rows. With Atom::kFreshSums the
   /// products of each kFreshSteps k-steps are summed in zeroed accumulators
   /// and added to S by fp32 adds.
-  KOKKOS_FORCEINLINE_FUNCTION void scores(value_type (&s)[kMTiles][kTilesS][Atom::kC],
-                                          const value_type* sQ, const value_type* sK,
-                                          int warp) const {
-    #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
-      #pragma unroll
-      for (int n = 0; n < kTilesS; ++n)
-        #pragma unroll
-        for (int j = 0; j < Atom::kC; ++j) s[mt][n][j] = 0;
+  KOKKOS_FORCEINLINE_FUNCTION void scores(Tiles<kTilesS>& s, const value_type* sQ,
+                                          const value_type* sK, int warp) const {
+    zero(s);
     constexpr int kGroup = Atom::kFreshSums ? kFreshSteps : kSteps;
     static_assert(kSteps % kGroup == 0, "kfa: k-steps per fresh sum must divide head_dim");
     #pragma unroll
     for (int ks0 = 0; ks0 < kSteps; ks0 += kGroup) {
-      value_type part[kMTiles][kTilesS][Atom::kC];
-      value_type(&acc)[kMTiles][kTilesS][Atom::kC] = Atom::kFreshSums ? part : s;
-      if constexpr (Atom::kFreshSums) {
-        #pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt)
-          #pragma unroll
-          for (int n = 0; n < kTilesS; ++n)
-            #pragma unroll
-            for (int j = 0; j < Atom::kC; ++j) part[mt][n][j] = 0;
-      }
+      Part<kTilesS> part;
+      Tiles<kTilesS>& acc = sum_target(s, part);
       #pragma unroll
       for (int ks = ks0; ks < ks0 + kGroup; ++ks) {
         typename Atom::A a[kMTiles];
@@ -280,22 +267,14 @@ class FlashForwardWideMmaKernel {
           for (int mt = 0; mt < kMTiles; ++mt) Atom::mma(acc[mt][n], a[mt], kb);
         }
       }
-      if constexpr (Atom::kFreshSums) {
-        #pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt)
-          #pragma unroll
-          for (int n = 0; n < kTilesS; ++n)
-            #pragma unroll
-            for (int j = 0; j < Atom::kC; ++j) s[mt][n][j] += part[mt][n][j];
-      }
+      add_part(s, part);
     }
   }
 
   /// Scale, mask, online softmax in registers: S becomes P, the running max
   /// and sum move on, O is rescaled. Row max and sum are reduced over the 4
   /// lanes (a quad) that share a row.
-  KOKKOS_FORCEINLINE_FUNCTION void softmax_update(value_type (&s)[kMTiles][kTilesS][Atom::kC],
-                                                  value_type (&acc_o)[kMTiles][kTilesO][Atom::kC],
+  KOKKOS_FORCEINLINE_FUNCTION void softmax_update(Tiles<kTilesS>& s, Tiles<kTilesO>& acc_o,
                                                   value_type (&row_max)[kRows],
                                                   value_type (&row_sum)[kRows], int row_begin,
                                                   int row0, int key_begin) const {
@@ -370,19 +349,10 @@ class FlashForwardWideMmaKernel {
   /// O += P·V_j, P straight from the S accumulators (keys permuted within
   /// each 8-key tile alike in P and V). With Atom::kFreshSums the block's
   /// products are summed in zeroed accumulators and added to O by fp32 adds.
-  KOKKOS_FORCEINLINE_FUNCTION void accumulate_pv(
-      const value_type (&s)[kMTiles][kTilesS][Atom::kC],
-      value_type (&acc_o)[kMTiles][kTilesO][Atom::kC], const value_type* sV) const {
-    value_type part[Atom::kFreshSums ? kMTiles : 1][Atom::kFreshSums ? kTilesO : 1][Atom::kC];
-    auto& acc = select_acc(acc_o, part);
-    if constexpr (Atom::kFreshSums) {
-      #pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
-        #pragma unroll
-        for (int n = 0; n < kTilesO; ++n)
-          #pragma unroll
-          for (int j = 0; j < Atom::kC; ++j) part[mt][n][j] = 0;
-    }
+  KOKKOS_FORCEINLINE_FUNCTION void accumulate_pv(const Tiles<kTilesS>& s, Tiles<kTilesO>& acc_o,
+                                                 const value_type* sV) const {
+    Part<kTilesO> part;
+    Tiles<kTilesO>& acc = sum_target(acc_o, part);
     #pragma unroll
     for (int kt = 0; kt < kTilesS; ++kt)
       #pragma unroll
@@ -397,32 +367,50 @@ class FlashForwardWideMmaKernel {
           for (int mt = 0; mt < kMTiles; ++mt) Atom::mma(acc[mt][n], p[mt], vb);
         }
       }
+    add_part(acc_o, part);
+  }
+
+  template <int N>
+  KOKKOS_FORCEINLINE_FUNCTION static void zero(Tiles<N>& x) {
+    #pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+      #pragma unroll
+      for (int n = 0; n < N; ++n)
+        #pragma unroll
+        for (int j = 0; j < Atom::kC; ++j) x[mt][n][j] = 0;
+  }
+
+  /// Where a product sums: a zeroed `part` with fresh sums, else `sum` itself.
+  template <int N>
+  KOKKOS_FORCEINLINE_FUNCTION static Tiles<N>& sum_target(Tiles<N>& sum, Part<N>& part) {
+    if constexpr (Atom::kFreshSums) {
+      zero(part);
+      return part;
+    } else {
+      (void)part;
+      return sum;
+    }
+  }
+
+  /// sum += part by adds in the value type (nothing without fresh sums).
+  template <int N>
+  KOKKOS_FORCEINLINE_FUNCTION static void add_part(Tiles<N>& sum, const Part<N>& part) {
     if constexpr (Atom::kFreshSums) {
       #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)
         #pragma unroll
-        for (int n = 0; n < kTilesO; ++n)
+        for (int n = 0; n < N; ++n)
           #pragma unroll
-          for (int j = 0; j < Atom::kC; ++j) acc_o[mt][n][j] += part[mt][n][j];
-    }
-  }
-
-  /// The accumulators accumulate_pv sums into: `part` with fresh sums, else O.
-  template <class Part>
-  KOKKOS_FORCEINLINE_FUNCTION static auto select_acc(
-      value_type (&acc_o)[kMTiles][kTilesO][Atom::kC], Part& part)
-      -> value_type (&)[kMTiles][kTilesO][Atom::kC] {
-    if constexpr (Atom::kFreshSums) {
-      return part;
+          for (int j = 0; j < Atom::kC; ++j) sum[mt][n][j] += part[mt][n][j];
     } else {
+      (void)sum;
       (void)part;
-      return acc_o;
     }
   }
 
   /// O = acc_o / row_sum, lse = ln(sum) + max (natural log).
   KOKKOS_FORCEINLINE_FUNCTION void write_output(
-      const value_type (&acc_o)[kMTiles][kTilesO][Atom::kC], const value_type (&row_max)[kRows],
+      const Tiles<kTilesO>& acc_o, const value_type (&row_max)[kRows],
       value_type (&row_sum)[kRows], int row0, int b, int h) const {
     using namespace cuda_mma;
     const int lane = threadIdx.x;
