@@ -12,9 +12,11 @@ enum class Fp32Matmul {
   /// implementation (the default).
   ieee,
   /// Each operand split into two tf32 parts, three tensor-core products per
-  /// fp32 product (3xTF32): about 6x the speed of ieee on an H200, with 22
-  /// of fp32's 24 significand bits kept per operand, so errors about 10x
-  /// those of fp32 (still 100x below tf32's).
+  /// fp32 product (3xTF32, the arithmetic of PyTorch's efficient backend on
+  /// sm_80+). Forward: 1.46x (head_dim 64) and 1.08x (128) ieee's speed on
+  /// an H200, each block's sums added in fp32, O's error at or below
+  /// ieee's (lse's about 1.6x). Backward: dK and dV summed inside the
+  /// tensor core, errors 3-5x ieee's.
   split_tf32,
   /// One tf32 product (11 significant bits): fastest, errors near 1e-3,
   /// for callers that accept tf32 precision.
