@@ -243,7 +243,8 @@ std::function<void()> wide_forward_default(const Args& a, View4 q, View4 k, View
 /// team kernel, as without opt-in shared memory), "wide_128": 3xTF32 with
 /// 128 query rows (4 warps x 2 atoms), 32 keys, one team per SM.
 /// fp64: "m8n8k4": the m8n8k4 atom in its shapes (the default before
-/// m16n8k8); "bn8": m16n8k8 with 8-key blocks, two teams per SM.
+/// m16n8k8); "bn8": m16n8k8 with 8-key blocks, two teams per SM (the d 128
+/// default before RESULTS v23).
 template <class T, class View4, class View3>
 std::function<void()> forward_variant(const Args& a, View4 q, View4 k, View4 v, View4 o,
                                       View3 lse) {

@@ -52,11 +52,14 @@ struct WideFwdAtom<cuda_mma::Fp64Atom> {
 };
 #endif
 
-/// The library's shapes (RESULTS.md, v5-v7): 64 query rows for fp64 (16 per
-/// warp; m16n8k8 at head_dim 128 streams 8-key blocks so that two 101 KB
-/// teams share a multiprocessor: 27.6 TFLOP/s against 22.7 with 16 keys and
-/// one team), 64 rows for fp32 at head_dim 128 and 128 at 64 (32-key
-/// blocks); two teams per multiprocessor except m8n8k4 fp64 at 128.
+/// The library's shapes (RESULTS.md, v5-v7, v23): fp64 m16n8k8 at head_dim
+/// 64 with 64 query rows (16 per warp) and 32-key blocks, two teams per
+/// multiprocessor; at 128 one team of 8 warps (128 rows) with 16-key blocks
+/// (203 KB), which reads Q's fragments once per 16 keys instead of 8: 39.5
+/// TFLOP/s against 34.2 with two 4-warp teams and 8-key blocks (v23), 22.7
+/// with one 4-warp team and 16 keys (v7). fp32: 64 rows at head_dim 128 and
+/// 128 at 64 (32-key blocks), two teams per multiprocessor; m8n8k4 fp64:
+/// two teams at 64, one at 128.
 template <class Atom, int HeadDim>
 struct WideFwdDefaultShape;
 template <int HeadDim>
@@ -67,7 +70,7 @@ struct WideFwdDefaultShape<cuda_mma::Fp64Atom, HeadDim> {
 template <int HeadDim>
 struct WideFwdDefaultShape<cuda_mma::Fp64x16Atom, HeadDim> {
   using type = std::conditional_t<(HeadDim <= 64), WideFwdShape<4, 1, 32, 2>,
-                                  WideFwdShape<4, 1, 8, 2>>;
+                                  WideFwdShape<8, 1, 16, 1>>;
 };
 template <int Passes, bool FreshSums, int HeadDim>
 struct WideFwdDefaultShape<cuda_mma::Tf32Atom<Passes, FreshSums>, HeadDim> {
