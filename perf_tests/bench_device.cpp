@@ -194,41 +194,44 @@ kfa::Fp32Matmul fp32_matmul(const std::string& name) {
   throw std::invalid_argument("--fp32-matmul must be ieee, split_tf32 or tf32");
 }
 
+/// The fp32/fp64 tensor-core forward at head_dim D in tile shape Shape.
+template <int D, class Shape, class Atom, class View4, class View3>
+std::function<void()> wide_forward_at(const Args& a, View4 q, View4 k, View4 v, View4 o,
+                                      View3 lse) {
+  using Space = Kokkos::DefaultExecutionSpace;
+  using T = typename View4::non_const_value_type;
+  const T scale = T(1) / std::sqrt(T(D));
+  const bool causal = a.causal;
+  return [=] {
+    kfa::Impl::FlashForwardWideMmaKernel<Space, D, Atom, View4, View4, View4, View4, View3, Shape>(
+        q, k, v, o, lse, scale, causal)
+        .launch(Space());
+  };
+}
+
 /// The fp32/fp64 tensor-core forward with another tile shape than the
 /// library's (WideFwdDefaultShape), for experiments.
 template <class Shape, class Atom, class View4, class View3>
 std::function<void()> wide_forward_shape(const Args& a, View4 q, View4 k, View4 v, View4 o,
                                          View3 lse) {
-  using Space = Kokkos::DefaultExecutionSpace;
-  using T = typename View4::non_const_value_type;
-  using kfa::Impl::FlashForwardWideMmaKernel;
-  const T scale = T(1) / std::sqrt(T(a.head_dim));
-  const bool causal = a.causal;
-  if (a.head_dim == 64)
-    return [=] {
-      FlashForwardWideMmaKernel<Space, 64, Atom, View4, View4, View4, View4, View3, Shape>(
-          q, k, v, o, lse, scale, causal)
-          .launch(Space());
-    };
-  if (a.head_dim == 128)
-    return [=] {
-      FlashForwardWideMmaKernel<Space, 128, Atom, View4, View4, View4, View4, View3, Shape>(
-          q, k, v, o, lse, scale, causal)
-          .launch(Space());
-    };
+  if (a.head_dim == 64) return wide_forward_at<64, Shape, Atom>(a, q, k, v, o, lse);
+  if (a.head_dim == 128) return wide_forward_at<128, Shape, Atom>(a, q, k, v, o, lse);
   throw std::invalid_argument("--fwd-variant needs head_dim 64 or 128");
 }
 
-/// The library's wide shape for `Atom` at the run's head_dim.
+/// The fp32/fp64 tensor-core forward with `Atom` in the library's shape for
+/// the run's head_dim (instantiated for that head_dim only).
 template <class Atom, class View4, class View3>
 std::function<void()> wide_forward_default(const Args& a, View4 q, View4 k, View4 v, View4 o,
                                            View3 lse) {
   using kfa::Impl::WideFwdDefaultShape;
   if (a.head_dim == 64)
-    return wide_forward_shape<typename WideFwdDefaultShape<Atom, 64>::type, Atom>(a, q, k, v, o,
-                                                                                  lse);
-  return wide_forward_shape<typename WideFwdDefaultShape<Atom, 128>::type, Atom>(a, q, k, v, o,
-                                                                                 lse);
+    return wide_forward_at<64, typename WideFwdDefaultShape<Atom, 64>::type, Atom>(a, q, k, v, o,
+                                                                                   lse);
+  if (a.head_dim == 128)
+    return wide_forward_at<128, typename WideFwdDefaultShape<Atom, 128>::type, Atom>(a, q, k, v,
+                                                                                     o, lse);
+  throw std::invalid_argument("--fwd-variant needs head_dim 64 or 128");
 }
 
 /// 16-bit types: "policy": the shape that fits Kokkos' TeamPolicy scratch
@@ -296,13 +299,7 @@ std::function<void()> forward_variant(const Args& a, View4 q, View4 k, View4 v, 
         "portable or wide_128");
   } else if constexpr (std::is_same<T, double>::value) {
 #ifdef KOKKOS_ENABLE_CUDA
-    if (a.fwd_variant == "m8n8k4") {
-      if (a.head_dim == 64)
-        return wide_forward_shape<kfa::Impl::WideFwdDefaultShape<mma::Fp64Atom, 64>::type,
-                                  mma::Fp64Atom>(a, q, k, v, o, lse);
-      return wide_forward_shape<kfa::Impl::WideFwdDefaultShape<mma::Fp64Atom, 128>::type,
-                                mma::Fp64Atom>(a, q, k, v, o, lse);
-    }
+    if (a.fwd_variant == "m8n8k4") return wide_forward_default<mma::Fp64Atom>(a, q, k, v, o, lse);
 #if KFA_CUDA_FP64_M16
     if (a.fwd_variant == "bn8")
       return wide_forward_shape<WideFwdShape<4, 1, 8, 2>, mma::Fp64x16Atom>(a, q, k, v, o, lse);

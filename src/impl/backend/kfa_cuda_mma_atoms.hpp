@@ -129,8 +129,8 @@ struct Fp64x16Atom {
 /// k-steps in zeroed accumulators and adds those to its running sums with
 /// fp32 adds (round to nearest), instead of accumulating everything inside
 /// the tensor core, whose accumulation loses precision the longer a sum
-/// runs in it: with O accumulated over every K/V block there, 3xTF32's
-/// error was 4x higher at N 4096 (RESULTS v23).
+/// runs in it: with O accumulated over every K/V block there, 3xTF32's O
+/// error was 25-30x higher at N 4096 (RESULTS v23).
 template <int Passes, bool FreshSums = (Passes == 3)>
 struct Tf32Atom {
   static_assert(Passes == 1 || Passes == 3, "kfa: tf32 products take 1 or 3 passes");
