@@ -6,7 +6,8 @@
 //
 //   bench_device --dtype bf16|fp16|fp32|fp64 --batch B --seqlen N --heads H
 //                --head-dim D [--causal] [--iters 20] [--warmup 3] [--no-bwd]
-//                [--fwd-variant NAME] [--no-wgmma] [--league-group TEAMS]
+//                [--fwd-variant NAME] [--bwd-variant NAME] [--no-wgmma]
+//                [--league-group TEAMS]
 //                --dir /dev/shm/kfa_bench | --random
 //
 // --no-wgmma: the mma.sync kernels where the library would run the Hopper
@@ -44,6 +45,9 @@ struct Args {
   /// "default" (the library's dispatch), or a tile shape of
   /// mma_forward_variant(). (Earlier variants, lb3 and w8, are in RESULTS.md.)
   std::string fwd_variant = "default";
+  /// Backward kernel variant (backward_variant()), after the library's
+  /// forward: "default" or a tile shape of the fp64 wide backward.
+  std::string bwd_variant = "default";
   /// Whether the library's 16-bit kernels may take the Hopper (wgmma) path.
   bool wgmma = true;
   int league_group = kfa::Impl::league_group_teams();
@@ -70,6 +74,7 @@ Args parse(int argc, char* argv[]) {
     else if (s == "--random") a.random = true;
     else if (s == "--fp32-matmul") a.fp32_matmul = next();
     else if (s == "--fwd-variant") a.fwd_variant = next();
+    else if (s == "--bwd-variant") a.bwd_variant = next();
     else if (s == "--no-wgmma") a.wgmma = false;
     else if (s == "--league-group") a.league_group = std::stoi(next());
     else throw std::invalid_argument("unknown argument " + s);
@@ -234,6 +239,57 @@ std::function<void()> wide_forward_default(const Args& a, View4 q, View4 k, View
   throw std::invalid_argument("--fwd-variant needs head_dim 64 or 128");
 }
 
+/// The fp32/fp64 tensor-core backward with another tile shape (or atom)
+/// than the library's: D (delta) by the library's preprocess kernel, dq
+/// zeroed, then the kernel, as dispatch_backward runs them.
+template <int D, class Shape, class Atom, class View4, class View3>
+std::function<void()> wide_backward_at(const Args& a, View4 q, View4 k, View4 v, View4 o,
+                                       View3 lse, View4 d_o, View4 dq, View4 dk, View4 dv) {
+  using Space = Kokkos::DefaultExecutionSpace;
+  using T = typename View4::non_const_value_type;
+  using Kernel = kfa::Impl::FlashBackwardWideMmaKernel<Space, D, Atom, View4, View4, View4, View4,
+                                                       View3, View3, View4, View4, View4, Shape>;
+  View3 delta("bench_device::delta", q.extent(0), q.extent(2), q.extent(1));
+  const int rows = int(q.extent(1)), heads = int(q.extent(2));
+  const T scale = T(1) / std::sqrt(T(D));
+  const bool causal = a.causal;
+  if (!Kernel::fits(Space())) throw std::invalid_argument("--bwd-variant: scratch too large");
+  return [=] {
+    const Space space;
+    kfa::Impl::BackwardPreprocess<Space, View4, View4, View3>{o, d_o, delta, rows, heads, D}
+        .launch(space);
+    Kokkos::deep_copy(space, dq, T(0));
+    Kernel(q, k, v, d_o, lse, delta, dq, dk, dv, scale, causal).launch(space);
+  };
+}
+
+/// fp64 backward variants at head_dim 64 (RESULTS v25): "w8" (m16n8k8 with
+/// 8 warps, 128 keys per team, instead of 4 and 64); "split" (m16n8k8 with
+/// two warps per 16 keys, each holding dK and dV for half the head
+/// dimension: the library's shape at head_dim 128).
+template <class T, class View4, class View3>
+std::function<void()> backward_variant(const Args& a, View4 q, View4 k, View4 v, View4 o,
+                                       View3 lse, View4 d_o, View4 dq, View4 dk, View4 dv) {
+  using kfa::Impl::WideBwdShape;
+  namespace mma = kfa::Impl::cuda_mma;
+  if constexpr (std::is_same<T, double>::value) {
+#if KFA_CUDA_FP64_M16
+    using A16 = mma::Fp64x16Atom;
+    if (a.bwd_variant == "w8" && a.head_dim == 64)
+      return wide_backward_at<64, WideBwdShape<8, 16, 1>, A16>(a, q, k, v, o, lse, d_o, dq, dk,
+                                                               dv);
+    if (a.bwd_variant == "split" && a.head_dim == 64)
+      return wide_backward_at<64, WideBwdShape<8, 16, 2>, A16>(a, q, k, v, o, lse, d_o, dq, dk,
+                                                               dv);
+#endif
+    throw std::invalid_argument(
+        "--bwd-variant for fp64 must be default, w8 or split (head_dim 64), on a build for "
+        "sm_90+");
+  }
+  (void)q, (void)k, (void)v, (void)o, (void)lse, (void)d_o, (void)dq, (void)dk, (void)dv;
+  throw std::invalid_argument("--bwd-variant needs fp64");
+}
+
 /// 16-bit types: "policy": the shape that fits Kokkos' TeamPolicy scratch
 /// (4 warps of 16 query rows, 64 keys, one stage; the default before opt-in
 /// shared memory); "policy_m2": the same with 2 m-tiles per warp and 32-key
@@ -364,7 +420,10 @@ void run(const Args& a) {
   const Space space;
   std::function<void()> fwd = [&] { kfa::flash_attention_forward(space, q, k, v, o, lse, opt); };
   if (a.fwd_variant != "default") fwd = forward_variant<T>(a, q, k, v, o, lse);
-  auto bwd = [&] { kfa::flash_attention_backward(space, q, k, v, o, lse, d_o, dq, dk, dv, opt); };
+  std::function<void()> bwd = [&] {
+    kfa::flash_attention_backward(space, q, k, v, o, lse, d_o, dq, dk, dv, opt);
+  };
+  if (a.bwd_variant != "default") bwd = backward_variant<T>(a, q, k, v, o, lse, d_o, dq, dk, dv);
   const double t_fwd = median_ms(a.warmup, a.iters, fwd);
   double t_bwd = -1, t_fwd_bwd = -1;
   if (a.backward) {

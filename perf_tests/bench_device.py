@@ -153,6 +153,10 @@ def main():
                    help="comma-separated extra forward variants of bench_device, each "
                         "'name' or 'dtype:name' (e.g. bf16:policy,fp32:split_tf32,fp64:m8n8k4), "
                         "timed beside the default and checked against the reference")
+    p.add_argument("--bwd-variants", default="",
+                   help="comma-separated backward variants of bench_device (after the library's "
+                        "forward), 'name' or 'dtype:name' (e.g. fp64:w8), timed beside the "
+                        "default and their dQ, dK, dV checked against the reference")
     args = p.parse_args()
     os.makedirs(args.dir, exist_ok=True)
     dev = torch.cuda.get_device_name()
@@ -226,6 +230,23 @@ def main():
                 vl = read(f"{args.dir}/lse_kfa.bin", (B, H, N), lse_dtype)
                 variant_errs[var] = (max_err(vo[:1, :, :2], ref[0]),
                                      max_err(vl[:1, :2], ref[1]))
+        # Backward variants: timed, and their own dQ, dK, dV checked.
+        bwd_variants = {}
+        if args.bwd_variants and not args.no_bwd:
+            for entry in args.bwd_variants.split(","):
+                vdt, _, var = entry.rpartition(":")
+                if vdt and vdt != dt:
+                    continue
+                vr = subprocess.run(cmd + ["--bwd-variant", var], capture_output=True, text=True)
+                if vr.returncode != 0:
+                    print(f"bwd variant {var} failed: {vr.stderr.strip()}", flush=True)
+                    continue
+                vt = json.loads(vr.stdout.strip().splitlines()[-1])
+                verr = {}
+                for i, g in enumerate(("dq", "dk", "dv")):
+                    kg = read(f"{args.dir}/{g}_kfa.bin", (B, N, H, D), dtype)
+                    verr[g] = max_err(kg[:1, :, :2], ref[2 + i])
+                bwd_variants[var] = (vt["bwd_ms"], vt["fwd_bwd_ms"], verr)
         # PyTorch's own error on the same slice, with its fast backend for this type.
         anchors = {}
         if dtype in (torch.bfloat16, torch.float16):
@@ -262,6 +283,10 @@ def main():
             row[f"err_o_{var}"], row[f"err_lse_{var}"] = variant_errs[var]
         for var, ms in variant_bwd.items():
             row[f"kfa_bwd_{var}"] = tf(ms, 2.5)
+        for var, (b_ms, fb_ms, verr) in bwd_variants.items():
+            row[f"kfa_bwd_{var}"] = tf(b_ms, 2.5)
+            row[f"kfa_fwd_bwd_{var}"] = tf(fb_ms, 3.5)
+            row[f"err_bwd_{var}"] = verr
         for name, (f_ms, b_ms) in anchors.items():
             row[f"{name}_fwd"] = tf(f_ms)
             row[f"{name}_fwd_bwd"] = tf(b_ms, 3.5)
@@ -275,8 +300,13 @@ def main():
               + "".join(f" | fwd {var} {row['kfa_fwd_' + var]:7.2f} (err o {row['err_o_' + var]:.1e} lse {row['err_lse_' + var]:.1e})"
                         for var in variants)
               + "".join(f" | bwd {var} {row['kfa_bwd_' + var]:7.2f}" for var in variant_bwd)
+              + "".join(f" | bwd {var} {row['kfa_bwd_' + var]:7.2f} f+b "
+                        f"{row['kfa_fwd_bwd_' + var]:7.2f} (err dq {e['dq']:.1e} dk {e['dk']:.1e} "
+                        f"dv {e['dv']:.1e})"
+                        for var, e in ((v, row['err_bwd_' + v]) for v in bwd_variants))
               + f" | err kfa o {errs['o']:.2e} torch o {terr['o']:.2e}"
-              + (f" kfa dq {errs['dq']:.2e} torch dq {terr['dq']:.2e}" if 'dq' in errs else "")
+              + (f" kfa dq {errs['dq']:.2e} torch dq {terr['dq']:.2e} kfa dk {errs['dk']:.2e} "
+                 f"dv {errs['dv']:.2e}" if 'dq' in errs else "")
               + " | rms kfa/torch " + " ".join(f"{g} {rms[g] / trms[g]:.2f}" for g in rms
                                                if trms.get(g)),
               flush=True)

@@ -254,6 +254,87 @@ TEST(FlashBackwardCuda, Fp32OnTensorCores) {
     }
   }
 }
+// The fp32/fp64 tensor-core backward in shapes other than the dispatch's
+// (warps, query rows per step, warps per atom of keys): each shape's dq, dk,
+// dv against the fp64 oracle, with the plain fp64 backward as yardstick.
+// DimSplit 2 (two warps per 16 keys, dK and dV split over the head
+// dimension, Pᵀ and dPᵀ swapped through scratch) is fp64 m16n8k8's shape at
+// head_dim 128 (the library's, also run by the typed tests); the others are
+// bench_device's variants and m8n8k4's shapes (GPUs before sm_90).
+template <class WideShape, int HeadDim, class Atom>
+void check_wide_backward_shape(const Shape& s, bool causal) {
+  using Space = Kokkos::Cuda;
+  using T = typename Atom::value_type;
+  using View4 = DeviceView4<T, Space>;
+  using View3 = DeviceView3<T, Space>;
+  kfa::AttentionOptions opt;
+  opt.causal = causal;
+  const Case c = make_case<T>(s, opt, "wide_bwd");
+  const View4 q = to_device<T, Space>(c.q, "q"), k = to_device<T, Space>(c.k, "k"),
+              v = to_device<T, Space>(c.v, "v"), d_o = to_device<T, Space>(c.d_o, "d_o");
+  View4 o("o", s.batch, s.seqlen_q, s.heads, s.head_dim);
+  View3 lse("lse", s.batch, s.heads, s.seqlen_q), delta("delta", s.batch, s.heads, s.seqlen_q);
+  kfa::flash_attention_forward(Space(), q, k, v, o, lse, opt);
+  kfa::Impl::BackwardPreprocess<Space, View4, View4, View3>{o, d_o, delta, s.seqlen_q, s.heads,
+                                                            s.head_dim}
+      .launch(Space());
+  View4 dq("dq", s.batch, s.seqlen_q, s.heads, s.head_dim);  // zero: dQ by atomics
+  View4 dk("dk", s.batch, s.seqlen_k, s.heads, s.head_dim);
+  View4 dv("dv", s.batch, s.seqlen_k, s.heads, s.head_dim);
+  poison(dk);
+  poison(dv);
+  kfa::Impl::FlashBackwardWideMmaKernel<Space, HeadDim, Atom, View4, View4, View4, View4, View3,
+                                        View3, View4, View4, View4, WideShape>
+      kernel(q, k, v, d_o, lse, delta, dq, dk, dv, T(1) / std::sqrt(T(HeadDim)), causal);
+  ASSERT_TRUE(kernel.fits(Space()));
+  kernel.launch(Space());
+  Space().fence();
+
+  Tensor dq_ref, dk_ref, dv_ref, dq_plain, dk_plain, dv_plain;
+  reference_backward<double, true>(c.q, c.k, c.v, c.o_ref, c.lse_ref, c.d_o, opt, dq_ref,
+                                   dk_ref, dv_ref);
+  reference_backward<T>(c.q, c.k, c.v, c.o_ref, c.lse_ref, c.d_o, opt, dq_plain, dk_plain,
+                        dv_plain);
+  const std::string what = type_name<T>() + " " + to_string(s) + (causal ? " causal" : "") +
+                           " shape: " + std::to_string(kernel.kWarps) + " warps, " +
+                           std::to_string(kernel.kBlockN) + " keys, " +
+                           std::to_string(kernel.kBlockM) + " rows, split " +
+                           std::to_string(kernel.kSplit);
+  auto check = [&](const char* name, const Tensor& got, const Tensor& plain, const Tensor& ref) {
+    const double err = max_abs_diff(got, ref), err_plain = max_abs_diff(plain, ref);
+    EXPECT_LE(err, allowed_error<T>(err_plain, ref))
+        << what << ": " << name << " error " << err << ", plain backward's " << err_plain;
+  };
+  check("dq", to_host(dq), dq_plain, dq_ref);
+  check("dk", to_host(dk), dk_plain, dk_ref);
+  check("dv", to_host(dv), dv_plain, dv_ref);
+}
+
+TEST(FlashBackwardCuda, WideTensorCoreTileShapes) {
+  using namespace kfa::Impl;
+  namespace mma = kfa::Impl::cuda_mma;
+  for (bool causal : {false, true}) {
+    for (const Shape& s : {Shape{2, 190, 333, 2, 64}, Shape{1, 1000, 257, 1, 64}}) {
+      check_wide_backward_shape<WideBwdDefaultShape<mma::Fp64Atom, 64>::type, 64, mma::Fp64Atom>(
+          s, causal);
+      check_wide_backward_shape<WideBwdShape<8, 32, 2>, 64, mma::Fp64Atom>(s, causal);
+#if KFA_CUDA_FP64_M16
+      check_wide_backward_shape<WideBwdDefaultShape<mma::Fp64x16Atom, 64>::type, 64,
+                                mma::Fp64x16Atom>(s, causal);
+      check_wide_backward_shape<WideBwdShape<8, 16, 1>, 64, mma::Fp64x16Atom>(s, causal);
+      check_wide_backward_shape<WideBwdShape<8, 16, 2>, 64, mma::Fp64x16Atom>(s, causal);
+#endif
+    }
+    for (const Shape& s : {Shape{1, 300, 129, 2, 128}, Shape{1, 257, 1000, 1, 128}}) {
+      check_wide_backward_shape<WideBwdDefaultShape<mma::Fp64Atom, 128>::type, 128,
+                                mma::Fp64Atom>(s, causal);
+#if KFA_CUDA_FP64_M16
+      check_wide_backward_shape<WideBwdDefaultShape<mma::Fp64x16Atom, 128>::type, 128,
+                                mma::Fp64x16Atom>(s, causal);
+#endif
+    }
+  }
+}
 #endif
 
 TYPED_TEST(FlashBackward, DeterministicIsAccurateAndBitwiseReproducible) {

@@ -4,21 +4,25 @@
 // Tensor-core backward for fp32 and fp64 on the CUDA backend (dK, dV per key
 // block, dQ by atomics), over the atoms of kfa_cuda_mma_atoms.hpp: DMMA for
 // fp64, 3xTF32 (or tf32) for fp32. The 16-bit backward's decomposition: a
-// team of 8 warps owns kBlockN keys (one atom of rows per warp: 64 keys in
-// fp64, 128 in fp32, so Q, dO and the dQ atomics pass through L2 once per
-// that many keys); K and V stay in scratch; for every query block that sees
-// those keys it computes the transposed tiles
+// team of 4-8 warps owns kBlockN keys (one atom of rows per warp, or per
+// pair of warps with DimSplit 2: 64 keys in fp64, 128 in fp32, so Q, dO and
+// the dQ atomics pass through L2 once per that many keys); K and V stay in
+// scratch; for every query block that sees those keys it computes the
+// transposed tiles
 //   Sᵀ = K·Qᵀ, Pᵀ = exp(Sᵀ·scale - lse), dPᵀ = V·dOᵀ, dSᵀ = Pᵀ ∘ (dPᵀ - D)
 // in registers, accumulates dV += Pᵀ·dO and dK += dSᵀ·Q in registers (Pᵀ
 // and dSᵀ feed the tensor cores from their accumulators), stages dSᵀ in
 // scratch and adds dQ += dS·K·scale to dq (zeroed by the caller) with
-// atomics. Q, dO, lse and D are double buffered: the next query block loads
-// during the current one's products. The softmax is in the natural base in
-// fp64 and in base 2 (scale and lse times log2 e) in fp32.
+// atomics. With DimSplit 2 the pair's first warp computes Sᵀ and Pᵀ, the
+// second dPᵀ, they swap them through scratch (a barrier of the two warps),
+// and each accumulates dK and dV for half the head dimension. Q, dO, lse and
+// D are double buffered: the next query block loads during the current
+// one's products. The softmax is in the natural base in fp64 and in base 2
+// (scale and lse times log2 e) in fp32.
 //
 // Scratch: K, V [kBlockN][d+4], per stage Q and dO [kBlockM][d+4] and lse,
-// D [kBlockM], dSᵀ [kBlockN][kBlockM+4]; launched by launch_cuda_team with
-// opt-in shared memory.
+// D [kBlockM], dSᵀ [kBlockN][kBlockM+4], with DimSplit 2 the swap (a warp's
+// tile per warp); launched by launch_cuda_team with opt-in shared memory.
 
 #include <kfa_mask.hpp>
 #include <kfa_traits.hpp>
@@ -32,47 +36,78 @@ namespace kfa {
 namespace Impl {
 
 /// The atom the backward runs for the atom family the dispatch picks: fp64
-/// takes m16n8k8 at head_dim 64; at 128 the dK and dV accumulators of 16
-/// keys per warp would not fit in registers, so it keeps m8n8k4 (8 keys).
+/// takes m16n8k8 (sm_90+), at head_dim 128 in the DimSplit-2 shape (the dK
+/// and dV accumulators of 16 keys over the whole head dimension would take
+/// 256 registers of one warp).
 template <class Atom, int HeadDim>
 struct WideBwdAtom {
   using type = Atom;
 };
 #if KFA_CUDA_FP64_M16
-template <>
-struct WideBwdAtom<cuda_mma::Fp64Atom, 64> {
+template <int HeadDim>
+struct WideBwdAtom<cuda_mma::Fp64Atom, HeadDim> {
   using type = cuda_mma::Fp64x16Atom;
 };
 #endif
 
-/// Query rows per step of the wide backward: registers (the dK and dV
-/// accumulators of a warp's keys over the whole head dimension, and the Sᵀ
-/// and dPᵀ tiles) bound it.
+/// Tile shape of the wide backward: warps per team, query rows per step,
+/// and DimSplit, the warps that share one atom of keys. With DimSplit 1 a
+/// warp owns its keys' dK and dV over the whole head dimension and computes
+/// their Sᵀ and dPᵀ itself. With DimSplit 2 (for accumulators that would
+/// not fit in one warp's registers) two warps own the same keys: the first
+/// computes Sᵀ and Pᵀ, the second dPᵀ, they swap those tiles through
+/// scratch, and each accumulates dK and dV for half the head dimension.
+/// The pairs are adjacent warps (2g, 2g + 1); pairs (g, g + Warps/2), which
+/// would put both warps of a pair on one scheduler, measured 3% slower
+/// (RESULTS v25).
+template <int Warps, int BlockM, int DimSplit>
+struct WideBwdShape {
+  static constexpr int kWarps = Warps;
+  static constexpr int kBlockM = BlockM;
+  static constexpr int kDimSplit = DimSplit;
+};
+
+/// The library's shapes (RESULTS.md v5-v7, v25): 8 warps, but 4 for fp64
+/// m16n8k8 at head_dim 64 (64 keys; measured there: 8 warps and 128 keys
+/// 8% slower, their dQ pass reads dSᵀ once per 8 columns; DimSplit 2 28%
+/// slower; one stage of Q and dO with two teams per SM the same), and at
+/// head_dim 128 8 warps in pairs (DimSplit 2, 64 keys: 39% faster than
+/// m8n8k4 with 8 keys per warp). Query rows per step are bound by registers
+/// (the dK and dV accumulators, the Sᵀ and dPᵀ tiles) and, at head_dim 128,
+/// by scratch (230 KB).
 template <class Atom, int HeadDim>
-constexpr int wide_bwd_block_m() {
-  return sizeof(typename Atom::value_type) == 8
-             ? (Atom::kRows == 16 ? 16 : (HeadDim <= 64 ? 32 : 16))
-             : (HeadDim <= 64 ? 64 : 32);
-}
+struct WideBwdDefaultShape {
+  static constexpr bool kFp64 = sizeof(typename Atom::value_type) == 8;
+  static constexpr bool kFp64x16 = kFp64 && Atom::kRows == 16;
+  static constexpr bool kWideHead = HeadDim > 64;
+  using type = WideBwdShape<(kFp64x16 && !kWideHead) ? 4 : 8,
+                            kFp64 ? ((Atom::kRows == 16 || kWideHead) ? 16 : 32)
+                                  : (kWideHead ? 32 : 64),
+                            (kFp64x16 && kWideHead) ? 2 : 1>;
+};
 
 template <class ExecSpace, int HeadDim, class Atom, class QView, class KView, class VView,
           class DOView, class LseView, class DeltaView, class DQView, class DKView,
-          class DVView>
+          class DVView, class Shape = typename WideBwdDefaultShape<Atom, HeadDim>::type>
 class FlashBackwardWideMmaKernel {
  public:
   using value_type = typename Atom::value_type;
   static constexpr int kHeadDim = HeadDim;
-  /// 8 warps, but 4 for 16-row fp64 atoms (64 keys): scratch bounds it.
-  static constexpr int kWarps = (sizeof(value_type) == 8 && Atom::kRows == 16) ? 4 : 8;
+  static constexpr int kWarps = Shape::kWarps;
+  static constexpr int kSplit = Shape::kDimSplit;  // warps per atom of keys
   static constexpr int kMinBlocksPerSM = 1;
   static constexpr int kStages = 2;
-  static constexpr int kBlockN = kWarps * Atom::kRows;  // keys per team
-  static constexpr int kBlockM = wide_bwd_block_m<Atom, HeadDim>();
+  static constexpr int kBlockN = kWarps / kSplit * Atom::kRows;  // keys per team
+  static constexpr int kBlockM = Shape::kBlockM;
   static constexpr int kPitch = kHeadDim + 4;   // elements per row of K, V, Q, dO
   static constexpr int kPitchS = kBlockM + 4;   // elements per row of dSᵀ
+  /// Elements of the Pᵀ / dPᵀ swap per warp (DimSplit 2): its tile, lane-major.
+  static constexpr int kSwap = kSplit == 1 ? 0 : Atom::kRows * kBlockM;
   static_assert(kHeadDim % 32 == 0, "kfa: the wide mma backward needs head_dim % 32 == 0");
   static_assert(kBlockM % Atom::kRows == 0 && kBlockM / Atom::kRows <= kWarps,
                 "kfa: the wide mma backward splits dQ rows over the warps");
+  static_assert(kSplit == 1 || (kSplit == 2 && kWarps % 2 == 0 && kWarps / 2 <= 15),
+                "kfa: the wide mma backward shares an atom of keys between 1 or 2 warps");
 
   FlashBackwardWideMmaKernel(const QView& q, const KView& k, const VView& v, const DOView& d_o,
                              const LseView& lse, const DeltaView& delta, const DQView& dq,
@@ -102,7 +137,8 @@ class FlashBackwardWideMmaKernel {
   KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
     return sizeof(value_type) *
                (2 * std::size_t(kBlockN) * kPitch + 2 * kStages * std::size_t(kBlockM) * kPitch +
-                std::size_t(kBlockN) * kPitchS + 2 * kStages * std::size_t(kBlockM)) +
+                std::size_t(kBlockN) * kPitchS + 2 * kStages * std::size_t(kBlockM) +
+                std::size_t(kWarps) * kSwap) +
            16;
   }
 
@@ -112,7 +148,8 @@ class FlashBackwardWideMmaKernel {
     using namespace cuda_mma;
     constexpr int kSteps = kHeadDim / Atom::kDepth;  // k-steps over head_dim
     constexpr int kTilesQ = kBlockM / 8;             // 8-query tiles of Sᵀ
-    constexpr int kTilesD = kHeadDim / 8;            // n-tiles of dK, dV
+    constexpr int kTilesD = kHeadDim / 8;            // n-tiles of the head dim
+    constexpr int kTilesDW = kTilesD / kSplit;       // n-tiles of dK, dV per warp
     constexpr int kTilesK = kBlockN / 8;             // 8-key tiles of dQ = dS·K
     constexpr int kRowGroups = kBlockM / Atom::kRows;
     constexpr int kDimGroups = kWarps / kRowGroups;
@@ -136,6 +173,7 @@ class FlashBackwardWideMmaKernel {
     value_type* const sQ0 = sV + kBlockN * kPitch;  // per stage: Q rows, then dO rows
     value_type* const sdS = sQ0 + 2 * kStages * kBlockM * kPitch;
     value_type* const s_lse0 = sdS + kBlockN * kPitchS;  // per stage: lse, then D
+    value_type* const sSwap = s_lse0 + 2 * kStages * kBlockM;  // kSwap per warp
     auto stage_q = [&](int s) { return sQ0 + 2 * s * kBlockM * kPitch; };
     auto stage_lse = [&](int s) { return s_lse0 + 2 * s * kBlockM; };
 
@@ -154,13 +192,15 @@ class FlashBackwardWideMmaKernel {
     load_rows(sK, m_k + k_offset, key_begin, kBlockN, m_p.seqlen_k);
     load_rows(sV, m_v + k_offset, key_begin, kBlockN, m_p.seqlen_k);
     cp_async_commit();
-    value_type acc_dk[kTilesD][Atom::kC], acc_dv[kTilesD][Atom::kC];
+    value_type acc_dk[kTilesDW][Atom::kC], acc_dv[kTilesDW][Atom::kC];
 #pragma unroll
-    for (int n = 0; n < kTilesD; ++n)
+    for (int n = 0; n < kTilesDW; ++n)
 #pragma unroll
       for (int j = 0; j < Atom::kC; ++j) acc_dk[n][j] = acc_dv[n][j] = 0;
 
-    const int warp_key = warp * Atom::kRows;  // this warp's first key in the block
+    const int group = warp / kSplit, part = warp % kSplit;
+    const int warp_key = group * Atom::kRows;  // this warp's first key in the block
+    const int d_first = part * kTilesDW;       // this warp's first n-tile of dK, dV
     const int first_q_block = m_p.mask.row_begin(key_begin) / kBlockM;
     const int num_q_blocks = (m_p.seqlen_q + kBlockM - 1) / kBlockM;
     if (first_q_block < num_q_blocks) load_q_block(first_q_block, 0);
@@ -179,37 +219,82 @@ class FlashBackwardWideMmaKernel {
       const value_type* s_lse = stage_lse(stage);
       const value_type* s_delta = s_lse + kBlockM;
 
-      // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ for this warp's keys.
+      // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ for this warp's keys (with DimSplit 2 the
+      // first warp of the pair computes Sᵀ, the second dPᵀ).
       value_type st[kTilesQ][Atom::kC], dpt[kTilesQ][Atom::kC];
 #pragma unroll
       for (int n = 0; n < kTilesQ; ++n)
 #pragma unroll
         for (int j = 0; j < Atom::kC; ++j) st[n][j] = dpt[n][j] = 0;
+      if constexpr (kSplit == 1) {
 #pragma unroll
-      for (int ks = 0; ks < kSteps; ++ks) {
-        const typename Atom::A ka = Atom::load_a(sK, kPitch, warp_key, ks * Atom::kDepth);
-        const typename Atom::A va = Atom::load_a(sV, kPitch, warp_key, ks * Atom::kDepth);
+        for (int ks = 0; ks < kSteps; ++ks) {
+          const typename Atom::A ka = Atom::load_a(sK, kPitch, warp_key, ks * Atom::kDepth);
+          const typename Atom::A va = Atom::load_a(sV, kPitch, warp_key, ks * Atom::kDepth);
 #pragma unroll
-        for (int n = 0; n < kTilesQ; ++n) {
-          Atom::mma(st[n], ka, Atom::load_b_t(sQ, kPitch, n * 8, ks * Atom::kDepth));
-          Atom::mma(dpt[n], va, Atom::load_b_t(sdO, kPitch, n * 8, ks * Atom::kDepth));
+          for (int n = 0; n < kTilesQ; ++n) {
+            Atom::mma(st[n], ka, Atom::load_b_t(sQ, kPitch, n * 8, ks * Atom::kDepth));
+            Atom::mma(dpt[n], va, Atom::load_b_t(sdO, kPitch, n * 8, ks * Atom::kDepth));
+          }
+        }
+      } else {
+        const value_type* a_tile = part == 0 ? sK : sV;
+        const value_type* b_tile = part == 0 ? sQ : sdO;
+#pragma unroll
+        for (int ks = 0; ks < kSteps; ++ks) {
+          const typename Atom::A a = Atom::load_a(a_tile, kPitch, warp_key, ks * Atom::kDepth);
+#pragma unroll
+          for (int n = 0; n < kTilesQ; ++n)
+            Atom::mma(st[n], a, Atom::load_b_t(b_tile, kPitch, n * 8, ks * Atom::kDepth));
         }
       }
 
       // Pᵀ and dSᵀ in registers (rows = keys, columns = queries).
       const bool needs_mask = m_p.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin,
                                                      key_begin + kBlockN);
+      auto to_p = [&] {
+#pragma unroll
+        for (int n = 0; n < kTilesQ; ++n)
+#pragma unroll
+          for (int j = 0; j < Atom::kC; ++j) {
+            const int col = n * 8 + (lane % 4) * 2 + (j & 1);
+            value_type p =
+                exp_base(st[n][j] * scale - (kBase2 ? s_lse[col] * kLog2e : s_lse[col]));
+            if (needs_mask &&
+                m_p.mask.masked(row_begin + col, key_begin + warp_key + lane / 4 + (j / 2) * 8))
+              p = 0;
+            st[n][j] = p;
+          }
+      };
+      if constexpr (kSplit == 1) {
+        to_p();
+      } else {
+        // Swap the pair's tiles: the same lane of both warps holds the same
+        // (key, query) elements, so each lane writes its own and reads its
+        // partner's, lane-major (conflict-free).
+        if (part == 0) to_p();
+        value_type* swap = sSwap + group * 2 * kSwap;
+#pragma unroll
+        for (int n = 0; n < kTilesQ; ++n)
+#pragma unroll
+          for (int j = 0; j < Atom::kC; ++j)
+            swap[part * kSwap + (n * Atom::kC + j) * 32 + lane] = st[n][j];
+        cuda_mma::named_barrier(1 + group, 64);
+#pragma unroll
+        for (int n = 0; n < kTilesQ; ++n)
+#pragma unroll
+          for (int j = 0; j < Atom::kC; ++j) {
+            const value_type other = swap[(1 - part) * kSwap + (n * Atom::kC + j) * 32 + lane];
+            dpt[n][j] = part == 0 ? other : st[n][j];
+            st[n][j] = part == 0 ? st[n][j] : other;
+          }
+      }
 #pragma unroll
       for (int n = 0; n < kTilesQ; ++n)
 #pragma unroll
         for (int j = 0; j < Atom::kC; ++j) {
           const int col = n * 8 + (lane % 4) * 2 + (j & 1);
-          value_type p = exp_base(st[n][j] * scale - (kBase2 ? s_lse[col] * kLog2e : s_lse[col]));
-          if (needs_mask &&
-              m_p.mask.masked(row_begin + col, key_begin + warp_key + lane / 4 + (j / 2) * 8))
-            p = 0;
-          st[n][j] = p;
-          dpt[n][j] = p * (dpt[n][j] - s_delta[col]);
+          dpt[n][j] = st[n][j] * (dpt[n][j] - s_delta[col]);
         }
 
       // dV += Pᵀ·dO and dK += dSᵀ·Q (k = queries), A from the accumulators.
@@ -220,18 +305,22 @@ class FlashBackwardWideMmaKernel {
           const typename Atom::A pa = Atom::a_from_c(st[qt], slice);
           const typename Atom::A dsa = Atom::a_from_c(dpt[qt], slice);
 #pragma unroll
-          for (int n = 0; n < kTilesD; ++n) {
-            Atom::mma(acc_dv[n], pa, Atom::load_b_perm(sdO, kPitch, qt * 8, slice, n * 8));
-            Atom::mma(acc_dk[n], dsa, Atom::load_b_perm(sQ, kPitch, qt * 8, slice, n * 8));
+          for (int n = 0; n < kTilesDW; ++n) {
+            const int d0 = (d_first + n) * 8;
+            Atom::mma(acc_dv[n], pa, Atom::load_b_perm(sdO, kPitch, qt * 8, slice, d0));
+            Atom::mma(acc_dk[n], dsa, Atom::load_b_perm(sQ, kPitch, qt * 8, slice, d0));
           }
         }
-      // dSᵀ rows of this warp to scratch for dQ = dS·K.
+      // dSᵀ rows of this warp's keys to scratch for dQ = dS·K (with DimSplit
+      // 2 each warp of the pair writes every other query tile).
 #pragma unroll
-      for (int n = 0; n < kTilesQ; ++n)
+      for (int n = 0; n < kTilesQ; ++n) {
+        if (kSplit == 2 && n % 2 != part) continue;
 #pragma unroll
         for (int j = 0; j < Atom::kC; ++j)
           sdS[(warp_key + lane / 4 + (j / 2) * 8) * kPitchS + n * 8 + (lane % 4) * 2 + (j & 1)] =
               dpt[n][j];
+      }
       // The whole dSᵀ tile is in scratch.
       team.team_barrier();
 
@@ -275,8 +364,8 @@ class FlashBackwardWideMmaKernel {
       value_type* g_dk = m_dk + k_offset + long(key) * row_stride;
       value_type* g_dv = m_dv + k_offset + long(key) * row_stride;
 #pragma unroll
-      for (int n = 0; n < kTilesD; ++n) {
-        const int d = n * 8 + (lane % 4) * 2;
+      for (int n = 0; n < kTilesDW; ++n) {
+        const int d = (d_first + n) * 8 + (lane % 4) * 2;
         g_dk[d] = acc_dk[n][2 * half] * m_scale;
         g_dk[d + 1] = acc_dk[n][2 * half + 1] * m_scale;
         g_dv[d] = acc_dv[n][2 * half];

@@ -105,6 +105,17 @@ KOKKOS_FORCEINLINE_FUNCTION T* aligned_scratch(void* raw) {
   return reinterpret_cast<T*>(p + ((16 - (reinterpret_cast<std::uintptr_t>(p) & 15)) & 15));
 }
 
+/// Barrier `id` (1-15; 0 is the team barrier's) for the `threads` threads,
+/// whole warps, that call it: a barrier for some warps of a team. Also
+/// orders their scratch accesses, as the team barrier does.
+KOKKOS_FORCEINLINE_FUNCTION void named_barrier(int id, int threads) {
+#if KFA_CUDA_MMA_DEVICE
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+#else
+  (void)id, (void)threads;
+#endif
+}
+
 KOKKOS_FORCEINLINE_FUNCTION void cp_async_commit() {
 #if KFA_CUDA_MMA_DEVICE
   asm volatile("cp.async.commit_group;\n" ::);
