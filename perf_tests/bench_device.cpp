@@ -297,7 +297,8 @@ std::function<void()> backward_variant(const Args& a, View4 q, View4 k, View4 v,
 /// the large shape with 32-key blocks (half the S registers).
 /// fp32: "split_tf32" and "tf32" (Fp32Matmul options of the library's
 /// dispatch), "simt_bn16" (the exact kernel with 16-key blocks, three teams
-/// per SM), "split_tf32_accum" (3xTF32 with every product summed inside the
+/// per SM), "simt_expf" (the exact kernel with expf, before RESULTS v26),
+/// "split_tf32_accum" (3xTF32 with every product summed inside the
 /// tensor core, the default before RESULTS v23), "portable" (the portable
 /// team kernel, as without opt-in shared memory), "wide_128": 3xTF32 with
 /// 128 query rows (4 warps x 2 atoms), 32 keys, one team per SM.
@@ -334,6 +335,25 @@ std::function<void()> forward_variant(const Args& a, View4 q, View4 k, View4 v, 
             .launch(Space());
       };
     }
+    if (a.fwd_variant == "simt_expf") {
+      using Space = Kokkos::DefaultExecutionSpace;
+      using kfa::Impl::simt_block_n;
+      const float scale = 1.0f / std::sqrt(float(a.head_dim));
+      const bool causal = a.causal;
+      if (a.head_dim == 64)
+        return [=] {
+          kfa::Impl::FlashForwardSimtKernel<Space, 64, View4, View4, View4, View4, View3,
+                                            simt_block_n<64>(), 2, false>(q, k, v, o, lse, scale,
+                                                                          causal)
+              .launch(Space());
+        };
+      return [=] {
+        kfa::Impl::FlashForwardSimtKernel<Space, 128, View4, View4, View4, View4, View3,
+                                          simt_block_n<128>(), 2, false>(q, k, v, o, lse, scale,
+                                                                         causal)
+            .launch(Space());
+      };
+    }
 #endif
     if (a.fwd_variant == "portable") {
       kfa::AttentionOptions opt;
@@ -352,7 +372,7 @@ std::function<void()> forward_variant(const Args& a, View4 q, View4 k, View4 v, 
 #endif
     throw std::invalid_argument(
         "--fwd-variant for fp32 must be default, split_tf32, split_tf32_accum, tf32, simt_bn16, "
-        "portable or wide_128");
+        "simt_expf, portable or wide_128");
   } else if constexpr (std::is_same<T, double>::value) {
 #ifdef KOKKOS_ENABLE_CUDA
     if (a.fwd_variant == "m8n8k4") return wide_forward_default<mma::Fp64Atom>(a, q, k, v, o, lse);

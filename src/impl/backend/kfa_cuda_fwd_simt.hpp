@@ -11,8 +11,9 @@
 //        consecutive rows: conflict-free with rows padded by 4 floats);
 //        16·kKeys FMAs per 4 + kKeys shared-memory loads.
 //   P:   the online softmax in registers (row max and sum reduced over the 8
-//        lanes of a row group with shuffles), P written transposed to the
-//        warp's own slice of scratch, read back a float4 of 4 rows per key.
+//        lanes of a row group with shuffles; each exponential one FFMA and
+//        ex2.approx), P written transposed to the warp's own slice of
+//        scratch, read back a float4 of 4 rows per key.
 //   O:   per key, that float4 of P and kCols/4 float4s of V: 4·kCols FMAs
 //        per 1 + kCols/4 loads.
 // K and V blocks are double buffered with cp.async (block j+1's copies
@@ -37,8 +38,12 @@ constexpr int simt_block_n() {
   return HeadDim <= 64 ? 64 : 32;
 }
 
+/// FastExp: the exponentials as one FFMA and ex2.approx (log2 e folded into
+/// the shift; relative error 2^-22, as expf's 2 ulp) instead of expf's nine
+/// instructions (RESULTS v26); false is bench_device's variant simt_expf.
 template <class ExecSpace, int HeadDim, class QView, class KView, class VView, class OView,
-          class LseView, int BlockN = simt_block_n<HeadDim>(), int MinBlocksPerSM = 2>
+          class LseView, int BlockN = simt_block_n<HeadDim>(), int MinBlocksPerSM = 2,
+          bool FastExp = true>
 class FlashForwardSimtKernel {
  public:
   static constexpr int kHeadDim = HeadDim;
@@ -191,12 +196,13 @@ class FlashForwardSimtKernel {
         // A row whose every score so far is masked keeps max -inf: shift by
         // 0 so exp(-inf - shift) = 0 instead of NaN.
         const float shift = block_max == -INFINITY ? 0.f : block_max;
-        alpha[i] = row_max[i] == -INFINITY ? 0.f : expf(row_max[i] - shift);
+        alpha[i] = row_max[i] == -INFINITY ? 0.f : exp_of(row_max[i] - shift);
         row_max[i] = block_max;
+        const float shift2 = shift * kLog2e;
         float block_sum = 0.f;
 #pragma unroll
         for (int j = 0; j < kKeys; ++j) {
-          s[i][j] = expf(s[i][j] - shift);
+          s[i][j] = FastExp ? exp2_fast(fmaf(s[i][j], kLog2e, -shift2)) : expf(s[i][j] - shift);
           block_sum += s[i][j];
         }
         row_sum[i] = alpha[i] * row_sum[i] + block_sum;
@@ -263,6 +269,14 @@ class FlashForwardSimtKernel {
   }
 
  private:
+  static constexpr float kLog2e = 1.4426950408889634f;
+
+#if KFA_CUDA_MMA_DEVICE
+  KOKKOS_FORCEINLINE_FUNCTION static float exp_of(float x) {
+    return FastExp ? cuda_mma::exp2_fast(x * kLog2e) : expf(x);
+  }
+#endif
+
   const float* m_q;
   const float* m_k;
   const float* m_v;
