@@ -239,6 +239,31 @@ std::function<void()> wide_forward_default(const Args& a, View4 q, View4 k, View
   throw std::invalid_argument("--fwd-variant needs head_dim 64 or 128");
 }
 
+/// The exact fp32 forward (FlashForwardSimtKernel) with keys per block
+/// BlockN64 / BlockN128 at head_dim 64 / 128, teams per SM and FastExp
+/// other than the library's, for experiments.
+template <int BlockN64, int BlockN128, int MinBlocksPerSM, bool FastExp, class View4, class View3>
+std::function<void()> simt_forward(const Args& a, View4 q, View4 k, View4 v, View4 o,
+                                   View3 lse) {
+  using Space = Kokkos::DefaultExecutionSpace;
+  using kfa::Impl::FlashForwardSimtKernel;
+  const float scale = 1.0f / std::sqrt(float(a.head_dim));
+  const bool causal = a.causal;
+  if (a.head_dim == 64)
+    return [=] {
+      FlashForwardSimtKernel<Space, 64, View4, View4, View4, View4, View3, BlockN64,
+                             MinBlocksPerSM, FastExp>(q, k, v, o, lse, scale, causal)
+          .launch(Space());
+    };
+  if (a.head_dim == 128)
+    return [=] {
+      FlashForwardSimtKernel<Space, 128, View4, View4, View4, View4, View3, BlockN128,
+                             MinBlocksPerSM, FastExp>(q, k, v, o, lse, scale, causal)
+          .launch(Space());
+    };
+  throw std::invalid_argument("--fwd-variant simt_* needs head_dim 64 or 128");
+}
+
 /// The fp32/fp64 tensor-core backward with another tile shape (or atom)
 /// than the library's: D (delta) by the library's preprocess kernel, dq
 /// zeroed, then the kernel, as dispatch_backward runs them.
@@ -316,44 +341,16 @@ std::function<void()> forward_variant(const Args& a, View4 q, View4 k, View4 v, 
       kfa::AttentionOptions opt;
       opt.causal = a.causal;
       opt.fp32_matmul = fp32_matmul(a.fwd_variant);
-      return [=] { kfa::flash_attention_forward(Kokkos::DefaultExecutionSpace(), q, k, v, o, lse, opt); };
+      return [=] {
+        kfa::flash_attention_forward(Kokkos::DefaultExecutionSpace(), q, k, v, o, lse, opt);
+      };
     }
 #ifdef KOKKOS_ENABLE_CUDA
-    if (a.fwd_variant == "simt_bn16") {
-      using Space = Kokkos::DefaultExecutionSpace;
-      const float scale = 1.0f / std::sqrt(float(a.head_dim));
-      const bool causal = a.causal;
-      if (a.head_dim == 64)
-        return [=] {
-          kfa::Impl::FlashForwardSimtKernel<Space, 64, View4, View4, View4, View4, View3, 16, 3>(
-              q, k, v, o, lse, scale, causal)
-              .launch(Space());
-        };
-      return [=] {
-        kfa::Impl::FlashForwardSimtKernel<Space, 128, View4, View4, View4, View4, View3, 16, 3>(
-            q, k, v, o, lse, scale, causal)
-            .launch(Space());
-      };
-    }
-    if (a.fwd_variant == "simt_expf") {
-      using Space = Kokkos::DefaultExecutionSpace;
-      using kfa::Impl::simt_block_n;
-      const float scale = 1.0f / std::sqrt(float(a.head_dim));
-      const bool causal = a.causal;
-      if (a.head_dim == 64)
-        return [=] {
-          kfa::Impl::FlashForwardSimtKernel<Space, 64, View4, View4, View4, View4, View3,
-                                            simt_block_n<64>(), 2, false>(q, k, v, o, lse, scale,
-                                                                          causal)
-              .launch(Space());
-        };
-      return [=] {
-        kfa::Impl::FlashForwardSimtKernel<Space, 128, View4, View4, View4, View4, View3,
-                                          simt_block_n<128>(), 2, false>(q, k, v, o, lse, scale,
-                                                                         causal)
-            .launch(Space());
-      };
-    }
+    using kfa::Impl::simt_block_n;
+    if (a.fwd_variant == "simt_bn16")
+      return simt_forward<16, 16, 3, true>(a, q, k, v, o, lse);
+    if (a.fwd_variant == "simt_expf")
+      return simt_forward<simt_block_n<64>(), simt_block_n<128>(), 2, false>(a, q, k, v, o, lse);
 #endif
     if (a.fwd_variant == "portable") {
       kfa::AttentionOptions opt;

@@ -287,6 +287,32 @@ TEST(FlashForwardCuda, TensorCoreTileShapes) {
   }
 }
 
+/// A case's inputs on the device with the materialised attention's O and
+/// lse there, and their errors against the fp64 reference (the yardstick of
+/// the fused kernels that then overwrite o and lse).
+template <class T, class Space>
+struct StandardOnDevice {
+  DeviceView4<T, Space> q, k, v, o;
+  DeviceView3<T, Space> lse;
+  double err_o, err_lse;
+};
+
+template <class T, class Space>
+StandardOnDevice<T, Space> standard_on_device(const Case& c, const kfa::AttentionOptions& opt) {
+  const Shape& s = c.shape;
+  StandardOnDevice<T, Space> d{to_device<T, Space>(c.q, "q"),
+                               to_device<T, Space>(c.k, "k"),
+                               to_device<T, Space>(c.v, "v"),
+                               DeviceView4<T, Space>("o", s.batch, s.seqlen_q, s.heads, s.head_dim),
+                               DeviceView3<T, Space>("lse", s.batch, s.heads, s.seqlen_q),
+                               0,
+                               0};
+  kfa::standard_attention_forward(Space(), d.q, d.k, d.v, d.o, d.lse, opt);
+  d.err_o = max_abs_diff(to_host(d.o), c.o_ref);
+  d.err_lse = max_abs_diff(to_host(d.lse), c.lse_ref);
+  return d;
+}
+
 // The fp32/fp64 tensor-core forward: the library's shapes run through the
 // entry points in the typed tests; other shapes (those bench_device compares)
 // are launched here directly, checked against the oracle like the 16-bit
@@ -305,18 +331,15 @@ void check_wide_shape(const Shape& s, bool causal, double tol_scale = 0, double 
   opt.causal = causal;
   Case c = make_case<T>(s, opt, "wide_shape");
   ramp_keys<T>(c, s, opt, key_ramp);
-  const View4 q = to_device<T, Space>(c.q, "q"), k = to_device<T, Space>(c.k, "k"),
-              v = to_device<T, Space>(c.v, "v");
-  View4 o("o", s.batch, s.seqlen_q, s.heads, s.head_dim);
-  View3 lse("lse", s.batch, s.heads, s.seqlen_q);
-  kfa::standard_attention_forward(Space(), q, k, v, o, lse, opt);
-  const double err_std = max_abs_diff(to_host(o), c.o_ref);
-  const double err_lse_std = max_abs_diff(to_host(lse), c.lse_ref);
+  const auto d = standard_on_device<T, Space>(c, opt);
+  const double err_std = d.err_o, err_lse_std = d.err_lse;
+  const View4 o = d.o;
+  const View3 lse = d.lse;
   poison(o);
   poison(lse);
   kfa::Impl::FlashForwardWideMmaKernel<Space, HeadDim, Atom, In4, In4, In4, View4, View3,
                                        WideShape>
-      kernel(In4(q), In4(k), In4(v), o, lse, T(1) / std::sqrt(T(HeadDim)), causal);
+      kernel(In4(d.q), In4(d.k), In4(d.v), o, lse, T(1) / std::sqrt(T(HeadDim)), causal);
   ASSERT_TRUE(kernel.fits(Space()));
   kernel.launch(Space());
   Space().fence();
@@ -400,21 +423,17 @@ TEST(FlashForwardCuda, SplitTf32LongRows) {
     constexpr int D = decltype(head_dim_tag)::value;
     kfa::AttentionOptions opt;
     const Case c = make_case<float>(s, opt, "long_rows");
-    const View4 q = to_device<float, Space>(c.q, "q"), k = to_device<float, Space>(c.k, "k"),
-                v = to_device<float, Space>(c.v, "v");
-    View4 o("o", s.batch, s.seqlen_q, s.heads, s.head_dim);
-    View3 lse("lse", s.batch, s.heads, s.seqlen_q);
-    kfa::standard_attention_forward(Space(), q, k, v, o, lse, opt);
-    const double err_std = max_abs_diff(to_host(o), c.o_ref);
+    const auto d = standard_on_device<float, Space>(c, opt);
+    const double err_std = d.err_o;
     auto error_of = [&](auto atom) {
       using Atom = decltype(atom);
-      poison(o);
+      poison(d.o);
       FlashForwardWideMmaKernel<Space, D, Atom, In4, In4, In4, View4, View3,
                                 typename WideFwdDefaultShape<Atom, D>::type>(
-          In4(q), In4(k), In4(v), o, lse, 1.0f / std::sqrt(float(D)), false)
+          In4(d.q), In4(d.k), In4(d.v), d.o, d.lse, 1.0f / std::sqrt(float(D)), false)
           .launch(Space());
       Space().fence();
-      return max_abs_diff(to_host(o), c.o_ref);
+      return max_abs_diff(to_host(d.o), c.o_ref);
     };
     const double err = error_of(mma::Tf32x3Atom{});
     const double err_accum = error_of(mma::Tf32Atom<3, false>{});
@@ -432,24 +451,18 @@ TEST(FlashForwardCuda, SplitTf32LongRows) {
 // is visibly what it claims (tf32 less precise than fp32).
 TEST(FlashForwardCuda, Fp32MatmulOptions) {
   using Space = Kokkos::Cuda;
-  using View4 = DeviceView4<float, Space>;
-  using View3 = DeviceView3<float, Space>;
   for (const Shape& s : {Shape{1, 300, 129, 2, 128}, Shape{2, 190, 333, 2, 64}}) {
     for (kfa::Fp32Matmul mode :
          {kfa::Fp32Matmul::ieee, kfa::Fp32Matmul::split_tf32, kfa::Fp32Matmul::tf32}) {
       kfa::AttentionOptions opt;
       opt.fp32_matmul = mode;
       const Case c = make_case<float>(s, opt, "fp32_matmul");
-      const View4 q = to_device<float, Space>(c.q, "q"), k = to_device<float, Space>(c.k, "k"),
-                  v = to_device<float, Space>(c.v, "v");
-      View4 o("o", s.batch, s.seqlen_q, s.heads, s.head_dim);
-      View3 lse("lse", s.batch, s.heads, s.seqlen_q);
-      kfa::standard_attention_forward(Space(), q, k, v, o, lse, opt);
-      const double err_std = max_abs_diff(to_host(o), c.o_ref);
-      poison(o);
-      poison(lse);
-      kfa::flash_attention_forward(Space(), q, k, v, o, lse, opt);
-      const double err = max_abs_diff(to_host(o), c.o_ref);
+      const auto d = standard_on_device<float, Space>(c, opt);
+      const double err_std = d.err_o;
+      poison(d.o);
+      poison(d.lse);
+      kfa::flash_attention_forward(Space(), d.q, d.k, d.v, d.o, d.lse, opt);
+      const double err = max_abs_diff(to_host(d.o), c.o_ref);
       const double size = std::max(1.0, max_abs(c.o_ref));
       const std::string what = to_string(s) + " mode " + std::to_string(int(mode));
       if (mode == kfa::Fp32Matmul::ieee) {
