@@ -5,7 +5,7 @@
 // o, lse, dq, dk, dv back for the comparison, and prints one JSON line.
 //
 //   bench_device --dtype bf16|fp16|fp32|fp64 --batch B --seqlen N --heads H
-//                --head-dim D [--causal] [--iters 20] [--warmup 3] [--no-bwd]
+//                [--heads-kv HKV] --head-dim D [--causal] [--iters 20] [--warmup 3] [--no-bwd]
 //                [--fwd-variant NAME] [--bwd-variant NAME] [--no-wgmma]
 //                [--league-group TEAMS]
 //                --dir /dev/shm/kfa_bench | --random
@@ -35,6 +35,8 @@ namespace {
 struct Args {
   std::string dtype = "bf16", dir = "/dev/shm/kfa_bench";
   int batch = 1, seqlen = 1024, heads = 16, head_dim = 128, iters = 20, warmup = 3;
+  /// Heads of k and v (grouped-query attention); 0: as many as q.
+  int heads_kv = 0;
   bool causal = false, backward = true;
   /// Random inputs drawn here instead of files from --dir, and no outputs
   /// written (for profilers: `ncu ... bench_device --random --iters 1`).
@@ -66,6 +68,7 @@ Args parse(int argc, char* argv[]) {
     else if (s == "--batch") a.batch = std::stoi(next());
     else if (s == "--seqlen") a.seqlen = std::stoi(next());
     else if (s == "--heads") a.heads = std::stoi(next());
+    else if (s == "--heads-kv") a.heads_kv = std::stoi(next());
     else if (s == "--head-dim") a.head_dim = std::stoi(next());
     else if (s == "--iters") a.iters = std::stoi(next());
     else if (s == "--warmup") a.warmup = std::stoi(next());
@@ -409,8 +412,9 @@ void run(const Args& a) {
   using View4 = Kokkos::View<T****, Kokkos::LayoutRight, Space::memory_space>;
   using View3 = Kokkos::View<Acc***, Kokkos::LayoutRight, Space::memory_space>;
   const int B = a.batch, N = a.seqlen, H = a.heads, D = a.head_dim;
-  View4 q("q", B, N, H, D), k("k", B, N, H, D), v("v", B, N, H, D), d_o("d_o", B, N, H, D),
-      o("o", B, N, H, D), dq("dq", B, N, H, D), dk("dk", B, N, H, D), dv("dv", B, N, H, D);
+  const int Hkv = a.heads_kv > 0 ? a.heads_kv : H;
+  View4 q("q", B, N, H, D), k("k", B, N, Hkv, D), v("v", B, N, Hkv, D), d_o("d_o", B, N, H, D),
+      o("o", B, N, H, D), dq("dq", B, N, H, D), dk("dk", B, N, Hkv, D), dv("dv", B, N, Hkv, D);
   View3 lse("lse", B, H, N);
   if (a.random) {
     // Drawn in float and rounded: Kokkos' generators do not cover every T.

@@ -31,8 +31,9 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
 
 
 def configs(which):
-    """(dtype, batch, seqlen, heads, head_dim, causal): batch·seqlen = 16k tokens and
-    heads·head_dim = 2048 for 16-bit types, as in the issue's anchor table."""
+    """(dtype, batch, seqlen, heads, head_dim, causal[, heads_kv]): batch·seqlen = 16k
+    tokens and heads·head_dim = 2048 for 16-bit types, as in the issue's anchor table;
+    heads_kv < heads: grouped-query attention (the full set's last rows)."""
     out = []
     if which == "quick":
         for causal in (False, True):
@@ -55,6 +56,9 @@ def configs(which):
     for d in (64, 128):
         out.append(("fp32", 4, 4096, 2048 // d, d, False))
         out.append(("fp64", 8, 2048, 2048 // d, d, False))
+    for causal in (False, True):  # Llama-style groups: 8 and 16 query heads per k/v head
+        out.append(("bf16", 2, 8192, 16, 128, causal, 2))
+        out.append(("bf16", 2, 8192, 32, 64, causal, 2))
     return out
 
 
@@ -91,36 +95,54 @@ def read(path, shape, dtype):
     return raw.reshape(shape).cuda()
 
 
+def sdpa(q, k, v, causal):
+    """SDPA on [B][H][N][D] inputs, k and v with fewer heads for grouped-query attention."""
+    if k.shape[1] == q.shape[1]:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+
+
 def sdpa_time(backend, q, k, v, do, causal):
     """(fwd, fwd+bwd) median ms of SDPA with one backend; inputs [B][N][H][D]."""
     qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_(True) for x in (q, k, v))
     dot = do.transpose(1, 2)
     try:
         with sdpa_kernel(backend):
-            fwd = cuda_time_ms(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal))
+            fwd = cuda_time_ms(lambda: sdpa(qt, kt, vt, causal))
 
             def fwd_bwd():
                 qt.grad = kt.grad = vt.grad = None
-                F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal).backward(dot)
+                sdpa(qt, kt, vt, causal).backward(dot)
             both = cuda_time_ms(fwd_bwd)
         return fwd, both
     except RuntimeError as e:
         return None, None
 
 
-def reference_slice(q, k, v, do, causal, nb=1, nh=2):
-    """fp64 O, lse, dQ, dK, dV on batch [:nb], heads [:nh] (bottom-right causal = top-left
-    here since seqlen_q == seqlen_k)."""
-    qs, ks, vs, dos = (x[:nb, :, :nh].double().transpose(1, 2).detach().requires_grad_(True)
-                       for x in (q, k, v, do))
+def slice_heads(q, k):
+    """Heads of the checked slice: 2 query heads and theirs k/v heads, or with grouped-query
+    attention the first k/v head and its group of query heads."""
+    group = q.shape[2] // k.shape[2]
+    return (2, 2) if group == 1 else (group, 1)
+
+
+def reference_slice(q, k, v, do, causal, nb=1):
+    """fp64 O, lse, dQ, dK, dV on batch [:nb] and the heads of slice_heads (bottom-right
+    causal = top-left here since seqlen_q == seqlen_k)."""
+    nh, nkv = slice_heads(q, k)
+    qs, dos = (x[:nb, :, :nh].double().transpose(1, 2).detach().requires_grad_(True)
+               for x in (q, do))
+    ks, vs = (x[:nb, :, :nkv].double().transpose(1, 2).detach().requires_grad_(True)
+              for x in (k, v))
     dos = dos.detach()
     scale = 1.0 / math.sqrt(q.shape[-1])
-    s = qs @ ks.transpose(-1, -2) * scale
+    kr, vr = (x.repeat_interleave(nh // nkv, dim=1) for x in (ks, vs))
+    s = qs @ kr.transpose(-1, -2) * scale
     if causal:
         n = s.shape[-1]
         s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=s.device).triu(1), -math.inf)
     lse = torch.logsumexp(s, dim=-1)
-    o = torch.softmax(s, dim=-1) @ vs
+    o = torch.softmax(s, dim=-1) @ vr
     o.backward(dos)
     t = lambda x: x.transpose(1, 2).detach()
     return t(o), lse.detach(), t(qs.grad), t(ks.grad), t(vs.grad)
@@ -162,7 +184,8 @@ def main():
     dev = torch.cuda.get_device_name()
     print(f"# {dev}, torch {torch.__version__}, set {args.set}", flush=True)
     rows = []
-    for (dt, B, N, H, D, causal) in configs(args.set):
+    for (dt, B, N, H, D, causal, *gqa) in configs(args.set):
+        Hkv = gqa[0] if gqa else H
         if dt not in args.dtypes.split(","):
             continue
         if args.seqlens and str(N) not in args.seqlens.split(","):
@@ -171,12 +194,14 @@ def main():
             continue
         dtype = DTYPES[dt]
         torch.manual_seed(1234)
-        q, k, v, do = (torch.randn(B, N, H, D, device="cuda", dtype=dtype) for _ in range(4))
+        q, do = (torch.randn(B, N, H, D, device="cuda", dtype=dtype) for _ in range(2))
+        k, v = (torch.randn(B, N, Hkv, D, device="cuda", dtype=dtype) for _ in range(2))
+        nh, nkv = slice_heads(q, k)
         for name, t in (("q", q), ("k", k), ("v", v), ("do", do)):
             write(t, f"{args.dir}/{name}.bin")
         heavy = B * H * N * N * D > 2 ** 36
         cmd = [args.exe, "--dtype", dt, "--batch", str(B), "--seqlen", str(N), "--heads", str(H),
-               "--head-dim", str(D), "--dir", args.dir, "--iters", "5" if heavy else "10",
+               *(["--heads-kv", str(Hkv)] if Hkv != H else []), "--head-dim", str(D), "--dir", args.dir, "--iters", "5" if heavy else "10",
                "--warmup", "1" if heavy else "2"] + (["--causal"] if causal else []) + \
               (["--no-bwd"] if args.no_bwd else []) + ["--fp32-matmul", args.fp32_matmul]
         t0 = time.time()
@@ -193,13 +218,15 @@ def main():
         o = read(f"{args.dir}/o_kfa.bin", (B, N, H, D), dtype)
         lse = read(f"{args.dir}/lse_kfa.bin", (B, H, N), lse_dtype)
         ref = reference_slice(q, k, v, do, causal)
-        errs = {"o": max_err(o[:1, :, :2], ref[0]), "lse": max_err(lse[:1, :2], ref[1])}
-        rms = {"o": rms_err(o[:1, :, :2], ref[0])}
+        errs = {"o": max_err(o[:1, :, :nh], ref[0]), "lse": max_err(lse[:1, :nh], ref[1])}
+        rms = {"o": rms_err(o[:1, :, :nh], ref[0])}
+        # dQ has the query heads, dK and dV the k/v heads.
+        grad_heads = {"dq": (H, nh), "dk": (Hkv, nkv), "dv": (Hkv, nkv)}
         if not args.no_bwd:
             for i, g in enumerate(("dq", "dk", "dv")):
-                kg = read(f"{args.dir}/{g}_kfa.bin", (B, N, H, D), dtype)
-                errs[g] = max_err(kg[:1, :, :2], ref[2 + i])
-                rms[g] = rms_err(kg[:1, :, :2], ref[2 + i])
+                kg = read(f"{args.dir}/{g}_kfa.bin", (B, N, grad_heads[g][0], D), dtype)
+                errs[g] = max_err(kg[:1, :, :grad_heads[g][1]], ref[2 + i])
+                rms[g] = rms_err(kg[:1, :, :grad_heads[g][1]], ref[2 + i])
         # Extra forward variants: timed, and their own O checked against the reference.
         variants, variant_errs, variant_bwd = {}, {}, {}
         if args.fwd_variants:
@@ -228,8 +255,8 @@ def main():
                     variant_bwd[var] = vt["bwd_ms"]
                 vo = read(f"{args.dir}/o_kfa.bin", (B, N, H, D), dtype)
                 vl = read(f"{args.dir}/lse_kfa.bin", (B, H, N), lse_dtype)
-                variant_errs[var] = (max_err(vo[:1, :, :2], ref[0]),
-                                     max_err(vl[:1, :2], ref[1]))
+                variant_errs[var] = (max_err(vo[:1, :, :nh], ref[0]),
+                                     max_err(vl[:1, :nh], ref[1]))
         # Backward variants: timed, and their own dQ, dK, dV checked.
         bwd_variants = {}
         if args.bwd_variants and not args.no_bwd:
@@ -244,8 +271,8 @@ def main():
                 vt = json.loads(vr.stdout.strip().splitlines()[-1])
                 verr = {}
                 for i, g in enumerate(("dq", "dk", "dv")):
-                    kg = read(f"{args.dir}/{g}_kfa.bin", (B, N, H, D), dtype)
-                    verr[g] = max_err(kg[:1, :, :2], ref[2 + i])
+                    kg = read(f"{args.dir}/{g}_kfa.bin", (B, N, grad_heads[g][0], D), dtype)
+                    verr[g] = max_err(kg[:1, :, :grad_heads[g][1]], ref[2 + i])
                 bwd_variants[var] = (vt["bwd_ms"], vt["fwd_bwd_ms"], verr)
         # PyTorch's own error on the same slice, with its fast backend for this type.
         anchors = {}
@@ -259,10 +286,11 @@ def main():
         for name, be in backends:
             anchors[name] = sdpa_time(be, q, k, v, do, causal)
         with sdpa_kernel(backends[0][1]):
-            qs, ks, vs = (x[:1, :, :2].transpose(1, 2).detach().requires_grad_(True)
-                          for x in (q, k, v))
-            ot = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal)
-            ot.backward(do[:1, :, :2].transpose(1, 2))
+            qs = q[:1, :, :nh].transpose(1, 2).detach().requires_grad_(True)
+            ks, vs = (x[:1, :, :nkv].transpose(1, 2).detach().requires_grad_(True)
+                      for x in (k, v))
+            ot = sdpa(qs, ks, vs, causal)
+            ot.backward(do[:1, :, :nh].transpose(1, 2))
             terr = {"o": max_err(ot.transpose(1, 2), ref[0]),
                     "dq": max_err(qs.grad.transpose(1, 2), ref[2]),
                     "dk": max_err(ks.grad.transpose(1, 2), ref[3]),
@@ -273,7 +301,7 @@ def main():
                     "dv": rms_err(vs.grad.transpose(1, 2), ref[4])}
         flops = 4.0 * B * H * N * N * D * (0.5 if causal else 1.0)
         tf = lambda ms, mult=1.0: flops * mult / (ms * 1e-3) / 1e12 if ms and ms > 0 else float("nan")
-        row = {"dtype": dt, "B": B, "N": N, "H": H, "D": D, "causal": causal,
+        row = {"dtype": dt, "B": B, "N": N, "H": H, "Hkv": Hkv, "D": D, "causal": causal,
                "kfa_fwd": tf(kfa_t["fwd_ms"]), "kfa_bwd": tf(kfa_t["bwd_ms"], 2.5),
                "kfa_fwd_bwd": tf(kfa_t["fwd_bwd_ms"], 3.5), "err": errs, "torch_err": terr,
                "err_rms": rms, "torch_err_rms": trms, "seconds": time.time() - t0}
@@ -292,7 +320,8 @@ def main():
             row[f"{name}_fwd_bwd"] = tf(b_ms, 3.5)
         rows.append(row)
         a0 = backends[0][0]
-        print(f"{dt:4s} B{B:<2d} N{N:<5d} H{H:<2d} D{D:<3d} {'causal' if causal else 'full  '} | "
+        print(f"{dt:4s} B{B:<2d} N{N:<5d} H{H:<2d}{f'/{Hkv}' if Hkv != H else ''} D{D:<3d} "
+              f"{'causal' if causal else 'full  '} | "
               f"kfa fwd {row['kfa_fwd']:7.2f} bwd {row['kfa_bwd']:7.2f} f+b {row['kfa_fwd_bwd']:7.2f} | "
               + " ".join(f"{n} fwd {row[n + '_fwd']:7.2f} f+b {row[n + '_fwd_bwd']:7.2f}"
                          for n in anchors if row.get(n + '_fwd') is not None)

@@ -186,11 +186,46 @@ void convert_dq(const ExecSpace& space, const AccView& dq_acc, const DQ& dq) {
 }
 
 /// Returns f(std::integral_constant<int, D>) for D = head_dim, one of the
-/// head dims of the fused CUDA kernels (64, 128; mma_shape_applies checked).
-template <class F>
+/// head dims of the fused CUDA kernels (64, 128, and 256 where With256: the
+/// 16-bit kernels; mma_shape_applies checked).
+template <bool With256 = false, class F>
 decltype(auto) with_fused_head_dim(int head_dim, F&& f) {
+  if constexpr (With256) {
+    if (head_dim == 256) return f(std::integral_constant<int, 256>());
+  }
   return head_dim == 64 ? f(std::integral_constant<int, 64>())
                         : f(std::integral_constant<int, 128>());
+}
+
+/// dk and dv [batch][seqlen_k][heads_kv][head_dim] from fp32 dK and dV per
+/// query head ([batch][seqlen_k][heads][head_dim], dV `half` floats after
+/// dK): each k/v head's the sum over its group of query heads, rounded once.
+/// One thread per output element, consecutive threads along head_dim.
+template <class ExecSpace, class DK, class DV>
+void sum_grouped_dk_dv(const ExecSpace& space, const float* dkv, long half, int heads,
+                       const DK& dk, const DV& dv) {
+  using value_type = typename DK::non_const_value_type;
+  const int seqlen_k = static_cast<int>(dk.extent(1)), heads_kv = static_cast<int>(dk.extent(2)),
+            head_dim = static_cast<int>(dk.extent(3));
+  const int group = heads / heads_kv;
+  Kokkos::parallel_for(
+      "kfa::bwd::sum_grouped_dk_dv",
+      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<long>>(space, 0, long(dk.size())),
+      KOKKOS_LAMBDA(const long i) {
+        const int d = static_cast<int>(i % head_dim);
+        const long r = i / head_dim;
+        const int hk = static_cast<int>(r % heads_kv);
+        const long row = r / heads_kv;  // b * seqlen_k + key
+        const long from = (row * heads + long(hk) * group) * head_dim + d;
+        float sum_k = 0, sum_v = 0;
+        for (int g = 0; g < group; ++g) {
+          sum_k += dkv[from + long(g) * head_dim];
+          sum_v += dkv[half + from + long(g) * head_dim];
+        }
+        const int b = static_cast<int>(row / seqlen_k), key = static_cast<int>(row % seqlen_k);
+        dk(b, key, hk, d) = from_acc<value_type>(sum_k);
+        dv(b, key, hk, d) = from_acc<value_type>(sum_v);
+      });
 }
 
 /// The dq accumulator of a backward call, in the call's workspace (`bytes`
@@ -218,23 +253,32 @@ zeroed_dq_accumulator(const ExecSpace& space, const DQ& dq,
   return acc;
 }
 
+/// What a family of fused kernels takes beyond head_dim 64 and 128 with as
+/// many k/v heads as q heads: head_dim 256 (the 16-bit kernels), fewer k/v
+/// heads (grouped-query attention: the 16-bit forward).
+struct FusedReach {
+  bool head_dim_256 = false;
+  bool grouped_heads = false;
+};
+
 /// True when a call's shape and options allow the tensor-core kernels: head_dim
-/// 64 or 128 (or 256 where `with_256`: the 16-bit forward), fixed-length
-/// batches, as many k/v heads as q heads, no score modifier, softcap or
-/// dropout, no window other than causal, no explicit team size (their teams
-/// are 4 or 8 warps by design), and 16-byte aligned rows.
+/// 64 or 128 (or 256 where `reach` says), fixed-length batches, as many k/v
+/// heads as q heads (or fewer where `reach` says), no score modifier,
+/// softcap or dropout, no window other than causal, no explicit team size
+/// (their teams are 4 or 8 warps by design), and 16-byte aligned rows.
 template <class ScoreMod, class MemorySpace>
 bool mma_shape_applies(const Sequences<MemorySpace>& seq, int heads_q, int heads_kv,
                        int head_dim, const AttentionOptions& options,
-                       std::initializer_list<const void*> pointers, bool with_256 = false) {
+                       std::initializer_list<const void*> pointers, FusedReach reach = {}) {
   if constexpr (!std::is_same<ScoreMod, NoScoreMod>::value) {
     return false;
   } else {
     bool aligned = true;
     for (const void* p : pointers) aligned = aligned && reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
-    return aligned && (head_dim == 64 || head_dim == 128 || (with_256 && head_dim == 256)) &&
-           !seq.packed &&
-           heads_q == heads_kv && !uses_modifiers(options) && options.team_size == 0 &&
+    return aligned &&
+           (head_dim == 64 || head_dim == 128 || (reach.head_dim_256 && head_dim == 256)) &&
+           !seq.packed && (heads_q == heads_kv || reach.grouped_heads) &&
+           !uses_modifiers(options) && options.team_size == 0 &&
            options.window_left < 0 && (options.causal || options.window_right < 0);
   }
 }
@@ -243,11 +287,10 @@ bool mma_shape_applies(const Sequences<MemorySpace>& seq, int heads_q, int heads
 template <class ExecSpace, class ValueType, class ScoreMod, class MemorySpace>
 bool mma_path_applies(const Sequences<MemorySpace>& seq, int heads_q, int heads_kv,
                       int head_dim, const AttentionOptions& options,
-                      std::initializer_list<const void*> pointers, bool with_256 = false) {
+                      std::initializer_list<const void*> pointers, FusedReach reach = {}) {
   using Format = typename MmaFormat<ExecSpace, ValueType>::type;
   return !std::is_void<Format>::value &&
-         mma_shape_applies<ScoreMod>(seq, heads_q, heads_kv, head_dim, options, pointers,
-                                     with_256);
+         mma_shape_applies<ScoreMod>(seq, heads_q, heads_kv, head_dim, options, pointers, reach);
 }
 
 /// Calls f(atom) with the tensor-core atom of the fp32/fp64 kernels for
@@ -291,17 +334,15 @@ inline bool& use_wgmma_kernels() {
   return enabled;
 }
 
-/// The tensor-core forward: on Hopper with sm_90a device code the wgmma
-/// kernel, else mma.sync in its large shape (opt-in shared memory) where the
-/// GPU grants it, else in the shape that fits Kokkos' TeamPolicy.
-template <class ExecSpace, int HeadDim, class Format, class Q, class K, class V, class O,
-          class Lse>
-void launch_forward_mma(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
-                        const Lse& lse, float scale, bool causal) {
+/// launch_forward_mma for Grouped (k and v with fewer heads than q) or not.
+template <class ExecSpace, int HeadDim, class Format, bool Grouped, class Q, class K, class V,
+          class O, class Lse>
+void launch_forward_mma_heads(const ExecSpace& space, const Q& q, const K& k, const V& v,
+                              const O& o, const Lse& lse, float scale, bool causal) {
   using large_t = FlashForwardMmaKernel<ExecSpace, HeadDim, Format, Q, K, V, O, Lse,
-                                        FwdMmaLargeShape<HeadDim>>;
+                                        FwdMmaLargeShape<HeadDim>, Grouped>;
   using policy_t = FlashForwardMmaKernel<ExecSpace, HeadDim, Format, Q, K, V, O, Lse,
-                                         FwdMmaPolicyShape<HeadDim>>;
+                                         FwdMmaPolicyShape<HeadDim>, Grouped>;
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
   if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
     using wgmma_t = FlashForwardWgmmaKernel<ExecSpace, HeadDim, Format, Q, K, V, O, Lse>;
@@ -318,6 +359,23 @@ void launch_forward_mma(const ExecSpace& space, const Q& q, const K& k, const V&
     policy_t(q, k, v, o, lse, scale, causal).launch(space);
 }
 
+/// The tensor-core forward: on Hopper with sm_90a device code the wgmma
+/// kernel, else mma.sync in its large shape (opt-in shared memory) where the
+/// GPU grants it, else in the shape that fits Kokkos' TeamPolicy (its
+/// Grouped instantiation where k and v have fewer heads than q).
+template <class ExecSpace, int HeadDim, class Format, class Q, class K, class V, class O,
+          class Lse>
+void launch_forward_mma(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
+                        const Lse& lse, float scale, bool causal) {
+  if (q.extent(2) != k.extent(2)) {
+    launch_forward_mma_heads<ExecSpace, HeadDim, Format, true>(space, q, k, v, o, lse, scale,
+                                                            causal);
+  } else {
+    launch_forward_mma_heads<ExecSpace, HeadDim, Format, false>(space, q, k, v, o, lse, scale,
+                                                             causal);
+  }
+}
+
 template <class ScoreMod, class ExecSpace, class Q, class K, class V, class O, class Lse>
 bool try_forward_mma(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
                      const Lse& lse, const Sequences<typename Q::memory_space>& seq,
@@ -327,23 +385,25 @@ bool try_forward_mma(const ExecSpace& space, const Q& q, const K& k, const V& v,
   const int head_dim = static_cast<int>(q.extent(3));
   if (!mma_path_applies<ExecSpace, value_type, ScoreMod>(
           seq, static_cast<int>(q.extent(2)), static_cast<int>(k.extent(2)), head_dim, options,
-          {q.data(), k.data(), v.data(), o.data()}, /*with_256=*/true))
+          {q.data(), k.data(), v.data(), o.data()}, FusedReach{true, true}))
     return false;
   if constexpr (!std::is_void<Format>::value) {
     const float scale = softmax_scale<float>(options, head_dim);
-    if (head_dim == 64)
-      launch_forward_mma<ExecSpace, 64, Format>(space, q, k, v, o, lse, scale, options.causal);
-    else if (head_dim == 128)
-      launch_forward_mma<ExecSpace, 128, Format>(space, q, k, v, o, lse, scale, options.causal);
-    else
-      launch_forward_mma<ExecSpace, 256, Format>(space, q, k, v, o, lse, scale, options.causal);
+    with_fused_head_dim<true>(head_dim, [&](auto head_dim_tag) {
+      launch_forward_mma<ExecSpace, decltype(head_dim_tag)::value, Format>(
+          space, q, k, v, o, lse, scale, options.causal);
+    });
   }
   return true;
 }
 
 /// The tensor-core backward (dQ added to an fp32 accumulator by atomics or
 /// bulk reductions, in no fixed order, so not in deterministic mode): on
-/// Hopper with sm_90a device code the wgmma kernel, else mma.sync.
+/// Hopper with sm_90a device code the wgmma kernel (head_dim 64, 128), else
+/// mma.sync. Head dim 256 runs only the staged mma.sync shape (opt-in
+/// shared memory; its head-dim split needs 225 KB), else the portable
+/// kernels. Grouped-query heads: each team reads its query head's k/v head
+/// and writes fp32 dK, dV for its query head, summed per k/v head after.
 template <class ScoreMod, class ExecSpace, class Q, class K, class V, class Lse, class DO,
           class DQ, class DK, class DV, class Delta, class O, class Preprocess>
 bool try_backward_mma(const ExecSpace& space, const Q& q, const K& k, const V& v,
@@ -357,12 +417,17 @@ bool try_backward_mma(const ExecSpace& space, const Q& q, const K& k, const V& v
   if (options.deterministic ||
       !mma_path_applies<ExecSpace, value_type, ScoreMod>(
           seq, static_cast<int>(q.extent(2)), static_cast<int>(k.extent(2)), head_dim, options,
-          {q.data(), k.data(), v.data(), d_o.data(), dk.data(), dv.data()}))
+          {q.data(), k.data(), v.data(), d_o.data(), dk.data(), dv.data()},
+          FusedReach{true, true}))
     return false;
   if constexpr (!std::is_void<Format>::value) {
-    const float scale = softmax_scale<float>(options, head_dim);
     using AccView = Kokkos::View<float****, Kokkos::LayoutRight, typename ExecSpace::memory_space,
                                  Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+    using staged_256_t = FlashBackwardMmaKernel<ExecSpace, 256, Format, Q, K, V, DO, Lse, Delta,
+                                                AccView, DK, DV, 3>;
+    if (head_dim == 256 && !(use_opt_in_shared_memory() && staged_256_t::fits(space)))
+      return false;
+    const float scale = softmax_scale<float>(options, head_dim);
     Kokkos::View<unsigned char*, typename ExecSpace::memory_space> dq_bytes;
     AccView dq_acc;
     // D and a zeroed accumulator: on CUDA in one pass with 16-byte accesses
@@ -372,7 +437,7 @@ bool try_backward_mma(const ExecSpace& space, const Q& q, const K& k, const V& v
     if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
       if (reinterpret_cast<std::uintptr_t>(o.data()) % 16 == 0) {
         dq_acc = dq_accumulator<float>(space, dq, dq_bytes);
-        with_fused_head_dim(head_dim, [&](auto head_dim_tag) {
+        with_fused_head_dim<true>(head_dim, [&](auto head_dim_tag) {
           BackwardPrep16Kernel<Format, decltype(head_dim_tag)::value>(
               reinterpret_cast<const std::uint16_t*>(o.data()),
               reinterpret_cast<const std::uint16_t*>(d_o.data()), delta.data(), dq_acc.data(),
@@ -388,29 +453,51 @@ bool try_backward_mma(const ExecSpace& space, const Q& q, const K& k, const V& v
       preprocess();
       dq_acc = zeroed_dq_accumulator<float>(space, dq, dq_bytes);
     }
+    // Grouped-query heads: the kernels write fp32 dK and dV per query head,
+    // summed per k/v head below (as FlashAttention-2 sums its expanded dK,
+    // dV; here in fp32, so rounded once).
+    const int heads = static_cast<int>(q.extent(2));
+    const bool grouped = heads != static_cast<int>(k.extent(2));
+    const long dkv_half = grouped ? long(q.extent(0)) * long(k.extent(1)) * heads * head_dim : 0;
+    Kokkos::View<unsigned char*, typename ExecSpace::memory_space> dkv_bytes;
+    if (grouped)
+      dkv_bytes = workspace(space, WorkspaceSlot::dkv_grouped,
+                            workspace_bytes<float>(2 * std::size_t(dkv_half)),
+                            "kfa::bwd::dkv_grouped");
+    float* const dkv_grouped = grouped ? reinterpret_cast<float*>(dkv_bytes.data()) : nullptr;
+    auto launch = [&](auto kernel) {
+      if (grouped) kernel.write_grouped(dkv_grouped, dkv_grouped + dkv_half);
+      kernel.launch(space);
+    };
     auto run = [&](auto head_dim_tag) {
       constexpr int D = decltype(head_dim_tag)::value;
       using staged_t = FlashBackwardMmaKernel<ExecSpace, D, Format, Q, K, V, DO, Lse, Delta,
                                               AccView, DK, DV, 3>;
-      using policy_t = FlashBackwardMmaKernel<ExecSpace, D, Format, Q, K, V, DO, Lse, Delta,
-                                              AccView, DK, DV, 1>;
+      if constexpr (D == 256) {
+        // Checked above: the staged shape fits.
+        launch(staged_t(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, options.causal));
+      } else {
+        using policy_t = FlashBackwardMmaKernel<ExecSpace, D, Format, Q, K, V, DO, Lse, Delta,
+                                                AccView, DK, DV, 1>;
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
-      if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
-        using wgmma_t = FlashBackwardWgmmaKernel<ExecSpace, D, Format, Q, K, V, DO, Lse, Delta,
-                                                 AccView, DK, DV>;
-        if (use_opt_in_shared_memory() && use_wgmma_kernels() && wgmma_available(space) &&
-            wgmma_t::fits(space)) {
-          wgmma_t(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, options.causal).launch(space);
-          return;
+        if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
+          using wgmma_t = FlashBackwardWgmmaKernel<ExecSpace, D, Format, Q, K, V, DO, Lse, Delta,
+                                                   AccView, DK, DV>;
+          if (use_opt_in_shared_memory() && use_wgmma_kernels() && wgmma_available(space) &&
+              wgmma_t::fits(space)) {
+            launch(wgmma_t(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, options.causal));
+            return;
+          }
         }
-      }
 #endif
-      if (use_opt_in_shared_memory() && staged_t::fits(space))
-        staged_t(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, options.causal).launch(space);
-      else
-        policy_t(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, options.causal).launch(space);
+        if (use_opt_in_shared_memory() && staged_t::fits(space))
+          launch(staged_t(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, options.causal));
+        else
+          launch(policy_t(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, options.causal));
+      }
     };
-    with_fused_head_dim(head_dim, run);
+    with_fused_head_dim<true>(head_dim, run);
+    if (grouped) sum_grouped_dk_dv(space, dkv_grouped, dkv_half, heads, dk, dv);
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
     if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
       if (dq.span_is_contiguous() && reinterpret_cast<std::uintptr_t>(dq.data()) % 16 == 0) {

@@ -184,6 +184,7 @@ TEST(FlashBackwardCuda, TeamPolicyShapesWithoutOptInSharedMemory) {
     check_backward<C16>({2, 190, 333, 2, 64}, causal, false);
     check_backward<C16>({1, 300, 129, 2, 128}, causal, false);
     check_backward<C16h>({1, 129, 300, 2, 128}, causal, false);
+    check_backward<C16>({1, 130, 100, 1, 256}, causal, false);  // portable kernels
   }
 }
 
@@ -222,6 +223,22 @@ TEST(FlashBackwardCuda, HopperWgmma) {
     check_backward<C16h>({2, 333, 190, 2, 64}, causal, false);
     check_backward<C16>({1, 520, 515, 2, 64}, causal, false);  // 5 x 5 blocks of 128
   }
+}
+
+// Head dim 256: the mma.sync backward with the head dimension split over
+// pairs of warps (64 keys, 32 query rows per step, 3 stages), on query and
+// key blocks partial and whole, more keys than queries and fewer, causal
+// rows with no key, several heads and batches.
+TEST(FlashBackwardCuda, HeadDim256SplitPairs) {
+  using C16 = Config<Kokkos::Cuda, kfa::bfloat16>;
+  using C16h = Config<Kokkos::Cuda, kfa::half, true>;
+  for (bool causal : {false, true}) {
+    check_backward<C16>({2, 300, 257, 2, 256}, causal, false);
+    check_backward<C16h>({1, 129, 300, 3, 256}, causal, false);
+    check_backward<C16>({1, 64, 128, 2, 256}, causal, false);
+    check_backward<C16h>({1, 1000, 1030, 1, 256}, causal, false);
+  }
+  check_backward<C16>({2, 150, 40, 2, 256}, true, false);  // rows with no key
 }
 
 // fp32 on tensor cores (Fp32Matmul::split_tf32 and tf32) trades precision

@@ -133,7 +133,36 @@ TYPED_TEST(Variants, GroupedQueryAttention) {
   kfa::AttentionOptions det = window(-1, -1, true);
   det.deterministic = true;
   check_variant<TypeParam>({2, 64, 70, 4, 32, 2}, det, "gqa-det");
+  // Head dims of the fused CUDA kernels: there the 16-bit kernels read each
+  // group's k/v head in place, and the backward sums dK, dV over the group.
+  check_variant<TypeParam>({2, 190, 333, 8, 64, 2}, {}, "gqa-fused");
+  check_variant<TypeParam>({1, 300, 129, 4, 128, 1}, window(-1, -1, true), "mqa-fused");
 }
+
+#ifdef KOKKOS_ENABLE_CUDA
+// Grouped-query attention through every 16-bit tensor-core kernel, forward
+// and backward: wgmma (on Hopper with sm_90a code, the typed test's path
+// there; d 64/128), mma.sync in its large shape, and the TeamPolicy shape
+// (d 256: the portable backward).
+TEST(VariantsCuda, GroupedQueryAttentionInEveryTensorCoreKernel) {
+  struct Restore {
+    ~Restore() {
+      kfa::Impl::use_wgmma_kernels() = true;
+      kfa::Impl::use_opt_in_shared_memory() = true;
+    }
+  } restore;
+  using C16 = Config<Kokkos::Cuda, kfa::bfloat16>;
+  using C16h = Config<Kokkos::Cuda, kfa::half, true>;
+  for (const bool wgmma : {true, false})
+    for (const bool opt_in : {true, false}) {
+      kfa::Impl::use_wgmma_kernels() = wgmma;
+      kfa::Impl::use_opt_in_shared_memory() = opt_in;
+      check_variant<C16>({2, 190, 333, 8, 64, 2}, window(-1, -1, true), "gqa-kernels");
+      check_variant<C16h>({1, 129, 300, 6, 128, 3}, {}, "gqa-kernels");
+      check_variant<C16>({1, 257, 200, 4, 256, 1}, {}, "gqa-kernels");
+    }
+}
+#endif
 
 // Sliding windows, alone and with causal, seqlen_q below, equal to and above
 // seqlen_k (bottom-right alignment), including rows that see no key.

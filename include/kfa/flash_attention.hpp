@@ -55,9 +55,10 @@ void flash_attention_forward(const ExecSpace& space, const Q& q, const K& k, con
 /// group, without atomics). o and lse must be the forward pass' outputs for
 /// the same q, k, v, options and score modifier. Temporary device memory:
 /// O(batch·heads·seqlen_q) for rowsum(dO∘O), plus an fp32 accumulator of
-/// dq's size for 16-bit types; on CUDA both stay allocated for the next call
-/// on the same stream (see release_workspaces). Enqueued on `space`; no
-/// fence.
+/// dq's size for 16-bit types (on CUDA with grouped-query heads also fp32 dK
+/// and dV per query head, 2·batch·seqlen_k·heads·head_dim floats); on CUDA
+/// these stay allocated for the next call on the same stream (see
+/// release_workspaces). Enqueued on `space`; no fence.
 template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO,
           class DQ, class DK, class DV, class ScoreMod>
 void flash_attention_backward(const ExecSpace& space, const Q& q, const K& k, const V& v,

@@ -13,10 +13,21 @@
 // in scratch and adds dQ += dS·K·scale to an fp32 accumulator: with atomics,
 // or (Stages >= 2 on sm_90+) through a dQ tile in scratch that the bulk copy
 // engine adds, one cp.reduce.async.bulk per query row.
+// Grouped-query heads: a team of query head h reads K and V of k/v head
+// h / (heads / heads_kv) and writes its dK, dV in fp32 per query head, which
+// the dispatch sums per k/v head (Fused16Backward::store_dk_dv).
 // Scratch: K [Bc][d+8], Q and dO [Br][d+8], dSᵀ [Bc][Br+8], lse and D rows,
 // with Stages >= 2 dQ [Br][d+8] fp32;
 // Br = 64, but 32 at head_dim 128 in the TeamPolicy shape (registers: its K
-// and V fragments and the dK, dV accumulators fill them).
+// and V fragments and the dK, dV accumulators fill them) and at head_dim 256.
+//
+// Head dim 256 (staged shapes only) splits the head dimension over pairs of
+// warps, as the wide backward's DimSplit 2 does: the dK and dV accumulators
+// of 16 keys over 256 columns would take 256 registers of one warp. The two
+// warps of a pair own the same 16 keys (64 per team); the first computes Sᵀ
+// and Pᵀ, the second dPᵀ, they swap those fp32 tiles through scratch (a
+// barrier of the two warps), and each accumulates dK and dV for its half of
+// the head dimension. Scratch at Br = 32 with 3 stages: 225 KB.
 //
 // Stages = 1: launched through Kokkos' TeamPolicy (under its ~40 KB), the
 // next query block's Q, dO, lse and D load after the current one is done.
@@ -53,10 +64,16 @@ class FlashBackwardMmaKernel : public Fused16Backward {
   /// warps (the L2 traffic that bounded v4); 4 (64 keys) inside the
   /// TeamPolicy's scratch.
   static constexpr int kWarps = Stages >= 2 ? 8 : 4;
-  static constexpr int kBlockN = 16 * kWarps;              // keys per team
+  /// Warps that share 16 keys, each owning dK and dV for 1/kSplit of the
+  /// head dimension: 2 at head_dim 256, else 1.
+  static constexpr int kSplit = HeadDim > 128 ? 2 : 1;
+  static_assert(kSplit == 1 || Stages >= 2,
+                "kfa: the mma backward at head_dim 256 needs the staged (opt-in scratch) shape");
+  static constexpr int kBlockN = 16 * kWarps / kSplit;     // keys per team
   /// Queries per step: 64, but 32 at head_dim 128 in the TeamPolicy shape,
-  /// whose K and V fragments live in registers.
-  static constexpr int kBlockM = (HeadDim <= 64 || Stages >= 2) ? 64 : 32;
+  /// whose K and V fragments live in registers, and at head_dim 256
+  /// (scratch: Q and dO stages, the dQ tile and the swap scale with it).
+  static constexpr int kBlockM = HeadDim > 128 ? 32 : (HeadDim <= 64 || Stages >= 2) ? 64 : 32;
   static constexpr int kPitch = kHeadDim + 8;  // halves per row of K, Q, dO
   static constexpr int kPitchS = kBlockM + 8;  // halves per row of dSᵀ
   static_assert(kHeadDim % 16 == 0, "kfa: the mma backward needs head_dim % 16 == 0");
@@ -71,6 +88,9 @@ class FlashBackwardMmaKernel : public Fused16Backward {
   /// where the device code has them, sm_90+; by atomics elsewhere).
   static constexpr bool kDqTile = kStages >= 2;
   static constexpr int kPitchDQ = kHeadDim + 8;  // floats per dQ row (conflict-free stores)
+  /// Floats of the Pᵀ / dPᵀ swap per warp (kSplit 2): its 16 x kBlockM
+  /// tile, lane-major.
+  static constexpr int kSwap = kSplit == 1 ? 0 : 16 * kBlockM;
 
   FlashBackwardMmaKernel(const QView& q, const KView& k, const VView& v, const DOView& d_o,
                          const LseView& lse, const DeltaView& delta, const DQAccView& dq_acc,
@@ -88,13 +108,15 @@ class FlashBackwardMmaKernel : public Fused16Backward {
   }
 
   /// K (and V with 2 stages), per stage Q and dO, dSᵀ, per stage lse and D,
-  /// the dQ tile.
+  /// the dQ tile, the swap.
   KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
     return sizeof(std::uint16_t) *
                (std::size_t(kKVTiles * kBlockN) * kPitch +
                 2 * kStages * std::size_t(kBlockM) * kPitch +
                 std::size_t(kBlockN) * kPitchS) +
-           sizeof(float) * (2 * kStages * kBlockM + (kDqTile ? kBlockM * kPitchDQ : 0)) + 16;
+           sizeof(float) * (2 * kStages * kBlockM + (kDqTile ? kBlockM * kPitchDQ : 0) +
+                            std::size_t(kWarps) * kSwap) +
+           16;
   }
 
   KOKKOS_INLINE_FUNCTION void operator()(const member_t& member) const {
@@ -109,7 +131,8 @@ class FlashBackwardMmaKernel : public Fused16Backward {
     using namespace cuda_mma;
     constexpr int kSteps = kHeadDim / 16;  // k-steps over head_dim
     constexpr int kTilesS = kBlockM / 8;   // n-tiles of Sᵀ (queries) per warp
-    constexpr int kTilesD = kHeadDim / 8;  // n-tiles of dK, dV per warp
+    constexpr int kTilesD = kHeadDim / 8;  // n-tiles of the head dim
+    constexpr int kTilesDW = kTilesD / kSplit;  // n-tiles of dK, dV per warp
     // dQ = dS·K: warps split the query rows (16 each) and, when the query
     // block has fewer than 64 rows, the head dimension.
     constexpr int kRowGroups = kBlockM / 16;
@@ -139,6 +162,11 @@ class FlashBackwardMmaKernel : public Fused16Backward {
     auto stage_q = [&](int s) { return sQ0 + 2 * s * kBlockM * kPitch; };
     auto stage_lse = [&](int s) { return s_lse0 + 2 * s * kBlockM; };
     float* const sdQ = s_lse0 + 2 * kStages * kBlockM;
+    float* const sSwap = sdQ + (kDqTile ? kBlockM * kPitchDQ : 0);  // kSwap per warp
+    // This warp's 16 keys (shared by the kSplit warps of a group) and its
+    // part of the head dimension for dK and dV.
+    const int group = warp / kSplit, part = warp % kSplit;
+    const int d_first = part * kTilesDW;  // first n-tile of dK, dV
     // dQ of the query block at row dq_row_begin from the tile to the
     // accumulator: thread r < kBlockM adds row r (one bulk reduction).
     constexpr bool kBulkDq = kDqTile && KFA_CUDA_BULK_DEVICE;
@@ -150,20 +178,21 @@ class FlashBackwardMmaKernel : public Fused16Backward {
       bulk_commit();
     };
 
+    // K and V rows (of the query head's k/v head).
     auto load_rows = [&](std::uint16_t* dst, const std::uint16_t* src, int first_row,
                          int rows, int rows_total) {
-      load_rows_async<kHeadDim, kPitch>(dst, src, row_stride, first_row, rows, rows_total, tid,
-                                        kWarps * 32);
+      load_rows_async<kHeadDim, kPitch>(dst, src, m_kv.row_stride(kHeadDim), first_row, rows,
+                                        rows_total, tid, kWarps * 32);
     };
 
     // K and V rows of this warp as A fragments: read from scratch at use
     // (kKVTiles == 2), or once into registers (V staged through stage 0).
     constexpr int kFragSteps = kKVTiles == 2 ? 1 : kSteps;
     auto a_offset = [&](int ks) {
-      return (warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kPitch + ks * 16 + (lane / 16) * 8;
+      return (group * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kPitch + ks * 16 + (lane / 16) * 8;
     };
-    load_rows(sK, m_k + k_offset, key_begin, kBlockN, m_p.seqlen_k);
-    load_rows(sV, m_v + k_offset, key_begin, kBlockN, m_p.seqlen_k);
+    load_rows(sK, m_k + m_kv.offset(m_p, b, h, kHeadDim), key_begin, kBlockN, m_p.seqlen_k);
+    load_rows(sV, m_v + m_kv.offset(m_p, b, h, kHeadDim), key_begin, kBlockN, m_p.seqlen_k);
     cp_async_commit();
     std::uint32_t k_frag[kFragSteps][4], v_frag[kFragSteps][4];
     if constexpr (kKVTiles == 1) {
@@ -175,11 +204,11 @@ class FlashBackwardMmaKernel : public Fused16Backward {
         ldmatrix_x4(v_frag[ks], sV + a_offset(ks));
       }
     }
-    float acc_dk[kTilesD][4], acc_dv[kTilesD][4];
-    for (int n = 0; n < kTilesD; ++n)
+    float acc_dk[kTilesDW][4], acc_dv[kTilesDW][4];
+    for (int n = 0; n < kTilesDW; ++n)
       for (int e = 0; e < 4; ++e) acc_dk[n][e] = acc_dv[n][e] = 0;
 
-    const int key0 = key_begin + warp * 16 + lane / 4, key1 = key0 + 8;
+    const int key0 = key_begin + group * 16 + lane / 4, key1 = key0 + 8;
     const int first_q_block = m_p.mask.row_begin(key_begin) / kBlockM;
     const int num_q_blocks = (m_p.seqlen_q + kBlockM - 1) / kBlockM;
     // Q, dO, lse and D of a query block into a stage (one commit group).
@@ -233,41 +262,83 @@ class FlashBackwardMmaKernel : public Fused16Backward {
       float st[kTilesS][4], dpt[kTilesS][4];
       for (int n = 0; n < kTilesS; ++n)
         for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0;
-      for (int ks = 0; ks < kSteps; ++ks) {
-        std::uint32_t ka[4], va[4];
-        if constexpr (kKVTiles == 2) {
-          ldmatrix_x4(ka, sK + a_offset(ks));
-          ldmatrix_x4(va, sV + a_offset(ks));
-        } else {
-          for (int i = 0; i < 4; ++i) ka[i] = k_frag[ks][i], va[i] = v_frag[ks][i];
+      if constexpr (kSplit == 2) {
+        // The pair's first warp Sᵀ = K·Qᵀ, the second dPᵀ = V·dOᵀ (into st).
+        const std::uint16_t* a_tile = part == 0 ? sK : sV;
+        const std::uint16_t* b_tile = part == 0 ? sQ : sdO;
+        for (int ks = 0; ks < kSteps; ++ks) {
+          std::uint32_t a[4];
+          ldmatrix_x4(a, a_tile + a_offset(ks));
+          for (int np = 0; np < kTilesS / 2; ++np) {
+            std::uint32_t b[4];
+            ldmatrix_x4(b, b_tile + (np * 16 + (lane % 8) + (lane / 16) * 8) * kPitch + ks * 16 +
+                               ((lane / 8) % 2) * 8);
+            mma_16816<Format>(st[2 * np], a, b[0], b[1]);
+            mma_16816<Format>(st[2 * np + 1], a, b[2], b[3]);
+          }
         }
-        for (int np = 0; np < kTilesS / 2; ++np) {
-          const int offset =
-              (np * 16 + (lane % 8) + (lane / 16) * 8) * kPitch + ks * 16 + ((lane / 8) % 2) * 8;
-          std::uint32_t qb[4], ob[4];
-          ldmatrix_x4(qb, sQ + offset);
-          ldmatrix_x4(ob, sdO + offset);
-          mma_16816<Format>(st[2 * np], ka, qb[0], qb[1]);
-          mma_16816<Format>(st[2 * np + 1], ka, qb[2], qb[3]);
-          mma_16816<Format>(dpt[2 * np], va, ob[0], ob[1]);
-          mma_16816<Format>(dpt[2 * np + 1], va, ob[2], ob[3]);
+      } else {
+        for (int ks = 0; ks < kSteps; ++ks) {
+          std::uint32_t ka[4], va[4];
+          if constexpr (kKVTiles == 2) {
+            ldmatrix_x4(ka, sK + a_offset(ks));
+            ldmatrix_x4(va, sV + a_offset(ks));
+          } else {
+            for (int i = 0; i < 4; ++i) ka[i] = k_frag[ks][i], va[i] = v_frag[ks][i];
+          }
+          for (int np = 0; np < kTilesS / 2; ++np) {
+            const int offset =
+                (np * 16 + (lane % 8) + (lane / 16) * 8) * kPitch + ks * 16 + ((lane / 8) % 2) * 8;
+            std::uint32_t qb[4], ob[4];
+            ldmatrix_x4(qb, sQ + offset);
+            ldmatrix_x4(ob, sdO + offset);
+            mma_16816<Format>(st[2 * np], ka, qb[0], qb[1]);
+            mma_16816<Format>(st[2 * np + 1], ka, qb[2], qb[3]);
+            mma_16816<Format>(dpt[2 * np], va, ob[0], ob[1]);
+            mma_16816<Format>(dpt[2 * np + 1], va, ob[2], ob[3]);
+          }
         }
       }
 
       // Pᵀ and dSᵀ in registers (rows = keys, columns = queries).
-      const bool needs_mask = m_p.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin, key_begin + kBlockN);
+      const bool needs_mask = m_p.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin,
+                                                     key_begin + kBlockN);
       const float scale_log2 = m_scale * kLog2e;
-      float lse_log2[kTilesS][2];
-      for (int n = 0; n < kTilesS; ++n)
-        for (int j = 0; j < 2; ++j) lse_log2[n][j] = s_lse[n * 8 + (lane % 4) * 2 + j] * kLog2e;
+      auto to_p = [&](auto masked) {
+        float lse_log2[kTilesS][2];
+        for (int n = 0; n < kTilesS; ++n)
+          for (int j = 0; j < 2; ++j) lse_log2[n][j] = s_lse[n * 8 + (lane % 4) * 2 + j] * kLog2e;
+        for (int n = 0; n < kTilesS; ++n)
+          for (int e = 0; e < 4; ++e) {
+            const int col = n * 8 + (lane % 4) * 2 + (e & 1);
+            const int key = e < 2 ? key0 : key1;
+            float p = exp2_fast(fmaf(st[n][e], scale_log2, -lse_log2[n][e & 1]));
+            if (decltype(masked)::value && m_p.mask.masked(row_begin + col, key)) p = 0.f;
+            st[n][e] = p;
+          }
+      };
+      if (kSplit == 1 || part == 0) unswitch_mask(needs_mask, to_p);
+      if constexpr (kSplit == 2) {
+        // Swap the pair's tiles: the same lane of both warps holds the same
+        // (key, query) elements, so each lane writes its own and reads its
+        // partner's, lane-major (conflict-free). The previous block's reads
+        // of the swap ended before the team barrier after its dSᵀ stores.
+        float* swap = sSwap + group * 2 * kSwap;
+        for (int n = 0; n < kTilesS; ++n)
+          for (int e = 0; e < 4; ++e) swap[part * kSwap + (n * 4 + e) * 32 + lane] = st[n][e];
+        // Both tiles of the pair are in scratch.
+        named_barrier(1 + group, 64);
+        for (int n = 0; n < kTilesS; ++n)
+          for (int e = 0; e < 4; ++e) {
+            const float other = swap[(1 - part) * kSwap + (n * 4 + e) * 32 + lane];
+            dpt[n][e] = part == 0 ? other : st[n][e];
+            st[n][e] = part == 0 ? st[n][e] : other;
+          }
+      }
       for (int n = 0; n < kTilesS; ++n)
         for (int e = 0; e < 4; ++e) {
           const int col = n * 8 + (lane % 4) * 2 + (e & 1);
-          const int key = e < 2 ? key0 : key1;
-          float p = exp2_fast(fmaf(st[n][e], scale_log2, -lse_log2[n][e & 1]));
-          if (needs_mask && m_p.mask.masked(row_begin + col, key)) p = 0.f;
-          st[n][e] = p;
-          dpt[n][e] = p * (dpt[n][e] - s_delta[col]);
+          dpt[n][e] = st[n][e] * (dpt[n][e] - s_delta[col]);
         }
 
       // dV += Pᵀ·dO and dK += dSᵀ·Q: A from the accumulators, B = dO, Q
@@ -281,9 +352,9 @@ class FlashBackwardMmaKernel : public Fused16Backward {
                                           pack2<Format>(dpt[2 * kk][2], dpt[2 * kk][3]),
                                           pack2<Format>(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]),
                                           pack2<Format>(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3])};
-        for (int np = 0; np < kTilesD / 2; ++np) {
-          const int offset =
-              (kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kPitch + np * 16 + (lane / 16) * 8;
+        for (int np = 0; np < kTilesDW / 2; ++np) {
+          const int offset = (kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kPitch +
+                             d_first * 8 + np * 16 + (lane / 16) * 8;
           std::uint32_t ob[4], qb[4];
           ldmatrix_x4_trans(ob, sdO + offset);
           ldmatrix_x4_trans(qb, sQ + offset);
@@ -292,8 +363,10 @@ class FlashBackwardMmaKernel : public Fused16Backward {
           mma_16816<Format>(acc_dk[2 * np], ds_frag, qb[0], qb[1]);
           mma_16816<Format>(acc_dk[2 * np + 1], ds_frag, qb[2], qb[3]);
         }
-        // dSᵀ rows of this warp to scratch for dQ = dS·K.
-        const int r = warp * 16 + lane / 4;
+        // dSᵀ rows of this warp to scratch for dQ = dS·K (with kSplit 2 each
+        // warp of the pair writes every other 16 queries).
+        if (kSplit == 2 && kk % 2 != part) continue;
+        const int r = group * 16 + lane / 4;
         const int c = kk * 16 + (lane % 4) * 2;
         *reinterpret_cast<std::uint32_t*>(sdS + r * kPitchS + c) = ds_frag[0];
         *reinterpret_cast<std::uint32_t*>(sdS + (r + 8) * kPitchS + c) = ds_frag[1];
@@ -310,7 +383,8 @@ class FlashBackwardMmaKernel : public Fused16Backward {
       const int q0 = (warp % kRowGroups) * 16;
       const int n_first = (warp / kRowGroups) * kTilesDQ;
       float acc_dq[kTilesDQ][4];
-      for (int n = 0; n < kTilesDQ; ++n) acc_dq[n][0] = acc_dq[n][1] = acc_dq[n][2] = acc_dq[n][3] = 0;
+      for (int n = 0; n < kTilesDQ; ++n)
+        for (int e = 0; e < 4; ++e) acc_dq[n][e] = 0;
       for (int kk = 0; kk < kBlockN / 16; ++kk) {
         std::uint32_t a[4];
         ldmatrix_x4_trans(a, sdS + (kk * 16 + (lane % 8) + (lane / 16) * 8) * kPitchS + q0 +
@@ -358,15 +432,11 @@ class FlashBackwardMmaKernel : public Fused16Backward {
     for (int half = 0; half < 2; ++half) {
       const int key = (half == 0 ? key0 : key1);
       if (key >= m_p.seqlen_k) continue;
-      std::uint16_t* g_dk = m_dk + k_offset + long(key) * row_stride;
-      std::uint16_t* g_dv = m_dv + k_offset + long(key) * row_stride;
-      for (int n = 0; n < kTilesD; ++n) {
-        const int d = n * 8 + (lane % 4) * 2;
-        *reinterpret_cast<std::uint32_t*>(g_dk + d) = pack2<Format>(
-            acc_dk[n][2 * half] * m_scale, acc_dk[n][2 * half + 1] * m_scale);
-        *reinterpret_cast<std::uint32_t*>(g_dv + d) =
-            pack2<Format>(acc_dv[n][2 * half], acc_dv[n][2 * half + 1]);
-      }
+      const long at = k_offset + long(key) * row_stride + (lane % 4) * 2;
+      for (int n = 0; n < kTilesDW; ++n)
+        store_dk_dv<Format>(at + (d_first + n) * 8, acc_dk[n][2 * half] * m_scale,
+                            acc_dk[n][2 * half + 1] * m_scale, acc_dv[n][2 * half],
+                            acc_dv[n][2 * half + 1]);
     }
 #else
     (void)member;

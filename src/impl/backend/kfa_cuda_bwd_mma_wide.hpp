@@ -253,18 +253,20 @@ class FlashBackwardWideMmaKernel {
       const bool needs_mask = m_p.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin,
                                                      key_begin + kBlockN);
       auto to_p = [&] {
+        unswitch_mask(needs_mask, [&](auto masked) {
 #pragma unroll
-        for (int n = 0; n < kTilesQ; ++n)
+          for (int n = 0; n < kTilesQ; ++n)
 #pragma unroll
-          for (int j = 0; j < Atom::kC; ++j) {
-            const int col = n * 8 + (lane % 4) * 2 + (j & 1);
-            value_type p =
-                exp_base(st[n][j] * scale - (kBase2 ? s_lse[col] * kLog2e : s_lse[col]));
-            if (needs_mask &&
-                m_p.mask.masked(row_begin + col, key_begin + warp_key + lane / 4 + (j / 2) * 8))
-              p = 0;
-            st[n][j] = p;
-          }
+            for (int j = 0; j < Atom::kC; ++j) {
+              const int col = n * 8 + (lane % 4) * 2 + (j & 1);
+              value_type p =
+                  exp_base(st[n][j] * scale - (kBase2 ? s_lse[col] * kLog2e : s_lse[col]));
+              if (decltype(masked)::value &&
+                  m_p.mask.masked(row_begin + col, key_begin + warp_key + lane / 4 + (j / 2) * 8))
+                p = 0;
+              st[n][j] = p;
+            }
+        });
       };
       if constexpr (kSplit == 1) {
         to_p();

@@ -187,20 +187,25 @@ class FlashBackwardSimtKernel {
       // Pᵀ, dSᵀ; written [query][key] to the warp's own keys of P and dS.
       const bool needs_mask = m_p.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin,
                                                      key_begin + kBlockN);
+      unswitch_mask(needs_mask, [&](auto masked) {
 #pragma unroll
-      for (int j = 0; j < kQ; ++j) {
-        const int col = tx + 8 * j;
-        float p[4], ds[4];
+        for (int j = 0; j < kQ; ++j) {
+          const int col = tx + 8 * j;
+          float p[4], ds[4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          p[i] = expf(st[i][j] * m_scale - s_lse[col]);
-          if (needs_mask && m_p.mask.masked(row_begin + col, key_begin + key0 + i)) p[i] = 0.f;
-          ds[i] = p[i] * (dpt[i][j] - s_delta[col]);
+          for (int i = 0; i < 4; ++i) {
+            p[i] = expf(st[i][j] * m_scale - s_lse[col]);
+            if (decltype(masked)::value &&
+                m_p.mask.masked(row_begin + col, key_begin + key0 + i))
+              p[i] = 0.f;
+            ds[i] = p[i] * (dpt[i][j] - s_delta[col]);
+          }
+          *reinterpret_cast<float4*>(sP + col * kPitchP + key0) =
+              make_float4(p[0], p[1], p[2], p[3]);
+          *reinterpret_cast<float4*>(sdS + col * kPitchP + key0) =
+              make_float4(ds[0], ds[1], ds[2], ds[3]);
         }
-        *reinterpret_cast<float4*>(sP + col * kPitchP + key0) = make_float4(p[0], p[1], p[2], p[3]);
-        *reinterpret_cast<float4*>(sdS + col * kPitchP + key0) =
-            make_float4(ds[0], ds[1], ds[2], ds[3]);
-      }
+      });
       // The warp's keys of P and dS are visible to its lanes.
       __syncwarp();
 

@@ -126,8 +126,11 @@ class FlashBackwardWgmmaKernel : public Fused16Backward {
 
     {
       const Sw128TileLoader<kHeadDim, kBlockN, kWarps * 32> kv_loader(tid);
-      kv_loader.load(addr(sK), m_k + k_offset, row_stride, key_begin, m_p.seqlen_k);
-      kv_loader.load(addr(sV), m_v + k_offset, row_stride, key_begin, m_p.seqlen_k);
+      // K and V rows of the query head's k/v head.
+      const long kv_offset = m_kv.offset(m_p, b, h, kHeadDim);
+      const long kv_stride = m_kv.row_stride(kHeadDim);
+      kv_loader.load(addr(sK), m_k + kv_offset, kv_stride, key_begin, m_p.seqlen_k);
+      kv_loader.load(addr(sV), m_v + kv_offset, kv_stride, key_begin, m_p.seqlen_k);
     }
     // Q, dO, lse and D of a query block into a stage. Rows past seqlen_q
     // read 0: S = dP = D = 0 there and dO = 0, so nothing reaches dK or dV,
@@ -238,17 +241,19 @@ class FlashBackwardWgmmaKernel : public Fused16Backward {
       const bool needs_mask = m_p.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin,
                                                        key_begin + kBlockN);
       const float scale_log2 = m_scale * kLog2e;
+      unswitch_mask(needs_mask, [&](auto masked) {
 #pragma unroll
-      for (int n = 0; n < kTilesS; ++n)
+        for (int n = 0; n < kTilesS; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = n * 8 + (lane % 4) * 2 + (e & 1);
-          const int key = e < 2 ? key0 : key1;
-          float p = exp2_fast(fmaf(st[n][e], scale_log2, -s_lse[col] * kLog2e));
-          if (needs_mask && m_p.mask.masked(row_begin + col, key)) p = 0.f;
-          st[n][e] = p;
-          dpt[n][e] = p * (dpt[n][e] - s_delta[col]);
-        }
+          for (int e = 0; e < 4; ++e) {
+            const int col = n * 8 + (lane % 4) * 2 + (e & 1);
+            const int key = e < 2 ? key0 : key1;
+            float p = exp2_fast(fmaf(st[n][e], scale_log2, -s_lse[col] * kLog2e));
+            if (decltype(masked)::value && m_p.mask.masked(row_begin + col, key)) p = 0.f;
+            st[n][e] = p;
+            dpt[n][e] = p * (dpt[n][e] - s_delta[col]);
+          }
+      });
       std::uint32_t p_frag[kBlockM / 16][4], ds_frag[kBlockM / 16][4];
 #pragma unroll
       for (int kk = 0; kk < kBlockM / 16; ++kk) {
@@ -357,16 +362,12 @@ class FlashBackwardWgmmaKernel : public Fused16Backward {
     for (int half = 0; half < 2; ++half) {
       const int key = half == 0 ? key0 : key1;
       if (key >= m_p.seqlen_k) continue;
-      std::uint16_t* g_dk = m_dk + k_offset + long(key) * row_stride;
-      std::uint16_t* g_dv = m_dv + k_offset + long(key) * row_stride;
+      const long at = k_offset + long(key) * row_stride + (lane % 4) * 2;
 #pragma unroll
-      for (int n = 0; n < kTilesD; ++n) {
-        const int d = n * 8 + (lane % 4) * 2;
-        *reinterpret_cast<std::uint32_t*>(g_dk + d) = pack2<Format>(
-            acc_dk[0][n][2 * half] * m_scale, acc_dk[0][n][2 * half + 1] * m_scale);
-        *reinterpret_cast<std::uint32_t*>(g_dv + d) =
-            pack2<Format>(acc_dv[0][n][2 * half], acc_dv[0][n][2 * half + 1]);
-      }
+      for (int n = 0; n < kTilesD; ++n)
+        store_dk_dv<Format>(at + n * 8, acc_dk[0][n][2 * half] * m_scale,
+                            acc_dk[0][n][2 * half + 1] * m_scale, acc_dv[0][n][2 * half],
+                            acc_dv[0][n][2 * half + 1]);
     }
 #elif defined(__CUDA_ARCH__)
     // Device code without wgmma (not sm_90a): never launched there

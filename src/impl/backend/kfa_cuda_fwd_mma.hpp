@@ -75,8 +75,14 @@ template <int HeadDim>
 using FwdMmaPolicyShape = std::conditional_t<(HeadDim > 128), FwdMmaShape<4, 1, 32, 1, 1>,
                                              FwdMmaShape<4, 1, 64, 1, 2>>;
 
+/// Grouped: fewer k/v heads than query heads (K and V read from the query
+/// head's k/v head with their own row stride). A template parameter, not a
+/// run-time value: a second stride in every K/V load costs this kernel 2-10%
+/// (its d 128 shape already spills; RESULTS v28), so the call with as many
+/// k/v heads as query heads keeps the single-stride code.
 template <class ExecSpace, int HeadDim, class Format, class QView, class KView, class VView,
-          class OView, class LseView, class Shape = FwdMmaPolicyShape<HeadDim>>
+          class OView, class LseView, class Shape = FwdMmaPolicyShape<HeadDim>,
+          bool Grouped = false>
 class FlashForwardMmaKernel : public Fused16Forward {
  public:
   static constexpr int kHeadDim = HeadDim;
@@ -137,18 +143,21 @@ class FlashForwardMmaKernel : public Fused16Forward {
     int b, h;
     const int q_block = m_num_q_blocks - 1 - m_p.block_of(league, m_num_q_blocks, b, h);
     const int row_begin = q_block * kBlockM;
-    const long row_stride = long(m_p.heads) * kHeadDim;
     const std::uint16_t* gQ = m_q + m_p.offset(b, h, m_p.seqlen_q, kHeadDim);
-    const std::uint16_t* gK = m_k + m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
-    const std::uint16_t* gV = m_v + m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
+    const long kv_offset =
+        Grouped ? m_kv.offset(m_p, b, h, kHeadDim) : m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
+    const std::uint16_t* gK = m_k + kv_offset;
+    const std::uint16_t* gV = m_v + kv_offset;
     std::uint16_t* scratch = aligned_scratch<std::uint16_t>(raw);
 
-    // `rows` rows x head_dim of a [b][i][h][d] tensor into a scratch tile,
-    // rows past `rows_total` zero-filled.
+    const long row_stride = long(m_p.heads) * kHeadDim;
+    const long kv_stride = Grouped ? m_kv.row_stride(kHeadDim) : row_stride;
+    // `rows` rows x head_dim of q (Q) or of k, v (K, V) into a scratch
+    // tile, rows past `rows_total` zero-filled.
     auto load_tile = [&](std::uint16_t* dst, const std::uint16_t* src, int first_row,
-                         int rows_total, int rows) {
-      load_rows_async<kHeadDim, kPitch>(dst, src, row_stride, first_row, rows, rows_total, tid,
-                                        kWarps * 32);
+                         int rows_total, int rows, bool q_rows) {
+      load_rows_async<kHeadDim, kPitch>(dst, src, q_rows ? row_stride : kv_stride, first_row,
+                                        rows, rows_total, tid, kWarps * 32);
     };
 
     const int rows = imin(kBlockM, m_p.seqlen_q - row_begin);
@@ -170,7 +179,7 @@ class FlashForwardMmaKernel : public Fused16Forward {
       std::uint16_t* sV = sK + kBlockN * kPitch;
       // Q block through scratch into registers (A fragments), once. (The
       // scratch holds kScratchRows >= kBlockM rows from sK on.)
-      load_tile(sK, gQ, row_begin, m_p.seqlen_q, kBlockM);
+      load_tile(sK, gQ, row_begin, m_p.seqlen_q, kBlockM, true);
       cp_async_commit();
       cp_async_wait<0>();
       // The Q tile is in scratch for every warp.
@@ -182,11 +191,11 @@ class FlashForwardMmaKernel : public Fused16Forward {
       // Every warp holds its Q fragments; the tile may be overwritten by K.
       team.team_barrier();
 
-      if (num_kv_blocks > 0) load_tile(sK, gK, 0, m_p.seqlen_k, kBlockN);
+      if (num_kv_blocks > 0) load_tile(sK, gK, 0, m_p.seqlen_k, kBlockN, false);
       cp_async_commit();
       for (int kv_block = 0; kv_block < num_kv_blocks; ++kv_block) {
         const int key_begin = kv_block * kBlockN;
-        load_tile(sV, gV, key_begin, m_p.seqlen_k, kBlockN);
+        load_tile(sV, gV, key_begin, m_p.seqlen_k, kBlockN, false);
         cp_async_commit();
         cp_async_wait<1>();
         // K_j is in scratch (V_j may still be in flight).
@@ -197,7 +206,7 @@ class FlashForwardMmaKernel : public Fused16Forward {
         // Every warp is done reading K_j: K_{j+1} may land in its place.
         team.team_barrier();
         if (kv_block + 1 < num_kv_blocks)
-          load_tile(sK, gK, key_begin + kBlockN, m_p.seqlen_k, kBlockN);
+          load_tile(sK, gK, key_begin + kBlockN, m_p.seqlen_k, kBlockN, false);
         cp_async_commit();
         softmax_update(s, acc_o, row_max, row_sum, row_begin, row0, key_begin);
         cp_async_wait<1>();
@@ -214,10 +223,10 @@ class FlashForwardMmaKernel : public Fused16Forward {
       auto sV = [&](int stage) { return sK(stage) + kBlockN * kPitch; };
       auto load_kv = [&](int kv_block) {
         const int stage = kv_block % kStages;
-        load_tile(sK(stage), gK, kv_block * kBlockN, m_p.seqlen_k, kBlockN);
-        load_tile(sV(stage), gV, kv_block * kBlockN, m_p.seqlen_k, kBlockN);
+        load_tile(sK(stage), gK, kv_block * kBlockN, m_p.seqlen_k, kBlockN, false);
+        load_tile(sV(stage), gV, kv_block * kBlockN, m_p.seqlen_k, kBlockN, false);
       };
-      load_tile(sQ, gQ, row_begin, m_p.seqlen_q, kBlockM);
+      load_tile(sQ, gQ, row_begin, m_p.seqlen_q, kBlockM, true);
       if (num_kv_blocks > 0) load_kv(0);
       cp_async_commit();
       for (int kv_block = 0; kv_block < num_kv_blocks; ++kv_block) {

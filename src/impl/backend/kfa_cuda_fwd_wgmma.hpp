@@ -104,8 +104,9 @@ class FlashForwardWgmmaKernel : public Fused16Forward {
     const int row_begin = q_block * kBlockM;
     const long row_stride = long(m_p.heads) * kHeadDim;
     const std::uint16_t* gQ = m_q + m_p.offset(b, h, m_p.seqlen_q, kHeadDim);
-    const std::uint16_t* gK = m_k + m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
-    const std::uint16_t* gV = m_v + m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
+    const std::uint16_t* gK = m_k + m_kv.offset(m_p, b, h, kHeadDim);
+    const std::uint16_t* gV = m_v + m_kv.offset(m_p, b, h, kHeadDim);
+    const long kv_stride = m_kv.row_stride(kHeadDim);
 
     // Tiles at a 1024-aligned shared address.
     const std::uint32_t raw_addr = smem_address(raw);
@@ -202,11 +203,11 @@ class FlashForwardWgmmaKernel : public Fused16Forward {
     // in iteration j-1).
     const Sw128TileLoader<kHeadDim, kBlockN, kWarps * 32> kv_loader(tid);
     auto load_k = [&](int kv_block) {
-      kv_loader.load(addr(sK(kv_block % kStages)), gK, row_stride, kv_block * kBlockN,
+      kv_loader.load(addr(sK(kv_block % kStages)), gK, kv_stride, kv_block * kBlockN,
                      m_p.seqlen_k);
     };
     auto load_v = [&](int kv_block) {
-      kv_loader.load(addr(sV(kv_block % kStages)), gV, row_stride, kv_block * kBlockN,
+      kv_loader.load(addr(sV(kv_block % kStages)), gV, kv_stride, kv_block * kBlockN,
                      m_p.seqlen_k);
     };
     if (num_kv_blocks > 0) load_k(0);

@@ -20,6 +20,8 @@
 #include <kfa_fwd_kernel.hpp>  // check_scratch
 #include <kfa_mask.hpp>
 
+#include <impl/backend/kfa_cuda_mma.hpp>
+
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
@@ -41,7 +43,8 @@ inline int& league_group_teams() {
 /// [heads][head_dim], k and v [batch][seqlen_k][heads][head_dim], lse
 /// [batch][heads][seqlen_q], and the causal (or no) mask; the offsets of one
 /// (batch, head) in those tensors; and which (batch, head, block) a team of
-/// a league that runs the blocks of every (batch, head) owns.
+/// a league that runs the blocks of every (batch, head) owns. (k and v with
+/// fewer heads: FusedKvHeads, in the 16-bit kernels only.)
 struct FusedProblem {
   int batch, seqlen_q, heads, seqlen_k;
   AttentionMask mask;
@@ -95,6 +98,40 @@ struct FusedProblem {
   }
 };
 
+/// Grouped-query heads of the 16-bit kernels: k and v [batch][seqlen_k]
+/// [heads_kv][head_dim], query head h reading k/v head h / group. (Not in
+/// FusedProblem: the fp32/fp64 kernels, which take no grouped heads, keep
+/// their parameters' size; RESULTS v28.)
+struct FusedKvHeads {
+  int heads_kv, group;
+  // h / group as (umulhi(h, magic) + h) >> shift (Granlund and Montgomery's
+  // round-up method, exact for 0 <= h < 2^31): no integer division in the
+  // kernels, whose address arithmetic then stays on the uniform datapath.
+  unsigned magic, shift;
+
+  template <class Q, class K>
+  FusedKvHeads(const Q& q, const K& k)
+      : heads_kv(static_cast<int>(k.extent(2))),
+        group(heads_kv > 0 && q.extent(2) > 0 ? static_cast<int>(q.extent(2)) / heads_kv : 1),
+        magic(0),
+        shift(0) {
+    while ((1u << shift) < unsigned(group)) ++shift;
+    magic = static_cast<unsigned>(
+        ((std::uint64_t(1) << 32) * ((std::uint64_t(1) << shift) - group)) / group + 1);
+  }
+  /// The k/v head of query head h.
+  KOKKOS_INLINE_FUNCTION int head(int h) const {
+    const unsigned hi = static_cast<unsigned>((std::uint64_t(unsigned(h)) * magic) >> 32);
+    return static_cast<int>((hi + unsigned(h)) >> shift);
+  }
+  /// Offset of (b, row 0, the k/v head of query head h, 0) in k or v.
+  KOKKOS_INLINE_FUNCTION long offset(const FusedProblem& p, int b, int h, int head_dim) const {
+    return (long(b) * p.seqlen_k * heads_kv + head(h)) * head_dim;
+  }
+  /// Elements between consecutive rows of k or v.
+  KOKKOS_INLINE_FUNCTION long row_stride(int head_dim) const { return long(heads_kv) * head_dim; }
+};
+
 /// The operands of a fused 16-bit forward (q, k, v, o as raw 16-bit values,
 /// lse), its scale in base 2 and its problem: what the mma.sync and the
 /// wgmma forward kernels hold alike (their base).
@@ -106,6 +143,7 @@ struct Fused16Forward {
   float* m_lse;
   float m_scale_log2;
   FusedProblem m_p;
+  FusedKvHeads m_kv;
 
   template <class Q, class K, class V, class O, class Lse>
   Fused16Forward(const Q& q, const K& k, const V& v, const O& o, const Lse& lse, float scale,
@@ -116,7 +154,8 @@ struct Fused16Forward {
         m_o(reinterpret_cast<std::uint16_t*>(o.data())),
         m_lse(lse.data()),
         m_scale_log2(scale * 1.4426950408889634f),
-        m_p(q, k, causal) {}
+        m_p(q, k, causal),
+        m_kv(q, k) {}
 };
 
 /// The operands of a fused 16-bit backward (q, k, v, dO, lse, D, the fp32 dQ
@@ -134,6 +173,34 @@ struct Fused16Backward {
   std::uint16_t* m_dv;
   float m_scale;
   FusedProblem m_p;
+  FusedKvHeads m_kv;
+  /// dK and dV to fp32 buffers of every query head, [batch][seqlen_k][heads]
+  /// [head_dim] each, in place of dk and dv (grouped-query attention: the
+  /// caller sums them per k/v head); store_dk_dv tells them apart by
+  /// m_kv.group.
+  void write_grouped(float* dk, float* dv) {
+    m_dk = reinterpret_cast<std::uint16_t*>(dk);
+    m_dv = reinterpret_cast<std::uint16_t*>(dv);
+  }
+
+  /// A lane's two adjacent dK and two dV values at offset `at` of a [batch]
+  /// [seqlen_k][heads][head_dim] tensor: fp32 per query head with
+  /// grouped-query heads (write_grouped), else 16-bit to dk and dv.
+  template <class Format>
+  KOKKOS_FORCEINLINE_FUNCTION void store_dk_dv(long at, float dk0, float dk1, float dv0,
+                                               float dv1) const {
+#if KFA_CUDA_MMA_DEVICE
+    if (m_kv.group > 1) {
+      *reinterpret_cast<float2*>(reinterpret_cast<float*>(m_dk) + at) = make_float2(dk0, dk1);
+      *reinterpret_cast<float2*>(reinterpret_cast<float*>(m_dv) + at) = make_float2(dv0, dv1);
+    } else {
+      *reinterpret_cast<std::uint32_t*>(m_dk + at) = cuda_mma::pack2<Format>(dk0, dk1);
+      *reinterpret_cast<std::uint32_t*>(m_dv + at) = cuda_mma::pack2<Format>(dv0, dv1);
+    }
+#else
+    (void)at, (void)dk0, (void)dk1, (void)dv0, (void)dv1;
+#endif
+  }
 
   template <class Q, class K, class V, class DO, class Lse, class Delta, class DQAcc, class DK,
             class DV>
@@ -150,7 +217,8 @@ struct Fused16Backward {
         m_dk(reinterpret_cast<std::uint16_t*>(dk.data())),
         m_dv(reinterpret_cast<std::uint16_t*>(dv.data())),
         m_scale(scale),
-        m_p(q, k, causal) {}
+        m_p(q, k, causal),
+        m_kv(q, k) {}
 };
 
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)

@@ -105,6 +105,19 @@ KOKKOS_FORCEINLINE_FUNCTION T* aligned_scratch(void* raw) {
   return reinterpret_cast<T*>(p + ((16 - (reinterpret_cast<std::uintptr_t>(p) & 15)) & 15));
 }
 
+/// f(std::true_type()) for a tile with masked elements, f(std::false_type())
+/// for one without: the backwards' P (and dS) code in two copies, the
+/// unmasked one free of the per-element mask. Left to ptxas, that choice
+/// came and went with the size of the kernels' parameters (RESULTS v28: 22%
+/// of the wgmma backward, 9% of the fp64 one).
+template <class F>
+KOKKOS_FORCEINLINE_FUNCTION void unswitch_mask(bool needs_mask, F&& f) {
+  if (needs_mask)
+    f(std::true_type());
+  else
+    f(std::false_type());
+}
+
 /// Barrier `id` (1-15; 0 is the team barrier's) for the `threads` threads,
 /// whole warps, that call it: a barrier for some warps of a team. Also
 /// orders their scratch accesses, as the team barrier does.
