@@ -254,8 +254,8 @@ zeroed_dq_accumulator(const ExecSpace& space, const DQ& dq,
 }
 
 /// What a family of fused kernels takes beyond head_dim 64 and 128 with as
-/// many k/v heads as q heads: head_dim 256 (the 16-bit kernels), fewer k/v
-/// heads (grouped-query attention: the 16-bit forward).
+/// many k/v heads as q heads: head_dim 256, fewer k/v heads (grouped-query
+/// attention); both only the 16-bit kernels, forward and backward.
 struct FusedReach {
   bool head_dim_256 = false;
   bool grouped_heads = false;
