@@ -294,7 +294,8 @@ std::function<void()> wide_backward_at(const Args& a, View4 q, View4 k, View4 v,
 /// fp64 backward variants at head_dim 64 (RESULTS v25): "w8" (m16n8k8 with
 /// 8 warps, 128 keys per team, instead of 4 and 64); "split" (m16n8k8 with
 /// two warps per 16 keys, each holding dK and dV for half the head
-/// dimension: the library's shape at head_dim 128).
+/// dimension: the library's shape at head_dim 128); "s1" (the library's
+/// shape with one stage of Q and dO, two teams per SM).
 template <class T, class View4, class View3>
 std::function<void()> backward_variant(const Args& a, View4 q, View4 k, View4 v, View4 o,
                                        View3 lse, View4 d_o, View4 dq, View4 dk, View4 dv) {
@@ -309,9 +310,12 @@ std::function<void()> backward_variant(const Args& a, View4 q, View4 k, View4 v,
     if (a.bwd_variant == "split" && a.head_dim == 64)
       return wide_backward_at<64, WideBwdShape<8, 16, 2>, A16>(a, q, k, v, o, lse, d_o, dq, dk,
                                                                dv);
+    if (a.bwd_variant == "s1" && a.head_dim == 64)
+      return wide_backward_at<64, WideBwdShape<4, 16, 1, 1>, A16>(a, q, k, v, o, lse, d_o, dq,
+                                                                  dk, dv);
 #endif
     throw std::invalid_argument(
-        "--bwd-variant for fp64 must be default, w8 or split (head_dim 64), on a build for "
+        "--bwd-variant for fp64 must be default, w8, split or s1 (head_dim 64), on a build for "
         "sm_90+");
   }
   (void)q, (void)k, (void)v, (void)o, (void)lse, (void)d_o, (void)dq, (void)dk, (void)dv;

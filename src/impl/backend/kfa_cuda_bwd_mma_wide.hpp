@@ -60,11 +60,15 @@ struct WideBwdAtom<cuda_mma::Fp64Atom, HeadDim> {
 /// The pairs are adjacent warps (2g, 2g + 1); pairs (g, g + Warps/2), which
 /// would put both warps of a pair on one scheduler, measured 3% slower
 /// (RESULTS v25).
-template <int Warps, int BlockM, int DimSplit>
+/// Stages: buffers of Q and dO (2: the next block's copies overlap this
+/// block's work; 1: they overlap only dQ = dS·K, and two teams share an SM
+/// where one stage lets their scratch fit).
+template <int Warps, int BlockM, int DimSplit, int Stages = 2>
 struct WideBwdShape {
   static constexpr int kWarps = Warps;
   static constexpr int kBlockM = BlockM;
   static constexpr int kDimSplit = DimSplit;
+  static constexpr int kStages = Stages;
 };
 
 /// The library's shapes (RESULTS.md v5-v7, v25): 8 warps, but 4 for fp64
@@ -95,8 +99,8 @@ class FlashBackwardWideMmaKernel {
   static constexpr int kHeadDim = HeadDim;
   static constexpr int kWarps = Shape::kWarps;
   static constexpr int kSplit = Shape::kDimSplit;  // warps per atom of keys
-  static constexpr int kMinBlocksPerSM = 1;
-  static constexpr int kStages = 2;
+  static constexpr int kStages = Shape::kStages;
+  static constexpr int kMinBlocksPerSM = kStages == 1 ? 2 : 1;
   static constexpr int kBlockN = kWarps / kSplit * Atom::kRows;  // keys per team
   static constexpr int kBlockM = Shape::kBlockM;
   static constexpr int kPitch = kHeadDim + 4;   // elements per row of K, V, Q, dO
@@ -179,12 +183,12 @@ class FlashBackwardWideMmaKernel {
 
     auto load_rows = [&](value_type* dst, const value_type* src, int first_row, int rows,
                          int rows_total) {
-      load_rows_async<kHeadDim, kPitch>(dst, src, row_stride, first_row, rows, rows_total, tid,
+      load_rows_async<kHeadDim, kPitch, Atom::kSwizzle>(dst, src, row_stride, first_row, rows, rows_total, tid,
                                         kWarps * 32);
     };
     // Q, dO, lse and D of a query block into a stage (one commit group).
     auto load_q_block = [&](int q_block, int stage) {
-      load_query_block_async<kHeadDim, kPitch, kBlockM>(
+      load_query_block_async<kHeadDim, kPitch, kBlockM, Atom::kSwizzle>(
           stage_q(stage), stage_lse(stage), m_q + q_offset, m_do + q_offset, g_lse, g_delta,
           row_stride, q_block * kBlockM, m_p.seqlen_q, tid, kWarps * 32);
     };
@@ -208,12 +212,12 @@ class FlashBackwardWideMmaKernel {
 
     for (int q_block = first_q_block; q_block < num_q_blocks; ++q_block) {
       const int row_begin = q_block * kBlockM;
-      const int stage = (q_block - first_q_block) % 2;
+      const int stage = (q_block - first_q_block) % kStages;
       cp_async_wait<0>();
       // K, V and this block's stage are in scratch for every warp, and every
       // warp is done with the previous block (its stage and dSᵀ).
       team.team_barrier();
-      if (q_block + 1 < num_q_blocks) load_q_block(q_block + 1, 1 - stage);
+      if (kStages == 2 && q_block + 1 < num_q_blocks) load_q_block(q_block + 1, 1 - stage);
       const value_type* sQ = stage_q(stage);
       const value_type* sdO = sQ + kBlockM * kPitch;
       const value_type* s_lse = stage_lse(stage);
@@ -319,12 +323,17 @@ class FlashBackwardWideMmaKernel {
       for (int n = 0; n < kTilesQ; ++n) {
         if (kSplit == 2 && n % 2 != part) continue;
 #pragma unroll
-        for (int j = 0; j < Atom::kC; ++j)
-          sdS[(warp_key + lane / 4 + (j / 2) * 8) * kPitchS + n * 8 + (lane % 4) * 2 + (j & 1)] =
-              dpt[n][j];
+        for (int j = 0; j < Atom::kC; ++j) {
+          const int row = warp_key + lane / 4 + (j / 2) * 8;
+          sdS[row * kPitchS +
+              swizzle_col<Atom::kSwizzle>(row, n * 8 + (lane % 4) * 2 + (j & 1))] = dpt[n][j];
+        }
       }
       // The whole dSᵀ tile is in scratch.
       team.team_barrier();
+      // One stage: dQ reads only dSᵀ and K, so the next block's Q, dO, lse
+      // and D may replace this one's now.
+      if (kStages == 1 && q_block + 1 < num_q_blocks) load_q_block(q_block + 1, 0);
 
       // dQ rows [kRows·(warp % kRowGroups), +kRows), head-dim tiles of group
       // warp / kRowGroups: A = dS (dSᵀ read transposed), B = K rows.

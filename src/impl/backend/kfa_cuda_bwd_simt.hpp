@@ -2,15 +2,21 @@
 #define KFA_CUDA_BWD_SIMT_HPP
 
 // Exact fp32 backward on the CUDA backend (dK, dV per key block, dQ by fp32
-// atomics into dq, zeroed by the caller): fp32 FMAs tiled in registers as in
-// the simt forward (kfa_cuda_fwd_simt.hpp). A team of 4 warps owns 64 keys;
-// thread (ty, tx) = (warp·4 + lane/8, lane%8) holds keys 4·ty.. and, for
-// each query block, the queries tx + 8·j:
-//   Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ   float4 loads over the head dimension
+// atomics into dq, zeroed by the caller): fp32 FMAs tiled in registers, laid
+// out for shared-memory bandwidth as in the simt forward
+// (kfa_cuda_simt.hpp, RESULTS v29). A team of 4 warps owns 64 keys, 16
+// per warp; per query block of kBlockM:
+//   Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ   one after the other, each as the forward's S
+//                             (cuda_mma::simt_row_products): lane (g, tx) =
+//                             (lane/8, lane%8) ends with the keys
+//                             16·warp + 4·g.. against the queries tx + 8·j
 //   Pᵀ = exp(Sᵀ·scale - lse), dSᵀ = Pᵀ ∘ (dPᵀ - D)      in registers
 //   dV += Pᵀ·dO, dK += dSᵀ·Q  P and dS written [query][key] to scratch (the
-//                             warp's own keys), read back a float4 of 4 keys
-//                             per query against float4s of dO and Q
+//                             warp's own keys); a lane owns the columns
+//                             4·(lane % (head_dim/4)).. of kRowsKV of the
+//                             warp's keys: per query one float4 of dO and of
+//                             Q, kRowsKV/4 of P and of dS (one address per
+//                             quarter-warp)
 //   dQ += dS·K·scale          after a team barrier, 4 queries x 4 columns per
 //                             thread over the team's 64 keys, then atomics.
 // K and V stay in scratch; Q, dO, lse and D are double buffered (cp.async,
@@ -21,6 +27,7 @@
 
 #include <impl/backend/kfa_cuda_launch.hpp>
 #include <impl/backend/kfa_cuda_mma.hpp>
+#include <impl/backend/kfa_cuda_simt.hpp>
 
 #include <cstdint>
 
@@ -38,11 +45,13 @@ class FlashBackwardSimtKernel {
   static constexpr int kBlockN = 64;                      // keys per team
   static constexpr int kBlockM = HeadDim <= 64 ? 32 : 16;  // queries per step
   static constexpr int kQ = kBlockM / 8;                   // queries per thread in Sᵀ
-  static constexpr int kCols = kHeadDim / 8;               // dK, dV columns per thread
+  static constexpr int kChunks = kHeadDim / 4;             // float4s per row
+  static constexpr int kRowsKV = 16 * kChunks / 32;        // a lane's dK, dV rows
   static constexpr int kPitch = kHeadDim + 4;              // floats per K, V, Q, dO row
   static constexpr int kPitchP = kBlockN + 4;              // floats per P, dS row
   static constexpr int kChunksDQ = kHeadDim / 4;           // float4 columns of dQ
-  static_assert(kHeadDim % 32 == 0, "kfa: the simt backward needs head_dim % 32 == 0");
+  static_assert(kHeadDim == 64 || kHeadDim == 128,
+                "kfa: the simt backward's dK, dV tile needs head_dim 64 or 128");
   static_assert(kBlockM / 4 * kChunksDQ == 32 * kWarps,
                 "kfa: the simt backward gives each thread 4 x 4 of dQ");
 
@@ -85,7 +94,9 @@ class FlashBackwardSimtKernel {
     using namespace cuda_mma;
     const int lane = threadIdx.x, warp = threadIdx.y;
     const int tid = warp * 32 + lane;
-    const int ty = warp * 4 + lane / 8, tx = lane % 8;
+    const int g = lane / 8, tx = lane % 8;
+    // dK, dV: keys kv_key.., columns kv_col..
+    const int kv_key = 16 * warp + kRowsKV * (lane / kChunks), kv_col = 4 * (lane % kChunks);
 
     const int league = team.league_rank();
     int b, h;
@@ -120,13 +131,13 @@ class FlashBackwardSimtKernel {
     load_rows(sK, m_k + k_offset, key_begin, kBlockN, m_p.seqlen_k);
     load_rows(sV, m_v + k_offset, key_begin, kBlockN, m_p.seqlen_k);
     cp_async_commit();
-    float acc_dk[4][kCols], acc_dv[4][kCols];
+    float acc_dk[kRowsKV][4], acc_dv[kRowsKV][4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < kRowsKV; ++i)
 #pragma unroll
-      for (int c = 0; c < kCols; ++c) acc_dk[i][c] = acc_dv[i][c] = 0.f;
+      for (int c = 0; c < 4; ++c) acc_dk[i][c] = acc_dv[i][c] = 0.f;
 
-    const int key0 = ty * 4;  // this thread's first key in the block
+    const int key0 = 16 * warp + 4 * g;  // first of the keys of this lane's Sᵀ
     const int first_q_block = m_p.mask.row_begin(key_begin) / kBlockM;
     const int num_q_blocks = (m_p.seqlen_q + kBlockM - 1) / kBlockM;
     if (first_q_block < num_q_blocks) load_q_block(first_q_block, 0);
@@ -148,37 +159,8 @@ class FlashBackwardSimtKernel {
 
       // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: keys key0.., queries tx + 8·j.
       float st[4][kQ], dpt[4][kQ];
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < kQ; ++j) st[i][j] = dpt[i][j] = 0.f;
-#pragma unroll 1
-      for (int d = 0; d < kHeadDim; d += 4) {
-        float4 kr[4], vr[4], qr[kQ], dor[kQ];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          kr[i] = *reinterpret_cast<const float4*>(sK + (key0 + i) * kPitch + d);
-          vr[i] = *reinterpret_cast<const float4*>(sV + (key0 + i) * kPitch + d);
-        }
-#pragma unroll
-        for (int j = 0; j < kQ; ++j) {
-          qr[j] = *reinterpret_cast<const float4*>(sQ + (tx + 8 * j) * kPitch + d);
-          dor[j] = *reinterpret_cast<const float4*>(sdO + (tx + 8 * j) * kPitch + d);
-        }
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-          for (int j = 0; j < kQ; ++j) {
-            st[i][j] = fmaf(kr[i].x, qr[j].x, st[i][j]);
-            st[i][j] = fmaf(kr[i].y, qr[j].y, st[i][j]);
-            st[i][j] = fmaf(kr[i].z, qr[j].z, st[i][j]);
-            st[i][j] = fmaf(kr[i].w, qr[j].w, st[i][j]);
-            dpt[i][j] = fmaf(vr[i].x, dor[j].x, dpt[i][j]);
-            dpt[i][j] = fmaf(vr[i].y, dor[j].y, dpt[i][j]);
-            dpt[i][j] = fmaf(vr[i].z, dor[j].z, dpt[i][j]);
-            dpt[i][j] = fmaf(vr[i].w, dor[j].w, dpt[i][j]);
-          }
-      }
+      simt_row_products<kHeadDim, kPitch>(st, sK, sQ, warp, lane);
+      simt_row_products<kHeadDim, kPitch>(dpt, sV, sdO, warp, lane);
       // The next block's copies, into the stage the previous block used,
       // issued after the Sᵀ and dPᵀ products rather than right after the
       // barrier (as in the simt forward, RESULTS v23).
@@ -209,26 +191,30 @@ class FlashBackwardSimtKernel {
       // The warp's keys of P and dS are visible to its lanes.
       __syncwarp();
 
-      // dV += Pᵀ·dO and dK += dSᵀ·Q over this block's queries.
-#pragma unroll 1
+      // dV += Pᵀ·dO and dK += dSᵀ·Q over this block's queries: per query
+      // kRowsKV keys of P and dS, this lane's 4 columns of dO and Q.
+#pragma unroll 2
       for (int qq = 0; qq < kBlockM; ++qq) {
-        const float4 p = *reinterpret_cast<const float4*>(sP + qq * kPitchP + key0);
-        const float4 ds = *reinterpret_cast<const float4*>(sdS + qq * kPitchP + key0);
-        const float pr[4] = {p.x, p.y, p.z, p.w}, dsr[4] = {ds.x, ds.y, ds.z, ds.w};
+        const float4 o4 = *reinterpret_cast<const float4*>(sdO + qq * kPitch + kv_col);
+        const float4 q4 = *reinterpret_cast<const float4*>(sQ + qq * kPitch + kv_col);
 #pragma unroll
-        for (int c4 = 0; c4 < kCols / 4; ++c4) {
-          const float4 o4 = *reinterpret_cast<const float4*>(sdO + qq * kPitch + c4 * 32 + tx * 4);
-          const float4 q4 = *reinterpret_cast<const float4*>(sQ + qq * kPitch + c4 * 32 + tx * 4);
+        for (int i4 = 0; i4 < kRowsKV / 4; ++i4) {
+          const float4 p = *reinterpret_cast<const float4*>(sP + qq * kPitchP + kv_key + 4 * i4);
+          const float4 ds =
+              *reinterpret_cast<const float4*>(sdS + qq * kPitchP + kv_key + 4 * i4);
+          const float pr[4] = {p.x, p.y, p.z, p.w}, dsr[4] = {ds.x, ds.y, ds.z, ds.w};
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
-            acc_dv[i][4 * c4 + 0] = fmaf(pr[i], o4.x, acc_dv[i][4 * c4 + 0]);
-            acc_dv[i][4 * c4 + 1] = fmaf(pr[i], o4.y, acc_dv[i][4 * c4 + 1]);
-            acc_dv[i][4 * c4 + 2] = fmaf(pr[i], o4.z, acc_dv[i][4 * c4 + 2]);
-            acc_dv[i][4 * c4 + 3] = fmaf(pr[i], o4.w, acc_dv[i][4 * c4 + 3]);
-            acc_dk[i][4 * c4 + 0] = fmaf(dsr[i], q4.x, acc_dk[i][4 * c4 + 0]);
-            acc_dk[i][4 * c4 + 1] = fmaf(dsr[i], q4.y, acc_dk[i][4 * c4 + 1]);
-            acc_dk[i][4 * c4 + 2] = fmaf(dsr[i], q4.z, acc_dk[i][4 * c4 + 2]);
-            acc_dk[i][4 * c4 + 3] = fmaf(dsr[i], q4.w, acc_dk[i][4 * c4 + 3]);
+            float* dv = acc_dv[4 * i4 + i];
+            float* dk = acc_dk[4 * i4 + i];
+            dv[0] = fmaf(pr[i], o4.x, dv[0]);
+            dv[1] = fmaf(pr[i], o4.y, dv[1]);
+            dv[2] = fmaf(pr[i], o4.z, dv[2]);
+            dv[3] = fmaf(pr[i], o4.w, dv[3]);
+            dk[0] = fmaf(dsr[i], q4.x, dk[0]);
+            dk[1] = fmaf(dsr[i], q4.y, dk[1]);
+            dk[2] = fmaf(dsr[i], q4.z, dk[2]);
+            dk[3] = fmaf(dsr[i], q4.w, dk[3]);
           }
         }
       }
@@ -273,21 +259,15 @@ class FlashBackwardSimtKernel {
     }
 
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int key = key_begin + key0 + i;
+    for (int i = 0; i < kRowsKV; ++i) {
+      const int key = key_begin + kv_key + i;
       if (key >= m_p.seqlen_k) continue;
-      float* g_dk = m_dk + k_offset + long(key) * row_stride;
-      float* g_dv = m_dv + k_offset + long(key) * row_stride;
-#pragma unroll
-      for (int c4 = 0; c4 < kCols / 4; ++c4) {
-        const int d = c4 * 32 + tx * 4;
-        *reinterpret_cast<float4*>(g_dk + d) =
-            make_float4(acc_dk[i][4 * c4] * m_scale, acc_dk[i][4 * c4 + 1] * m_scale,
-                        acc_dk[i][4 * c4 + 2] * m_scale, acc_dk[i][4 * c4 + 3] * m_scale);
-        *reinterpret_cast<float4*>(g_dv + d) =
-            make_float4(acc_dv[i][4 * c4], acc_dv[i][4 * c4 + 1], acc_dv[i][4 * c4 + 2],
-                        acc_dv[i][4 * c4 + 3]);
-      }
+      const long at = k_offset + long(key) * row_stride + kv_col;
+      *reinterpret_cast<float4*>(m_dk + at) =
+          make_float4(acc_dk[i][0] * m_scale, acc_dk[i][1] * m_scale, acc_dk[i][2] * m_scale,
+                      acc_dk[i][3] * m_scale);
+      *reinterpret_cast<float4*>(m_dv + at) =
+          make_float4(acc_dv[i][0], acc_dv[i][1], acc_dv[i][2], acc_dv[i][3]);
     }
     cp_async_wait<0>();
 #else

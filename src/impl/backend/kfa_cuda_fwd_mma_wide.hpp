@@ -12,10 +12,12 @@
 // k-steps of S in fresh accumulators, added by fp32 adds: Atom::kFreshSums);
 // the online softmax runs in registers
 // (natural base in fp64, base 2 with the scale folded in for fp32); P feeds
-// P·V from its accumulators. Scratch rows are padded by 4 elements, which
-// makes every fragment load of both atoms conflict-free (or two wavefronts,
-// the minimum, for 64-bit loads). Launched by launch_cuda_team with opt-in
-// shared memory; where the GPU grants less, the portable kernels run.
+// P·V from its accumulators. Scratch rows are padded by 4 elements, and
+// fp64's tiles swizzled (swizzle_col), which makes every fragment load of
+// both atoms conflict-free (two wavefronts, the minimum, for 64-bit loads;
+// before the swizzle fp64's V fragments took four, RESULTS v29). Launched by
+// launch_cuda_team with opt-in shared memory; where the GPU grants less, the
+// portable kernels run.
 
 #include <kfa_mask.hpp>
 #include <kfa_traits.hpp>
@@ -149,7 +151,7 @@ class FlashForwardWideMmaKernel {
     // rows past `rows_total` zero-filled.
     auto load_tile = [&](value_type* dst, const value_type* src, int first_row, int rows_total,
                          int rows) {
-      load_rows_async<kHeadDim, kPitch>(dst, src, row_stride, first_row, rows, rows_total, tid,
+      load_rows_async<kHeadDim, kPitch, Atom::kSwizzle>(dst, src, row_stride, first_row, rows, rows_total, tid,
                                         kWarps * 32);
     };
     auto load_kv = [&](int kv_block) {

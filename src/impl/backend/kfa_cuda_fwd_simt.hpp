@@ -2,20 +2,21 @@
 #define KFA_CUDA_FWD_SIMT_HPP
 
 // Exact fp32 forward on the CUDA backend: fp32 FMAs (no tensor cores), tiled
-// in registers the way SIMT matrix products are. A team of 4 warps owns 64
-// query rows; thread (ty, tx) = (warp·4 + lane/8, lane%8) holds 4 rows
-// (4·ty..) against the keys tx + 8·j of each K/V block, and for the output
-// the same 4 rows against the columns 32·c + 4·tx + (0..3):
-//   S:   per 4 head-dim steps, a float4 of Q per row (one address per 8
-//        lanes: a broadcast) and a float4 of K per key (8 lanes read 8
-//        consecutive rows: conflict-free with rows padded by 4 floats);
-//        16·kKeys FMAs per 4 + kKeys shared-memory loads.
+// in registers the way SIMT matrix products are, laid out for shared-memory
+// bandwidth (kfa_cuda_simt.hpp). A team of 4 warps owns 64 query rows, 16
+// per warp:
+//   S:   cuda_mma::simt_row_products: lane (g, tx) = (lane/8, lane%8) ends
+//        with the rows 16·warp + 4·g.. against the keys tx + 8·j.
 //   P:   the online softmax in registers (row max and sum reduced over the 8
 //        lanes of a row group with shuffles; each exponential one FFMA and
 //        ex2.approx), P written transposed to the warp's own slice of
-//        scratch, read back a float4 of 4 rows per key.
-//   O:   per key, that float4 of P and kCols/4 float4s of V: 4·kCols FMAs
-//        per 1 + kCols/4 loads.
+//        scratch with the rows' rescale factors.
+//   O:   lane owns the columns 4·(lane % (head_dim/4)).. of kRowsO of the
+//        warp's rows (16 at head_dim 128, 8 at 64): per key one float4 of V
+//        (distinct per lane) and kRowsO/4 float4s of P (one address per
+//        quarter-warp): 4·kRowsO FMAs per 1 + kRowsO/4 loads, 4 + kRowsO/2
+//        wavefronts (before: 4 rows by head_dim/8 columns, 18 wavefronts
+//        for 64 FMAs at head_dim 128).
 // K and V blocks are double buffered with cp.async (block j+1's copies
 // issued after S_j); Q stays in scratch.
 // Launched by launch_cuda_team with opt-in shared memory (~110 KB).
@@ -25,6 +26,7 @@
 
 #include <impl/backend/kfa_cuda_launch.hpp>
 #include <impl/backend/kfa_cuda_mma.hpp>
+#include <impl/backend/kfa_cuda_simt.hpp>
 
 #include <cstdint>
 
@@ -52,11 +54,13 @@ class FlashForwardSimtKernel {
   static constexpr int kStages = 2;
   static constexpr int kBlockM = 64;     // 16 row groups of 4
   static constexpr int kBlockN = BlockN;  // keys per K/V block
-  static constexpr int kKeys = kBlockN / 8;                // keys per thread
-  static constexpr int kCols = kHeadDim / 8;               // output columns per thread
+  static constexpr int kKeys = kBlockN / 8;                // keys per thread in S
+  static constexpr int kChunks = kHeadDim / 4;             // float4s per Q, K, V, O row
+  static constexpr int kRowsO = 16 * kChunks / 32;         // a lane's O rows
   static constexpr int kPitch = kHeadDim + 4;              // floats per Q, K, V row
   static constexpr int kPitchP = kBlockM + 4;              // floats per Pᵀ row
-  static_assert(kHeadDim % 32 == 0, "kfa: the simt forward needs head_dim % 32 == 0");
+  static_assert(kHeadDim == 64 || kHeadDim == 128,
+                "kfa: the simt forward's O tile needs head_dim 64 or 128");
   static_assert(kBlockN % 8 == 0, "kfa: the simt forward streams multiples of 8 keys");
 
   FlashForwardSimtKernel(const QView& q, const KView& k, const VView& v, const OView& o,
@@ -79,10 +83,10 @@ class FlashForwardSimtKernel {
                      m_p.league(m_num_q_blocks), scratch_bytes());
   }
 
-  /// Q, K and V per stage, Pᵀ.
+  /// Q, K and V per stage, Pᵀ and one row of per-row factors.
   KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
     return sizeof(float) * (std::size_t(kBlockM + 2 * kStages * kBlockN) * kPitch +
-                            std::size_t(kBlockN) * kPitchP) +
+                            std::size_t(kBlockN + 1) * kPitchP) +
            16;
   }
 
@@ -92,7 +96,9 @@ class FlashForwardSimtKernel {
     using namespace cuda_mma;
     const int lane = threadIdx.x, warp = threadIdx.y;
     const int tid = warp * 32 + lane;
-    const int ty = warp * 4 + lane / 8, tx = lane % 8;
+    const int g = lane / 8, tx = lane % 8;
+    // P·V: rows o_row.., columns o_col..
+    const int o_row = 16 * warp + kRowsO * (lane / kChunks), o_col = 4 * (lane % kChunks);
 
     const int league = team.league_rank();
     int b, h;
@@ -105,6 +111,7 @@ class FlashForwardSimtKernel {
     const float* gV = m_v + m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
     float* const sQ = aligned_scratch<float>(raw);
     float* const sP = sQ + (kBlockM + 2 * kStages * kBlockN) * kPitch;
+    float* const sF = sP + kBlockN * kPitchP;  // a factor per row (rescale, then 1/sum)
     auto sK = [&](int stage) { return sQ + (kBlockM + 2 * stage * kBlockN) * kPitch; };
     auto sV = [&](int stage) { return sK(stage) + kBlockN * kPitch; };
 
@@ -122,13 +129,13 @@ class FlashForwardSimtKernel {
     const int rows = imin(kBlockM, m_p.seqlen_q - row_begin);
     const int key_end = m_p.mask.key_end(row_begin + rows);
     const int num_kv_blocks = (key_end + kBlockN - 1) / kBlockN;
-    const int row0 = row_begin + ty * 4;  // this thread's first row
+    const int row0 = row_begin + 16 * warp + 4 * g;  // first of the softmax's 4 rows
 
-    float acc_o[4][kCols];
+    float acc_o[kRowsO][4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < kRowsO; ++i)
 #pragma unroll
-      for (int c = 0; c < kCols; ++c) acc_o[i][c] = 0.f;
+      for (int c = 0; c < 4; ++c) acc_o[i][c] = 0.f;
     float row_max[4], row_sum[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) row_max[i] = -INFINITY, row_sum[i] = 0.f;
@@ -145,31 +152,9 @@ class FlashForwardSimtKernel {
       // done with block j-1, whose stage block j+1 now reuses.
       team.team_barrier();
 
-      // S = Q·K_jᵀ for rows 4·ty.. and keys tx + 8·j.
+      // S = Q·K_jᵀ: rows 16·warp + 4·g.., keys tx + 8·j.
       float s[4][kKeys];
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < kKeys; ++j) s[i][j] = 0.f;
-#pragma unroll 4
-      for (int d = 0; d < kHeadDim; d += 4) {
-        float4 qv[4], kv[kKeys];
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          qv[i] = *reinterpret_cast<const float4*>(sQ + (ty * 4 + i) * kPitch + d);
-#pragma unroll
-        for (int j = 0; j < kKeys; ++j)
-          kv[j] = *reinterpret_cast<const float4*>(k_tile + (tx + 8 * j) * kPitch + d);
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-          for (int j = 0; j < kKeys; ++j) {
-            s[i][j] = fmaf(qv[i].x, kv[j].x, s[i][j]);
-            s[i][j] = fmaf(qv[i].y, kv[j].y, s[i][j]);
-            s[i][j] = fmaf(qv[i].z, kv[j].z, s[i][j]);
-            s[i][j] = fmaf(qv[i].w, kv[j].w, s[i][j]);
-          }
-      }
+      simt_row_products<kHeadDim, kPitch>(s, sQ, k_tile, warp, lane);
       // Block j+1's copies, into the stage block j-1 used, issued between
       // the S and the P·V products rather than in a burst right after the
       // barrier, where they delayed the first S loads (RESULTS v23: +6%).
@@ -207,60 +192,69 @@ class FlashForwardSimtKernel {
         }
         row_sum[i] = alpha[i] * row_sum[i] + block_sum;
       }
-      // Pᵀ into this warp's rows of scratch (rows 16·warp.. belong to it).
+      // Pᵀ and the rescale factors into this warp's columns of scratch
+      // (rows 16·warp.. belong to it).
 #pragma unroll
       for (int j = 0; j < kKeys; ++j)
-        *reinterpret_cast<float4*>(sP + (tx + 8 * j) * kPitchP + ty * 4) =
+        *reinterpret_cast<float4*>(sP + (tx + 8 * j) * kPitchP + 16 * warp + 4 * g) =
             make_float4(s[0][j], s[1][j], s[2][j], s[3][j]);
+      if (tx == 0)
+        *reinterpret_cast<float4*>(sF + 16 * warp + 4 * g) =
+            make_float4(alpha[0], alpha[1], alpha[2], alpha[3]);
       // The warp's Pᵀ slice is visible to its lanes (no other warp reads it).
       __syncwarp();
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int c = 0; c < kCols; ++c) acc_o[i][c] *= alpha[i];
+      scale_rows(acc_o, sF + o_row);
 
-      // O += P·V_j: per key, 4 rows of P and this thread's columns of V.
+      // O += P·V_j: per key, kRowsO rows of P and this lane's 4 columns of V.
 #pragma unroll 4
       for (int key = 0; key < kBlockN; ++key) {
-        const float4 p = *reinterpret_cast<const float4*>(sP + key * kPitchP + ty * 4);
+        const float4 vv = *reinterpret_cast<const float4*>(v_tile + key * kPitch + o_col);
 #pragma unroll
-        for (int c4 = 0; c4 < kCols / 4; ++c4) {
-          const float4 vv =
-              *reinterpret_cast<const float4*>(v_tile + key * kPitch + c4 * 32 + tx * 4);
+        for (int i4 = 0; i4 < kRowsO / 4; ++i4) {
+          const float4 p = *reinterpret_cast<const float4*>(sP + key * kPitchP + o_row + 4 * i4);
           const float pr[4] = {p.x, p.y, p.z, p.w};
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
-            acc_o[i][4 * c4 + 0] = fmaf(pr[i], vv.x, acc_o[i][4 * c4 + 0]);
-            acc_o[i][4 * c4 + 1] = fmaf(pr[i], vv.y, acc_o[i][4 * c4 + 1]);
-            acc_o[i][4 * c4 + 2] = fmaf(pr[i], vv.z, acc_o[i][4 * c4 + 2]);
-            acc_o[i][4 * c4 + 3] = fmaf(pr[i], vv.w, acc_o[i][4 * c4 + 3]);
+            float* acc = acc_o[4 * i4 + i];
+            acc[0] = fmaf(pr[i], vv.x, acc[0]);
+            acc[1] = fmaf(pr[i], vv.y, acc[1]);
+            acc[2] = fmaf(pr[i], vv.z, acc[2]);
+            acc[3] = fmaf(pr[i], vv.w, acc[3]);
           }
         }
       }
-      // Every lane is done reading the warp's Pᵀ before the next block's.
+      // Every lane is done reading the warp's Pᵀ and factors before the next
+      // block's.
       __syncwarp();
     }
     cp_async_wait<0>();
 
-    // O = acc_o / row_sum, lse = max + ln(sum).
+    // lse = max + ln(sum) by the softmax's lanes, 1/sum through scratch to
+    // the lanes holding the rows of O.
+    float inv[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       float sum = row_sum[i];
       sum += shfl_xor(sum, 1);
       sum += shfl_xor(sum, 2);
       sum += shfl_xor(sum, 4);
+      inv[i] = sum > 0.f ? 1.f / sum : 0.f;
       const int row = row0 + i;
-      if (row >= m_p.seqlen_q) continue;
-      const float inv = sum > 0.f ? 1.f / sum : 0.f;
-      float* gO = m_o + m_p.offset(b, h, m_p.seqlen_q, kHeadDim) + row * row_stride;
+      if (tx == 0 && row < m_p.seqlen_q)
+        m_lse[m_p.lse_offset(b, h) + row] = sum > 0.f ? row_max[i] + logf(sum) : -INFINITY;
+    }
+    if (tx == 0)
+      *reinterpret_cast<float4*>(sF + 16 * warp + 4 * g) =
+          make_float4(inv[0], inv[1], inv[2], inv[3]);
+    __syncwarp();
+    scale_rows(acc_o, sF + o_row);
+    float* const gO = m_o + m_p.offset(b, h, m_p.seqlen_q, kHeadDim);
 #pragma unroll
-      for (int c4 = 0; c4 < kCols / 4; ++c4)
-        *reinterpret_cast<float4*>(gO + c4 * 32 + tx * 4) =
-            make_float4(acc_o[i][4 * c4] * inv, acc_o[i][4 * c4 + 1] * inv,
-                        acc_o[i][4 * c4 + 2] * inv, acc_o[i][4 * c4 + 3] * inv);
-      if (tx == 0)
-        m_lse[m_p.lse_offset(b, h) + row] =
-            sum > 0.f ? row_max[i] + logf(sum) : -INFINITY;
+    for (int i = 0; i < kRowsO; ++i) {
+      const int row = row_begin + o_row + i;
+      if (row < m_p.seqlen_q)
+        *reinterpret_cast<float4*>(gO + row * row_stride + o_col) =
+            make_float4(acc_o[i][0], acc_o[i][1], acc_o[i][2], acc_o[i][3]);
     }
 #else
     (void)team;
@@ -272,6 +266,20 @@ class FlashForwardSimtKernel {
   static constexpr float kLog2e = 1.4426950408889634f;
 
 #if KFA_CUDA_MMA_DEVICE
+  /// acc_o's rows times the factors of scratch (one address per quarter-warp).
+  KOKKOS_FORCEINLINE_FUNCTION static void scale_rows(float (&acc_o)[kRowsO][4],
+                                                     const float* factor) {
+#pragma unroll
+    for (int i4 = 0; i4 < kRowsO / 4; ++i4) {
+      const float4 f = *reinterpret_cast<const float4*>(factor + 4 * i4);
+      const float fr[4] = {f.x, f.y, f.z, f.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc_o[4 * i4 + i][c] *= fr[i];
+    }
+  }
+
   KOKKOS_FORCEINLINE_FUNCTION static float exp_of(float x) {
     return FastExp ? cuda_mma::exp2_fast(x * kLog2e) : expf(x);
   }

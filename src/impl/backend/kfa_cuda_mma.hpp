@@ -196,10 +196,22 @@ KOKKOS_FORCEINLINE_FUNCTION void bulk_wait() {
 #endif
 }
 
+/// Column at which a tile stored with the 64-bit atoms' swizzle keeps
+/// element (row, col): col ^ 4 in rows 4-7 of every 8. With rows of
+/// 16·k + 4 doubles (an 8-bank step per row) both the fragments that read 4
+/// consecutive rows (ldmatrix-like: load_a, load_b_t) and those that read
+/// every other row (load_b_perm, load_a_t_perm) are conflict-free; without
+/// it the second kind took two wavefronts per half-warp (RESULTS v29).
+template <bool Swizzle>
+KOKKOS_FORCEINLINE_FUNCTION constexpr int swizzle_col(int row, int col) {
+  return Swizzle ? col ^ (row & 4) : col;
+}
+
 /// `rows` rows of HeadDim values of a [b][i][h][d] tensor (rows `row_stride`
 /// elements apart, from row `first_row` of `src`) into a scratch tile of
-/// Pitch elements per row, by 16-byte asynchronous copies spread over
-/// `threads` threads from `tid`; rows at or past `rows_total` are zero-filled.
+/// Pitch elements per row (columns swizzled by swizzle_col<Swizzle>), by
+/// 16-byte asynchronous copies spread over `threads` threads from `tid`;
+/// rows at or past `rows_total` are zero-filled.
 /// The tile loads of every tensor-core and register-tiled kernel. The
 /// kernels pass constant `rows` and `threads`: when a row's chunks divide
 /// the threads and the threads the tile's chunks, a thread's column, first
@@ -207,7 +219,7 @@ KOKKOS_FORCEINLINE_FUNCTION void bulk_wait() {
 /// and a cp.async per chunk, with a bounds check per chunk only when the
 /// tile crosses `rows_total` (against ~15 instructions of index arithmetic
 /// per chunk in the general loop).
-template <int HeadDim, int Pitch, class T>
+template <int HeadDim, int Pitch, bool Swizzle = false, class T>
 KOKKOS_FORCEINLINE_FUNCTION void load_rows_async(T* dst, const T* src, long row_stride,
                                                  int first_row, int rows, int rows_total,
                                                  int tid, int threads) {
@@ -217,16 +229,19 @@ KOKKOS_FORCEINLINE_FUNCTION void load_rows_async(T* dst, const T* src, long row_
     const int step = threads / kChunks, per_thread = rows * kChunks / threads;
     const int row = tid / kChunks, col = (tid % kChunks) * kPer;
     const T* from = src + long(first_row + row) * row_stride + col;
-    T* to = dst + row * Pitch + col;
+    T* to = dst + row * Pitch;
+    auto at = [&](int k) {
+      return to + k * step * Pitch + swizzle_col<Swizzle>(row + k * step, col);
+    };
     if (first_row + rows <= rows_total) {
 #pragma unroll
       for (int k = 0; k < per_thread; ++k)
-        cp_async_16(to + k * step * Pitch, from + k * step * row_stride, 16);
+        cp_async_16(at(k), from + k * step * row_stride, 16);
     } else {
 #pragma unroll
       for (int k = 0; k < per_thread; ++k) {
         const bool ok = first_row + row + k * step < rows_total;
-        cp_async_16(to + k * step * Pitch, ok ? from + k * step * row_stride : src, ok ? 16 : 0);
+        cp_async_16(at(k), ok ? from + k * step * row_stride : src, ok ? 16 : 0);
       }
     }
     return;
@@ -235,7 +250,7 @@ KOKKOS_FORCEINLINE_FUNCTION void load_rows_async(T* dst, const T* src, long row_
     const int r = c / kChunks, cc = c % kChunks;
     const bool ok = first_row + r < rows_total;
     const T* from = src + (ok ? long(first_row + r) * row_stride : 0) + cc * kPer;
-    cp_async_16(dst + r * Pitch + cc * kPer, from, ok ? 16 : 0);
+    cp_async_16(dst + r * Pitch + swizzle_col<Swizzle>(r, cc * kPer), from, ok ? 16 : 0);
   }
 }
 
@@ -246,15 +261,16 @@ KOKKOS_FORCEINLINE_FUNCTION void load_rows_async(T* dst, const T* src, long row_
 /// `seqlen_q` read 0: their Q and dO rows are zero, so S = 0, dP = D = 0
 /// and nothing reaches dK or dV; their dQ is not stored. A row that saw no
 /// key (lse = -inf) is masked in every tile it is in.
-template <int HeadDim, int Pitch, int BlockM, class T, class S>
+template <int HeadDim, int Pitch, int BlockM, bool Swizzle = false, class T, class S>
 KOKKOS_FORCEINLINE_FUNCTION void load_query_block_async(T* sQ, S* s_stats, const T* gQ,
                                                         const T* gdO, const S* g_lse,
                                                         const S* g_delta, long row_stride,
                                                         int row_begin, int seqlen_q, int tid,
                                                         int threads) {
-  load_rows_async<HeadDim, Pitch>(sQ, gQ, row_stride, row_begin, BlockM, seqlen_q, tid, threads);
-  load_rows_async<HeadDim, Pitch>(sQ + BlockM * Pitch, gdO, row_stride, row_begin, BlockM,
-                                  seqlen_q, tid, threads);
+  load_rows_async<HeadDim, Pitch, Swizzle>(sQ, gQ, row_stride, row_begin, BlockM, seqlen_q, tid,
+                                           threads);
+  load_rows_async<HeadDim, Pitch, Swizzle>(sQ + BlockM * Pitch, gdO, row_stride, row_begin,
+                                           BlockM, seqlen_q, tid, threads);
   if (tid < BlockM) {
     const int row = row_begin + tid;
     const bool ok = row < seqlen_q;

@@ -35,6 +35,9 @@
 //   kFreshSums                     whether a kernel should sum products in
 //                                  fresh accumulators per few k-steps and
 //                                  add those in the value type (below)
+//   kSwizzle                       whether the tiles the loads read are
+//                                  stored with swizzle_col (the kernels'
+//                                  copies and stores to them apply it too)
 // a_from_c and load_b_perm permute the 8 keys of a tile the same way (keys
 // 2t and 2t+1 are where lane t holds them in the accumulator), which leaves
 // the sum over keys unchanged: P never leaves registers on its way to P·V.
@@ -51,6 +54,7 @@ struct Fp64Atom {
   using value_type = double;
   static constexpr int kRows = 8, kDepth = 4, kC = 2, kSlices = 2;
   static constexpr bool kFreshSums = false;
+  static constexpr bool kSwizzle = false;
   struct A {
     double a;
   };
@@ -88,6 +92,9 @@ struct Fp64x16Atom {
   using value_type = double;
   static constexpr int kRows = 16, kDepth = 8, kC = 4, kSlices = 1;
   static constexpr bool kFreshSums = false;
+  /// Tiles are stored with swizzle_col (rows of 16·k + 4 doubles); `row`,
+  /// `n`, `key` and `k` below are multiples of 8.
+  static constexpr bool kSwizzle = true;
   struct A {
     double a[4];
   };
@@ -95,25 +102,27 @@ struct Fp64x16Atom {
     double b0, b1;
   };
   KOKKOS_FORCEINLINE_FUNCTION static A load_a(const double* tile, int pitch, int row, int k) {
-    const int lane = lane_id();
-    const double* p = tile + (row + lane / 4) * pitch + k + lane % 4;
-    return {{p[0], p[8 * pitch], p[4], p[8 * pitch + 4]}};
+    const int lane = lane_id(), g = lane / 4;
+    const double* p = tile + (row + g) * pitch + k;
+    const int c = (lane % 4) ^ (g & 4);
+    return {{p[c], p[8 * pitch + c], p[c ^ 4], p[8 * pitch + (c ^ 4)]}};
   }
   KOKKOS_FORCEINLINE_FUNCTION static B load_b_t(const double* tile, int pitch, int n, int k) {
-    const int lane = lane_id();
-    const double* p = tile + (n + lane / 4) * pitch + k + lane % 4;
-    return {p[0], p[4]};
+    const int lane = lane_id(), g = lane / 4;
+    const double* p = tile + (n + g) * pitch + k;
+    const int c = (lane % 4) ^ (g & 4);
+    return {p[c], p[c ^ 4]};
   }
   KOKKOS_FORCEINLINE_FUNCTION static B load_b_perm(const double* tile, int pitch, int key, int,
                                                    int n) {
-    const int lane = lane_id();
-    const double* p = tile + (key + 2 * (lane % 4)) * pitch + n + lane / 4;
+    const int lane = lane_id(), r = 2 * (lane % 4);
+    const double* p = tile + (key + r) * pitch + n + ((lane / 4) ^ (r & 4));
     return {p[0], p[pitch]};
   }
   KOKKOS_FORCEINLINE_FUNCTION static A load_a_t_perm(const double* tile, int pitch, int row,
                                                      int key, int) {
-    const int lane = lane_id();
-    const double* p = tile + (key + 2 * (lane % 4)) * pitch + row + lane / 4;
+    const int lane = lane_id(), r = 2 * (lane % 4);
+    const double* p = tile + (key + r) * pitch + row + ((lane / 4) ^ (r & 4));
     return {{p[0], p[8], p[pitch], p[pitch + 8]}};
   }
   KOKKOS_FORCEINLINE_FUNCTION static A a_from_c(const double (&c)[kC], int) {
@@ -137,6 +146,7 @@ struct Tf32Atom {
   using value_type = float;
   static constexpr int kRows = 16, kDepth = 8, kC = 4, kSlices = 1;
   static constexpr bool kFreshSums = FreshSums;
+  static constexpr bool kSwizzle = false;
   static constexpr bool kSplit = Passes == 3;
   struct A {
     std::uint32_t big[4], small[kSplit ? 4 : 1];
