@@ -336,7 +336,8 @@ std::function<void()> backward_variant(const Args& a, View4 q, View4 k, View4 v,
 /// 128 query rows (4 warps x 2 atoms), 32 keys, one team per SM.
 /// fp64: "m8n8k4": the m8n8k4 atom in its shapes (the default before
 /// m16n8k8); "bn8": m16n8k8 with 8-key blocks, two teams per SM (the d 128
-/// default before RESULTS v23).
+/// default before RESULTS v23); "w8_n16", "w8_n32": one team of 8 warps
+/// (128 rows) with 16- or 32-key blocks (the d 128 default's shape).
 template <class T, class View4, class View3>
 std::function<void()> forward_variant(const Args& a, View4 q, View4 k, View4 v, View4 o,
                                       View3 lse) {
@@ -383,9 +384,14 @@ std::function<void()> forward_variant(const Args& a, View4 q, View4 k, View4 v, 
 #if KFA_CUDA_FP64_M16
     if (a.fwd_variant == "bn8")
       return wide_forward_shape<WideFwdShape<4, 1, 8, 2>, mma::Fp64x16Atom>(a, q, k, v, o, lse);
+    if (a.fwd_variant == "w8_n16")
+      return wide_forward_shape<WideFwdShape<8, 1, 16, 1>, mma::Fp64x16Atom>(a, q, k, v, o, lse);
+    if (a.fwd_variant == "w8_n32")
+      return wide_forward_shape<WideFwdShape<8, 1, 32, 1>, mma::Fp64x16Atom>(a, q, k, v, o, lse);
 #endif
 #endif
-    throw std::invalid_argument("--fwd-variant for fp64 must be default, m8n8k4 or bn8");
+    throw std::invalid_argument(
+        "--fwd-variant for fp64 must be default, m8n8k4, bn8, w8_n16 or w8_n32");
   } else {
     if (a.fwd_variant == "policy")
       return mma_forward_shape<FwdMmaShape<4, 1, 64, 1, 2>, T>(a, q, k, v, o, lse);
