@@ -243,9 +243,10 @@ std::function<void()> wide_forward_default(const Args& a, View4 q, View4 k, View
 }
 
 /// The exact fp32 forward (FlashForwardSimtKernel) with keys per block
-/// BlockN64 / BlockN128 at head_dim 64 / 128, teams per SM and FastExp
-/// other than the library's, for experiments.
-template <int BlockN64, int BlockN128, int MinBlocksPerSM, bool FastExp, class View4, class View3>
+/// BlockN64 / BlockN128 at head_dim 64 / 128, teams per SM, FastExp and
+/// DmmaScores other than the library's, for experiments.
+template <int BlockN64, int BlockN128, int MinBlocksPerSM, bool FastExp,
+          bool DmmaScores = (KFA_CUDA_FP64_M16 != 0), class View4, class View3>
 std::function<void()> simt_forward(const Args& a, View4 q, View4 k, View4 v, View4 o,
                                    View3 lse) {
   using Space = Kokkos::DefaultExecutionSpace;
@@ -255,28 +256,26 @@ std::function<void()> simt_forward(const Args& a, View4 q, View4 k, View4 v, Vie
   if (a.head_dim == 64)
     return [=] {
       FlashForwardSimtKernel<Space, 64, View4, View4, View4, View4, View3, BlockN64,
-                             MinBlocksPerSM, FastExp>(q, k, v, o, lse, scale, causal)
+                             MinBlocksPerSM, FastExp, DmmaScores>(q, k, v, o, lse, scale, causal)
           .launch(Space());
     };
   if (a.head_dim == 128)
     return [=] {
       FlashForwardSimtKernel<Space, 128, View4, View4, View4, View4, View3, BlockN128,
-                             MinBlocksPerSM, FastExp>(q, k, v, o, lse, scale, causal)
+                             MinBlocksPerSM, FastExp, DmmaScores>(q, k, v, o, lse, scale, causal)
           .launch(Space());
     };
   throw std::invalid_argument("--fwd-variant simt_* needs head_dim 64 or 128");
 }
 
-/// The fp32/fp64 tensor-core backward with another tile shape (or atom)
-/// than the library's: D (delta) by the library's preprocess kernel, dq
-/// zeroed, then the kernel, as dispatch_backward runs them.
-template <int D, class Shape, class Atom, class View4, class View3>
-std::function<void()> wide_backward_at(const Args& a, View4 q, View4 k, View4 v, View4 o,
-                                       View3 lse, View4 d_o, View4 dq, View4 dk, View4 dv) {
+/// A backward kernel other than the library's: D (delta) by the library's
+/// preprocess kernel, dq zeroed, then the kernel, as dispatch_backward runs
+/// them.
+template <class Kernel, int D, class View4, class View3>
+std::function<void()> backward_kernel_at(const Args& a, View4 q, View4 k, View4 v, View4 o,
+                                         View3 lse, View4 d_o, View4 dq, View4 dk, View4 dv) {
   using Space = Kokkos::DefaultExecutionSpace;
   using T = typename View4::non_const_value_type;
-  using Kernel = kfa::Impl::FlashBackwardWideMmaKernel<Space, D, Atom, View4, View4, View4, View4,
-                                                       View3, View3, View4, View4, View4, Shape>;
   View3 delta("bench_device::delta", q.extent(0), q.extent(2), q.extent(1));
   const int rows = int(q.extent(1)), heads = int(q.extent(2));
   const T scale = T(1) / std::sqrt(T(D));
@@ -291,16 +290,51 @@ std::function<void()> wide_backward_at(const Args& a, View4 q, View4 k, View4 v,
   };
 }
 
+/// The fp32/fp64 tensor-core backward with another tile shape (or atom)
+/// than the library's.
+template <int D, class Shape, class Atom, class View4, class View3>
+std::function<void()> wide_backward_at(const Args& a, View4 q, View4 k, View4 v, View4 o,
+                                       View3 lse, View4 d_o, View4 dq, View4 dk, View4 dv) {
+  using Kernel =
+      kfa::Impl::FlashBackwardWideMmaKernel<Kokkos::DefaultExecutionSpace, D, Atom, View4, View4,
+                                            View4, View4, View3, View3, View4, View4, View4, Shape>;
+  return backward_kernel_at<Kernel, D>(a, q, k, v, o, lse, d_o, dq, dk, dv);
+}
+
+#ifdef KOKKOS_ENABLE_CUDA
+/// The exact fp32 backward with DmmaScores other than the library's.
+template <int D, bool DmmaScores, class View4, class View3>
+std::function<void()> simt_backward_at(const Args& a, View4 q, View4 k, View4 v, View4 o,
+                                       View3 lse, View4 d_o, View4 dq, View4 dk, View4 dv) {
+  using Kernel =
+      kfa::Impl::FlashBackwardSimtKernel<Kokkos::DefaultExecutionSpace, D, View4, View4, View4,
+                                         View4, View3, View3, View4, View4, View4, DmmaScores>;
+  return backward_kernel_at<Kernel, D>(a, q, k, v, o, lse, d_o, dq, dk, dv);
+}
+#endif
+
 /// fp64 backward variants at head_dim 64 (RESULTS v25): "w8" (m16n8k8 with
 /// 8 warps, 128 keys per team, instead of 4 and 64); "split" (m16n8k8 with
 /// two warps per 16 keys, each holding dK and dV for half the head
-/// dimension: the library's shape at head_dim 128); "s1" (the library's
-/// shape with one stage of Q and dO, two teams per SM).
+/// dimension: the library's shape at head_dim 128); "s2" (the library's
+/// shape with two stages of Q and dO and one team per SM, the default
+/// before run 46). fp32: "simt_ffma" (the exact kernel with Sᵀ and dPᵀ by
+/// fp32 FMAs, before RESULTS v30).
 template <class T, class View4, class View3>
 std::function<void()> backward_variant(const Args& a, View4 q, View4 k, View4 v, View4 o,
                                        View3 lse, View4 d_o, View4 dq, View4 dk, View4 dv) {
   using kfa::Impl::WideBwdShape;
   namespace mma = kfa::Impl::cuda_mma;
+#ifdef KOKKOS_ENABLE_CUDA
+  if constexpr (std::is_same<T, float>::value) {
+    if (a.bwd_variant == "simt_ffma" && a.head_dim == 64)
+      return simt_backward_at<64, false>(a, q, k, v, o, lse, d_o, dq, dk, dv);
+    if (a.bwd_variant == "simt_ffma" && a.head_dim == 128)
+      return simt_backward_at<128, false>(a, q, k, v, o, lse, d_o, dq, dk, dv);
+    throw std::invalid_argument("--bwd-variant for fp32 must be default or simt_ffma (head_dim "
+                                "64 or 128)");
+  }
+#endif
   if constexpr (std::is_same<T, double>::value) {
 #if KFA_CUDA_FP64_M16
     using A16 = mma::Fp64x16Atom;
@@ -310,16 +344,16 @@ std::function<void()> backward_variant(const Args& a, View4 q, View4 k, View4 v,
     if (a.bwd_variant == "split" && a.head_dim == 64)
       return wide_backward_at<64, WideBwdShape<8, 16, 2>, A16>(a, q, k, v, o, lse, d_o, dq, dk,
                                                                dv);
-    if (a.bwd_variant == "s1" && a.head_dim == 64)
-      return wide_backward_at<64, WideBwdShape<4, 16, 1, 1>, A16>(a, q, k, v, o, lse, d_o, dq,
+    if (a.bwd_variant == "s2" && a.head_dim == 64)
+      return wide_backward_at<64, WideBwdShape<4, 16, 1, 2>, A16>(a, q, k, v, o, lse, d_o, dq,
                                                                   dk, dv);
 #endif
     throw std::invalid_argument(
-        "--bwd-variant for fp64 must be default, w8, split or s1 (head_dim 64), on a build for "
+        "--bwd-variant for fp64 must be default, w8, split or s2 (head_dim 64), on a build for "
         "sm_90+");
   }
   (void)q, (void)k, (void)v, (void)o, (void)lse, (void)d_o, (void)dq, (void)dk, (void)dv;
-  throw std::invalid_argument("--bwd-variant needs fp64");
+  throw std::invalid_argument("--bwd-variant needs fp32 or fp64");
 }
 
 /// 16-bit types: "policy": the shape that fits Kokkos' TeamPolicy scratch
@@ -329,7 +363,10 @@ std::function<void()> backward_variant(const Args& a, View4 q, View4 k, View4 v,
 /// the large shape with 32-key blocks (half the S registers).
 /// fp32: "split_tf32" and "tf32" (Fp32Matmul options of the library's
 /// dispatch), "simt_bn16" (the exact kernel with 16-key blocks, three teams
-/// per SM), "simt_expf" (the exact kernel with expf, before RESULTS v26),
+/// per SM), "simt_2teams" (64-key blocks at head_dim 64, 32 at 128, two
+/// teams per SM: the shape before RESULTS run 48), "simt_expf" (the exact
+/// kernel with expf, before RESULTS v26),
+/// "simt_ffma" (the exact kernel with S by fp32 FMAs, before RESULTS v30),
 /// "split_tf32_accum" (3xTF32 with every product summed inside the
 /// tensor core, the default before RESULTS v23), "portable" (the portable
 /// team kernel, as without opt-in shared memory), "wide_128": 3xTF32 with
@@ -357,8 +394,14 @@ std::function<void()> forward_variant(const Args& a, View4 q, View4 k, View4 v, 
     using kfa::Impl::simt_block_n;
     if (a.fwd_variant == "simt_bn16")
       return simt_forward<16, 16, 3, true>(a, q, k, v, o, lse);
+    if (a.fwd_variant == "simt_2teams")
+      return simt_forward<64, 32, 2, true>(a, q, k, v, o, lse);
     if (a.fwd_variant == "simt_expf")
-      return simt_forward<simt_block_n<64>(), simt_block_n<128>(), 2, false>(a, q, k, v, o, lse);
+      return simt_forward<simt_block_n<64>(), simt_block_n<128>(), kfa::Impl::simt_teams_per_sm(),
+                          false>(a, q, k, v, o, lse);
+    if (a.fwd_variant == "simt_ffma")
+      return simt_forward<simt_block_n<64, false>(), simt_block_n<128, false>(),
+                          kfa::Impl::simt_teams_per_sm<false>(), true, false>(a, q, k, v, o, lse);
 #endif
     if (a.fwd_variant == "portable") {
       kfa::AttentionOptions opt;
@@ -377,7 +420,7 @@ std::function<void()> forward_variant(const Args& a, View4 q, View4 k, View4 v, 
 #endif
     throw std::invalid_argument(
         "--fwd-variant for fp32 must be default, split_tf32, split_tf32_accum, tf32, simt_bn16, "
-        "simt_expf, portable or wide_128");
+        "simt_2teams, simt_expf, simt_ffma, portable or wide_128");
   } else if constexpr (std::is_same<T, double>::value) {
 #ifdef KOKKOS_ENABLE_CUDA
     if (a.fwd_variant == "m8n8k4") return wide_forward_default<mma::Fp64Atom>(a, q, k, v, o, lse);

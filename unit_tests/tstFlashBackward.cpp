@@ -278,10 +278,9 @@ TEST(FlashBackwardCuda, Fp32OnTensorCores) {
 // dimension, Pᵀ and dPᵀ swapped through scratch) is fp64 m16n8k8's shape at
 // head_dim 128 (the library's, also run by the typed tests); the others are
 // bench_device's variants and m8n8k4's shapes (GPUs before sm_90).
-template <class WideShape, int HeadDim, class Atom>
-void check_wide_backward_shape(const Shape& s, bool causal) {
+template <class T, class Kernel>
+void check_backward_kernel(const Shape& s, bool causal, const std::string& shape) {
   using Space = Kokkos::Cuda;
-  using T = typename Atom::value_type;
   using View4 = DeviceView4<T, Space>;
   using View3 = DeviceView3<T, Space>;
   kfa::AttentionOptions opt;
@@ -300,9 +299,8 @@ void check_wide_backward_shape(const Shape& s, bool causal) {
   View4 dv("dv", s.batch, s.seqlen_k, s.heads, s.head_dim);
   poison(dk);
   poison(dv);
-  kfa::Impl::FlashBackwardWideMmaKernel<Space, HeadDim, Atom, View4, View4, View4, View4, View3,
-                                        View3, View4, View4, View4, WideShape>
-      kernel(q, k, v, d_o, lse, delta, dq, dk, dv, T(1) / std::sqrt(T(HeadDim)), causal);
+  Kernel kernel(q, k, v, d_o, lse, delta, dq, dk, dv, T(1) / std::sqrt(T(Kernel::kHeadDim)),
+                causal);
   ASSERT_TRUE(kernel.fits(Space()));
   kernel.launch(Space());
   Space().fence();
@@ -312,11 +310,8 @@ void check_wide_backward_shape(const Shape& s, bool causal) {
                                    dk_ref, dv_ref);
   reference_backward<T>(c.q, c.k, c.v, c.o_ref, c.lse_ref, c.d_o, opt, dq_plain, dk_plain,
                         dv_plain);
-  const std::string what = type_name<T>() + " " + to_string(s) + (causal ? " causal" : "") +
-                           " shape: " + std::to_string(kernel.kWarps) + " warps, " +
-                           std::to_string(kernel.kBlockN) + " keys, " +
-                           std::to_string(kernel.kBlockM) + " rows, split " +
-                           std::to_string(kernel.kSplit);
+  const std::string what =
+      type_name<T>() + " " + to_string(s) + (causal ? " causal" : "") + " shape: " + shape;
   auto check = [&](const char* name, const Tensor& got, const Tensor& plain, const Tensor& ref) {
     const double err = max_abs_diff(got, ref), err_plain = max_abs_diff(plain, ref);
     EXPECT_LE(err, allowed_error<T>(err_plain, ref))
@@ -325,6 +320,52 @@ void check_wide_backward_shape(const Shape& s, bool causal) {
   check("dq", to_host(dq), dq_plain, dq_ref);
   check("dk", to_host(dk), dk_plain, dk_ref);
   check("dv", to_host(dv), dv_plain, dv_ref);
+}
+
+template <class WideShape, int HeadDim, class Atom>
+void check_wide_backward_shape(const Shape& s, bool causal) {
+  using T = typename Atom::value_type;
+  using View4 = DeviceView4<T, Kokkos::Cuda>;
+  using View3 = DeviceView3<T, Kokkos::Cuda>;
+  using Kernel =
+      kfa::Impl::FlashBackwardWideMmaKernel<Kokkos::Cuda, HeadDim, Atom, View4, View4, View4,
+                                            View4, View3, View3, View4, View4, View4, WideShape>;
+  check_backward_kernel<T, Kernel>(
+      s, causal,
+      std::to_string(Kernel::kWarps) + " warps, " + std::to_string(Kernel::kBlockN) + " keys, " +
+          std::to_string(Kernel::kBlockM) + " rows, split " + std::to_string(Kernel::kSplit) +
+          ", " + std::to_string(Kernel::kStages) + " stages");
+}
+
+// The exact fp32 backward with Sᵀ and dPᵀ on the fp64 tensor cores (the
+// default on sm_90+) and on fp32 FMAs (the default before, bench_device's
+// simt_ffma), both held to fp32 arithmetic's error.
+template <int HeadDim, bool DmmaScores>
+void check_simt_backward(const Shape& s, bool causal) {
+  using View4 = DeviceView4<float, Kokkos::Cuda>;
+  using View3 = DeviceView3<float, Kokkos::Cuda>;
+  using Kernel = kfa::Impl::FlashBackwardSimtKernel<Kokkos::Cuda, HeadDim, View4, View4, View4,
+                                                    View4, View3, View3, View4, View4, View4,
+                                                    DmmaScores>;
+  check_backward_kernel<float, Kernel>(
+      s, causal, DmmaScores ? "Sᵀ, dPᵀ on fp64 tensor cores" : "Sᵀ, dPᵀ on fp32 FMAs");
+}
+
+TEST(FlashBackwardCuda, ExactFp32ScoreProducts) {
+  for (bool causal : {false, true}) {
+    for (const Shape& s : {Shape{2, 190, 333, 2, 64}, Shape{1, 1000, 257, 1, 64}}) {
+      check_simt_backward<64, false>(s, causal);
+#if KFA_CUDA_FP64_M16
+      check_simt_backward<64, true>(s, causal);
+#endif
+    }
+    for (const Shape& s : {Shape{1, 300, 129, 2, 128}, Shape{1, 257, 1000, 1, 128}}) {
+      check_simt_backward<128, false>(s, causal);
+#if KFA_CUDA_FP64_M16
+      check_simt_backward<128, true>(s, causal);
+#endif
+    }
+  }
 }
 
 TEST(FlashBackwardCuda, WideTensorCoreTileShapes) {
@@ -340,6 +381,7 @@ TEST(FlashBackwardCuda, WideTensorCoreTileShapes) {
                                 mma::Fp64x16Atom>(s, causal);
       check_wide_backward_shape<WideBwdShape<8, 16, 1>, 64, mma::Fp64x16Atom>(s, causal);
       check_wide_backward_shape<WideBwdShape<8, 16, 2>, 64, mma::Fp64x16Atom>(s, causal);
+      check_wide_backward_shape<WideBwdShape<4, 16, 1, 2>, 64, mma::Fp64x16Atom>(s, causal);
 #endif
     }
     for (const Shape& s : {Shape{1, 300, 129, 2, 128}, Shape{1, 257, 1000, 1, 128}}) {

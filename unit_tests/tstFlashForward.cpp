@@ -320,12 +320,18 @@ StandardOnDevice<T, Space> standard_on_device(const Case& c, const kfa::Attentio
 // max |O|: the tf32 atoms keep 22 (3xTF32) or 11 (tf32) of fp32's 24
 // significand bits per operand, so their errors are about 10x and 1000x
 // those of fp32 arithmetic.
-template <class WideShape, int HeadDim, class Atom>
-void check_wide_shape(const Shape& s, bool causal, double tol_scale = 0, double key_ramp = 0) {
+template <class T>
+using CudaIn4 = Kokkos::View<const T****, Kokkos::LayoutRight, Kokkos::CudaSpace>;
+
+/// A forward kernel of value type T launched directly (views CudaIn4<T> in,
+/// DeviceView4/3<T, Kokkos::Cuda> out), checked as above; `shape` names
+/// its tile shape in the failure messages.
+template <class T, class Kernel>
+void check_forward_kernel(const Shape& s, bool causal, const std::string& shape,
+                          double tol_scale = 0, double key_ramp = 0) {
   using Space = Kokkos::Cuda;
-  using T = typename Atom::value_type;
   using View4 = DeviceView4<T, Space>;
-  using In4 = Kokkos::View<const T****, Kokkos::LayoutRight, Space::memory_space>;
+  using In4 = CudaIn4<T>;
   using View3 = DeviceView3<T, Space>;
   kfa::AttentionOptions opt;
   opt.causal = causal;
@@ -337,16 +343,13 @@ void check_wide_shape(const Shape& s, bool causal, double tol_scale = 0, double 
   const View3 lse = d.lse;
   poison(o);
   poison(lse);
-  kfa::Impl::FlashForwardWideMmaKernel<Space, HeadDim, Atom, In4, In4, In4, View4, View3,
-                                       WideShape>
-      kernel(In4(d.q), In4(d.k), In4(d.v), o, lse, T(1) / std::sqrt(T(HeadDim)), causal);
+  Kernel kernel(In4(d.q), In4(d.k), In4(d.v), o, lse, T(1) / std::sqrt(T(Kernel::kHeadDim)),
+                causal);
   ASSERT_TRUE(kernel.fits(Space()));
   kernel.launch(Space());
   Space().fence();
-  const std::string what = type_name<T>() + " " + to_string(s) + (causal ? " causal" : "") +
-                           " shape: " + std::to_string(kernel.kBlockM) + " rows, " +
-                           std::to_string(kernel.kBlockN) + " keys, " +
-                           std::to_string(kernel.kWarps) + " warps";
+  const std::string what =
+      type_name<T>() + " " + to_string(s) + (causal ? " causal" : "") + " shape: " + shape;
   const double err_o = max_abs_diff(to_host(o), c.o_ref);
   const double err_lse = max_abs_diff(to_host(lse), c.lse_ref);
   if (tol_scale > 0) {
@@ -358,6 +361,20 @@ void check_wide_shape(const Shape& s, bool causal, double tol_scale = 0, double 
     EXPECT_LE(err_lse, allowed_error<T>(err_lse_std, c.lse_ref))
         << what << ": lse error " << err_lse << ", standard's " << err_lse_std;
   }
+}
+
+template <class WideShape, int HeadDim, class Atom>
+void check_wide_shape(const Shape& s, bool causal, double tol_scale = 0, double key_ramp = 0) {
+  using T = typename Atom::value_type;
+  using Kernel =
+      kfa::Impl::FlashForwardWideMmaKernel<Kokkos::Cuda, HeadDim, Atom, CudaIn4<T>, CudaIn4<T>,
+                                           CudaIn4<T>, DeviceView4<T, Kokkos::Cuda>,
+                                           DeviceView3<T, Kokkos::Cuda>, WideShape>;
+  check_forward_kernel<T, Kernel>(s, causal,
+                                  std::to_string(Kernel::kBlockM) + " rows, " +
+                                      std::to_string(Kernel::kBlockN) + " keys, " +
+                                      std::to_string(Kernel::kWarps) + " warps",
+                                  tol_scale, key_ramp);
 }
 
 TEST(FlashForwardCuda, WideTensorCoreTileShapes) {
@@ -401,6 +418,45 @@ TEST(FlashForwardCuda, WideTensorCoreTileShapes) {
         ramp, causal, 0, 40.0);
     check_wide_shape<WideFwdDefaultShape<mma::Fp64x16Atom, 64>::type, 64, mma::Fp64x16Atom>(
         Shape{1, 300, 1000, 2, 64}, causal, 0, 40.0);
+#endif
+  }
+}
+
+// The exact fp32 forward with S on the fp64 tensor cores (the default on
+// sm_90+) and on fp32 FMAs (the default before, bench_device's simt_ffma),
+// both held to fp32 arithmetic's error; and scores that grow along the keys
+// (many rescales of O per row).
+template <int HeadDim, bool DmmaScores>
+void check_simt_forward(const Shape& s, bool causal, double key_ramp = 0) {
+  using Kernel =
+      kfa::Impl::FlashForwardSimtKernel<Kokkos::Cuda, HeadDim, CudaIn4<float>, CudaIn4<float>,
+                                        CudaIn4<float>, DeviceView4<float, Kokkos::Cuda>,
+                                        DeviceView3<float, Kokkos::Cuda>,
+                                        kfa::Impl::simt_block_n<HeadDim, DmmaScores>(),
+                                        kfa::Impl::simt_teams_per_sm<DmmaScores>(), true,
+                                        DmmaScores>;
+  check_forward_kernel<float, Kernel>(
+      s, causal, std::string(DmmaScores ? "S on fp64 tensor cores" : "S on fp32 FMAs"), 0,
+      key_ramp);
+}
+
+TEST(FlashForwardCuda, ExactFp32ScoreProducts) {
+  for (bool causal : {false, true}) {
+    for (const Shape& s : {Shape{2, 190, 333, 2, 64}, Shape{1, 1000, 257, 1, 64}}) {
+      check_simt_forward<64, false>(s, causal);
+#if KFA_CUDA_FP64_M16
+      check_simt_forward<64, true>(s, causal);
+#endif
+    }
+    for (const Shape& s : {Shape{1, 300, 129, 2, 128}, Shape{1, 257, 1000, 1, 128}}) {
+      check_simt_forward<128, false>(s, causal);
+#if KFA_CUDA_FP64_M16
+      check_simt_forward<128, true>(s, causal);
+#endif
+    }
+    check_simt_forward<128, false>(Shape{1, 300, 1000, 2, 128}, causal, 40.0);
+#if KFA_CUDA_FP64_M16
+    check_simt_forward<128, true>(Shape{1, 300, 1000, 2, 128}, causal, 40.0);
 #endif
   }
 }

@@ -71,10 +71,11 @@ struct WideBwdShape {
   static constexpr int kStages = Stages;
 };
 
-/// The library's shapes (RESULTS.md v5-v7, v25): 8 warps, but 4 for fp64
-/// m16n8k8 at head_dim 64 (64 keys; measured there: 8 warps and 128 keys
-/// 8% slower, their dQ pass reads dSᵀ once per 8 columns; DimSplit 2 28%
-/// slower; one stage of Q and dO with two teams per SM the same), and at
+/// The library's shapes (RESULTS.md v5-v7, v25, runs 44-49): 8 warps, but 4
+/// for fp64 m16n8k8 at head_dim 64 (64 keys, one stage of Q and dO so that
+/// two teams share an SM: 1-1.7% faster than two stages and one team since
+/// the tiles are swizzled; measured there: 8 warps and 128 keys 8% slower,
+/// their dQ pass reads dSᵀ once per 8 columns; DimSplit 2 28% slower), and at
 /// head_dim 128 8 warps in pairs (DimSplit 2, 64 keys: 39% faster than
 /// m8n8k4 with 8 keys per warp). Query rows per step are bound by registers
 /// (the dK and dV accumulators, the Sᵀ and dPᵀ tiles) and, at head_dim 128,
@@ -87,7 +88,7 @@ struct WideBwdDefaultShape {
   using type = WideBwdShape<(kFp64x16 && !kWideHead) ? 4 : 8,
                             kFp64 ? ((Atom::kRows == 16 || kWideHead) ? 16 : 32)
                                   : (kWideHead ? 32 : 64),
-                            (kFp64x16 && kWideHead) ? 2 : 1>;
+                            (kFp64x16 && kWideHead) ? 2 : 1, (kFp64x16 && !kWideHead) ? 1 : 2>;
 };
 
 template <class ExecSpace, int HeadDim, class Atom, class QView, class KView, class VView,

@@ -2,14 +2,16 @@
 #define KFA_CUDA_BWD_SIMT_HPP
 
 // Exact fp32 backward on the CUDA backend (dK, dV per key block, dQ by fp32
-// atomics into dq, zeroed by the caller): fp32 FMAs tiled in registers, laid
-// out for shared-memory bandwidth as in the simt forward
-// (kfa_cuda_simt.hpp, RESULTS v29). A team of 4 warps owns 64 keys, 16
-// per warp; per query block of kBlockM:
+// atomics into dq, zeroed by the caller; no tf32): Sᵀ and dPᵀ on the fp64
+// tensor cores (sm_90+; exact products, fp64 sums) while dV, dK and dQ run
+// on fp32 FMAs tiled in registers and laid out for shared-memory bandwidth
+// as in the simt forward (kfa_cuda_simt.hpp, RESULTS v29, v30); before
+// sm_90 all five on FMAs. A team of 4 warps owns 64 keys, 16 per warp;
+// per query block of kBlockM:
 //   Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ   one after the other, each as the forward's S
-//                             (cuda_mma::simt_row_products): lane (g, tx) =
-//                             (lane/8, lane%8) ends with the keys
-//                             16·warp + 4·g.. against the queries tx + 8·j
+//                             (cuda_mma::RowProducts): a lane ends with 2
+//                             of the warp's keys by kBlockM/4 queries (4
+//                             by kBlockM/8 from the FMA product)
 //   Pᵀ = exp(Sᵀ·scale - lse), dSᵀ = Pᵀ ∘ (dPᵀ - D)      in registers
 //   dV += Pᵀ·dO, dK += dSᵀ·Q  P and dS written [query][key] to scratch (the
 //                             warp's own keys); a lane owns the columns
@@ -34,8 +36,13 @@
 namespace kfa {
 namespace Impl {
 
+/// DmmaScores: Sᵀ and dPᵀ on the fp64 tensor cores
+/// (cuda_mma::dmma_row_products: exact products, fp64 sums), beside dV, dK
+/// and dQ on the FMA pipe; the default where the build has fp64 m16n8k8
+/// (sm_90+), false is bench_device's variant simt_ffma.
 template <class ExecSpace, int HeadDim, class QView, class KView, class VView, class DOView,
-          class LseView, class DeltaView, class DQView, class DKView, class DVView>
+          class LseView, class DeltaView, class DQView, class DKView, class DVView,
+          bool DmmaScores = (KFA_CUDA_FP64_M16 != 0)>
 class FlashBackwardSimtKernel {
  public:
   static constexpr int kHeadDim = HeadDim;
@@ -44,10 +51,14 @@ class FlashBackwardSimtKernel {
   static constexpr int kStages = 2;
   static constexpr int kBlockN = 64;                      // keys per team
   static constexpr int kBlockM = HeadDim <= 64 ? 32 : 16;  // queries per step
-  static constexpr int kQ = kBlockM / 8;                   // queries per thread in Sᵀ
+  // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: a lane's kScoreKeys keys by kScoreQueries
+  // queries.
+  using Scores = cuda_mma::RowProducts<DmmaScores, HeadDim, kBlockM>;
+  static constexpr int kScoreKeys = Scores::kRows;
+  static constexpr int kScoreQueries = Scores::kCols;
   static constexpr int kChunks = kHeadDim / 4;             // float4s per row
   static constexpr int kRowsKV = 16 * kChunks / 32;        // a lane's dK, dV rows
-  static constexpr int kPitch = kHeadDim + 4;              // floats per K, V, Q, dO row
+  static constexpr int kPitch = kHeadDim + Scores::kPad;   // floats per K, V, Q, dO row
   static constexpr int kPitchP = kBlockN + 4;              // floats per P, dS row
   static constexpr int kChunksDQ = kHeadDim / 4;           // float4 columns of dQ
   static_assert(kHeadDim == 64 || kHeadDim == 128,
@@ -94,7 +105,9 @@ class FlashBackwardSimtKernel {
     using namespace cuda_mma;
     const int lane = threadIdx.x, warp = threadIdx.y;
     const int tid = warp * 32 + lane;
-    const int g = lane / 8, tx = lane % 8;
+    // The team's keys and the block's queries of this lane's Sᵀ and dPᵀ.
+    auto key_of = [&](int i) { return Scores::row(warp, lane, i); };
+    auto query_of = [&](int j) { return Scores::col(lane, j); };
     // dK, dV: keys kv_key.., columns kv_col..
     const int kv_key = 16 * warp + kRowsKV * (lane / kChunks), kv_col = 4 * (lane % kChunks);
 
@@ -137,7 +150,6 @@ class FlashBackwardSimtKernel {
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc_dk[i][c] = acc_dv[i][c] = 0.f;
 
-    const int key0 = 16 * warp + 4 * g;  // first of the keys of this lane's Sᵀ
     const int first_q_block = m_p.mask.row_begin(key_begin) / kBlockM;
     const int num_q_blocks = (m_p.seqlen_q + kBlockM - 1) / kBlockM;
     if (first_q_block < num_q_blocks) load_q_block(first_q_block, 0);
@@ -157,10 +169,10 @@ class FlashBackwardSimtKernel {
       const float* s_lse = stage_lse(stage);
       const float* s_delta = s_lse + kBlockM;
 
-      // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: keys key0.., queries tx + 8·j.
-      float st[4][kQ], dpt[4][kQ];
-      simt_row_products<kHeadDim, kPitch>(st, sK, sQ, warp, lane);
-      simt_row_products<kHeadDim, kPitch>(dpt, sV, sdO, warp, lane);
+      // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: keys key_of(i), queries query_of(j).
+      float st[kScoreKeys][kScoreQueries], dpt[kScoreKeys][kScoreQueries];
+      Scores::products(st, sK, sQ, warp, lane);
+      Scores::products(dpt, sV, sdO, warp, lane);
       // The next block's copies, into the stage the previous block used,
       // issued after the Sᵀ and dPᵀ products rather than right after the
       // barrier (as in the simt forward, RESULTS v23).
@@ -169,23 +181,32 @@ class FlashBackwardSimtKernel {
       // Pᵀ, dSᵀ; written [query][key] to the warp's own keys of P and dS.
       const bool needs_mask = m_p.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin,
                                                      key_begin + kBlockN);
+      // kPitchP keeps both layouts' stores free of bank conflicts.
       unswitch_mask(needs_mask, [&](auto masked) {
 #pragma unroll
-        for (int j = 0; j < kQ; ++j) {
-          const int col = tx + 8 * j;
-          float p[4], ds[4];
+        for (int j = 0; j < kScoreQueries; ++j) {
+          const int col = query_of(j);
+          float p[kScoreKeys], ds[kScoreKeys];
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
+          for (int i = 0; i < kScoreKeys; ++i) {
             p[i] = expf(st[i][j] * m_scale - s_lse[col]);
             if (decltype(masked)::value &&
-                m_p.mask.masked(row_begin + col, key_begin + key0 + i))
+                m_p.mask.masked(row_begin + col, key_begin + key_of(i)))
               p[i] = 0.f;
             ds[i] = p[i] * (dpt[i][j] - s_delta[col]);
           }
-          *reinterpret_cast<float4*>(sP + col * kPitchP + key0) =
-              make_float4(p[0], p[1], p[2], p[3]);
-          *reinterpret_cast<float4*>(sdS + col * kPitchP + key0) =
-              make_float4(ds[0], ds[1], ds[2], ds[3]);
+          if constexpr (kScoreKeys != 4) {
+#pragma unroll
+            for (int i = 0; i < kScoreKeys; ++i) {
+              sP[col * kPitchP + key_of(i)] = p[i];
+              sdS[col * kPitchP + key_of(i)] = ds[i];
+            }
+          } else {
+            *reinterpret_cast<float4*>(sP + col * kPitchP + key_of(0)) =
+                make_float4(p[0], p[1], p[2], p[3]);
+            *reinterpret_cast<float4*>(sdS + col * kPitchP + key_of(0)) =
+                make_float4(ds[0], ds[1], ds[2], ds[3]);
+          }
         }
       });
       // The warp's keys of P and dS are visible to its lanes.

@@ -1,16 +1,19 @@
 #ifndef KFA_CUDA_FWD_SIMT_HPP
 #define KFA_CUDA_FWD_SIMT_HPP
 
-// Exact fp32 forward on the CUDA backend: fp32 FMAs (no tensor cores), tiled
-// in registers the way SIMT matrix products are, laid out for shared-memory
-// bandwidth (kfa_cuda_simt.hpp). A team of 4 warps owns 64 query rows, 16
-// per warp:
-//   S:   cuda_mma::simt_row_products: lane (g, tx) = (lane/8, lane%8) ends
-//        with the rows 16·warp + 4·g.. against the keys tx + 8·j.
-//   P:   the online softmax in registers (row max and sum reduced over the 8
-//        lanes of a row group with shuffles; each exponential one FFMA and
-//        ex2.approx), P written transposed to the warp's own slice of
-//        scratch with the rows' rescale factors.
+// Exact fp32 forward on the CUDA backend (no tf32): S on the fp64 tensor
+// cores (sm_90+; exact products, fp64 sums, rounded once to fp32) while
+// P·V runs on fp32 FMAs, so the two pipes of equal rate work side by side
+// (RESULTS v30: +20% over S on FMAs too); before sm_90 both on FMAs, tiled
+// in registers and laid out for shared-memory bandwidth (kfa_cuda_simt.hpp).
+// A team of 4 warps owns 64 query rows, 16 per warp:
+//   S:   cuda_mma::RowProducts: a lane ends with 2 rows by kBlockN/4 keys
+//        (the m16n8 accumulator's layout; 4 rows by kBlockN/8 keys from
+//        the FMA product).
+//   P:   the online softmax in registers (row max and sum reduced with
+//        shuffles over the lanes that share a row; each exponential one
+//        FFMA and ex2.approx), P written transposed to the warp's own slice
+//        of scratch with the rows' rescale factors.
 //   O:   lane owns the columns 4·(lane % (head_dim/4)).. of kRowsO of the
 //        warp's rows (16 at head_dim 128, 8 at 64): per key one float4 of V
 //        (distinct per lane) and kRowsO/4 float4s of P (one address per
@@ -19,7 +22,8 @@
 //        for 64 FMAs at head_dim 128).
 // K and V blocks are double buffered with cp.async (block j+1's copies
 // issued after S_j); Q stays in scratch.
-// Launched by launch_cuda_team with opt-in shared memory (~110 KB).
+// Launched by launch_cuda_team with opt-in shared memory (simt_block_n,
+// simt_teams_per_sm: three teams per SM with S on DMMA, two on FMAs).
 
 #include <kfa_mask.hpp>
 #include <kfa_traits.hpp>
@@ -33,19 +37,35 @@
 namespace kfa {
 namespace Impl {
 
-/// Keys per K/V block and teams per multiprocessor of the library's shape:
-/// 64 keys at head_dim 64 and 32 at 128 (104 and 110 KB), two teams.
-template <int HeadDim>
+/// Whether the library's exact fp32 kernels take their score products on
+/// the fp64 tensor cores (fp64 m16n8k8: sm_90+ builds).
+constexpr bool simt_dmma_scores() { return KFA_CUDA_FP64_M16 != 0; }
+
+/// Keys per K/V block and teams per multiprocessor of the library's shapes.
+/// S on the fp64 tensor cores (192 registers at two teams, 160-164 at
+/// three): 32 keys at head_dim 64 and 16 at 128, three teams (63 and 73
+/// KB; +10% and +2% over two teams with 64 and 32 keys, RESULTS v30). S on
+/// fp32 FMAs (234-254 registers): 64 and 32 keys, two teams (104, 110 KB).
+template <int HeadDim, bool DmmaScores = simt_dmma_scores()>
 constexpr int simt_block_n() {
-  return HeadDim <= 64 ? 64 : 32;
+  return (HeadDim <= 64 ? 64 : 32) / (DmmaScores ? 2 : 1);
+}
+template <bool DmmaScores = simt_dmma_scores()>
+constexpr int simt_teams_per_sm() {
+  return DmmaScores ? 3 : 2;
 }
 
 /// FastExp: the exponentials as one FFMA and ex2.approx (log2 e folded into
 /// the shift; relative error 2^-22, as expf's 2 ulp) instead of expf's nine
 /// instructions (RESULTS v26); false is bench_device's variant simt_expf.
+/// DmmaScores: S on the fp64 tensor cores (cuda_mma::dmma_row_products:
+/// exact products, fp64 sums), beside P·V on the FMA pipe; the default
+/// where the build has fp64 m16n8k8 (sm_90+), false is bench_device's
+/// variant simt_ffma (S by fp32 FMAs, simt_row_products).
 template <class ExecSpace, int HeadDim, class QView, class KView, class VView, class OView,
-          class LseView, int BlockN = simt_block_n<HeadDim>(), int MinBlocksPerSM = 2,
-          bool FastExp = true>
+          class LseView, int BlockN = simt_block_n<HeadDim>(),
+          int MinBlocksPerSM = simt_teams_per_sm(), bool FastExp = true,
+          bool DmmaScores = simt_dmma_scores()>
 class FlashForwardSimtKernel {
  public:
   static constexpr int kHeadDim = HeadDim;
@@ -54,10 +74,13 @@ class FlashForwardSimtKernel {
   static constexpr int kStages = 2;
   static constexpr int kBlockM = 64;     // 16 row groups of 4
   static constexpr int kBlockN = BlockN;  // keys per K/V block
-  static constexpr int kKeys = kBlockN / 8;                // keys per thread in S
+  // S = Q·K_jᵀ: a lane's kScoreRows rows by kScoreKeys keys.
+  using Scores = cuda_mma::RowProducts<DmmaScores, HeadDim, BlockN>;
+  static constexpr int kScoreRows = Scores::kRows;
+  static constexpr int kScoreKeys = Scores::kCols;
   static constexpr int kChunks = kHeadDim / 4;             // float4s per Q, K, V, O row
   static constexpr int kRowsO = 16 * kChunks / 32;         // a lane's O rows
-  static constexpr int kPitch = kHeadDim + 4;              // floats per Q, K, V row
+  static constexpr int kPitch = kHeadDim + Scores::kPad;   // floats per Q, K, V row
   static constexpr int kPitchP = kBlockM + 4;              // floats per Pᵀ row
   static_assert(kHeadDim == 64 || kHeadDim == 128,
                 "kfa: the simt forward's O tile needs head_dim 64 or 128");
@@ -96,7 +119,10 @@ class FlashForwardSimtKernel {
     using namespace cuda_mma;
     const int lane = threadIdx.x, warp = threadIdx.y;
     const int tid = warp * 32 + lane;
-    const int g = lane / 8, tx = lane % 8;
+    // The block's rows and keys of this lane's scores.
+    auto row_of = [&](int i) { return Scores::row(warp, lane, i); };
+    auto key_of = [&](int j) { return Scores::col(lane, j); };
+    const bool first_of_row = lane % Scores::kLanesPerRow == 0;
     // P·V: rows o_row.., columns o_col..
     const int o_row = 16 * warp + kRowsO * (lane / kChunks), o_col = 4 * (lane % kChunks);
 
@@ -129,16 +155,15 @@ class FlashForwardSimtKernel {
     const int rows = imin(kBlockM, m_p.seqlen_q - row_begin);
     const int key_end = m_p.mask.key_end(row_begin + rows);
     const int num_kv_blocks = (key_end + kBlockN - 1) / kBlockN;
-    const int row0 = row_begin + 16 * warp + 4 * g;  // first of the softmax's 4 rows
 
     float acc_o[kRowsO][4];
 #pragma unroll
     for (int i = 0; i < kRowsO; ++i)
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc_o[i][c] = 0.f;
-    float row_max[4], row_sum[4];
+    float row_max[kScoreRows], row_sum[kScoreRows];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) row_max[i] = -INFINITY, row_sum[i] = 0.f;
+    for (int i = 0; i < kScoreRows; ++i) row_max[i] = -INFINITY, row_sum[i] = 0.f;
 
     load_tile(sQ, gQ, row_begin, m_p.seqlen_q, kBlockM);
     if (num_kv_blocks > 0) load_kv(0);
@@ -152,32 +177,33 @@ class FlashForwardSimtKernel {
       // done with block j-1, whose stage block j+1 now reuses.
       team.team_barrier();
 
-      // S = Q·K_jᵀ: rows 16·warp + 4·g.., keys tx + 8·j.
-      float s[4][kKeys];
-      simt_row_products<kHeadDim, kPitch>(s, sQ, k_tile, warp, lane);
+      // S = Q·K_jᵀ: rows row_of(i), keys key_of(j).
+      float s[kScoreRows][kScoreKeys];
+      Scores::products(s, sQ, k_tile, warp, lane);
       // Block j+1's copies, into the stage block j-1 used, issued between
       // the S and the P·V products rather than in a burst right after the
       // barrier, where they delayed the first S loads (RESULTS v23: +6%).
       if (kv_block + 1 < num_kv_blocks) load_kv(kv_block + 1);
       cp_async_commit();
 
-      // Scale, mask, online softmax; the 8 lanes of a row group share rows.
+      // Scale, mask, online softmax; Scores::kLanesPerRow lanes share a row.
       const bool needs_mask =
           m_p.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin, key_begin + kBlockN);
-      float alpha[4];
+      float alpha[kScoreRows];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
+      for (int i = 0; i < kScoreRows; ++i) {
         float block_max = row_max[i];
 #pragma unroll
-        for (int j = 0; j < kKeys; ++j) {
+        for (int j = 0; j < kScoreKeys; ++j) {
           float x = s[i][j] * m_scale;
-          if (needs_mask && m_p.mask.masked(row0 + i, key_begin + tx + 8 * j)) x = -INFINITY;
+          if (needs_mask && m_p.mask.masked(row_begin + row_of(i), key_begin + key_of(j)))
+            x = -INFINITY;
           s[i][j] = x;
           block_max = fmaxf(block_max, x);
         }
-        block_max = fmaxf(block_max, shfl_xor(block_max, 1));
-        block_max = fmaxf(block_max, shfl_xor(block_max, 2));
-        block_max = fmaxf(block_max, shfl_xor(block_max, 4));
+#pragma unroll
+        for (int m = 1; m < Scores::kLanesPerRow; m *= 2)
+          block_max = fmaxf(block_max, shfl_xor(block_max, m));
         // A row whose every score so far is masked keeps max -inf: shift by
         // 0 so exp(-inf - shift) = 0 instead of NaN.
         const float shift = block_max == -INFINITY ? 0.f : block_max;
@@ -186,21 +212,26 @@ class FlashForwardSimtKernel {
         const float shift2 = shift * kLog2e;
         float block_sum = 0.f;
 #pragma unroll
-        for (int j = 0; j < kKeys; ++j) {
+        for (int j = 0; j < kScoreKeys; ++j) {
           s[i][j] = FastExp ? exp2_fast(fmaf(s[i][j], kLog2e, -shift2)) : expf(s[i][j] - shift);
           block_sum += s[i][j];
         }
         row_sum[i] = alpha[i] * row_sum[i] + block_sum;
       }
       // Pᵀ and the rescale factors into this warp's columns of scratch
-      // (rows 16·warp.. belong to it).
+      // (rows 16·warp.. belong to it); kPitchP keeps both layouts' stores
+      // free of bank conflicts.
 #pragma unroll
-      for (int j = 0; j < kKeys; ++j)
-        *reinterpret_cast<float4*>(sP + (tx + 8 * j) * kPitchP + 16 * warp + 4 * g) =
-            make_float4(s[0][j], s[1][j], s[2][j], s[3][j]);
-      if (tx == 0)
-        *reinterpret_cast<float4*>(sF + 16 * warp + 4 * g) =
-            make_float4(alpha[0], alpha[1], alpha[2], alpha[3]);
+      for (int j = 0; j < kScoreKeys; ++j) {
+        if constexpr (kScoreRows != 4) {
+#pragma unroll
+          for (int i = 0; i < kScoreRows; ++i) sP[key_of(j) * kPitchP + row_of(i)] = s[i][j];
+        } else {
+          *reinterpret_cast<float4*>(sP + key_of(j) * kPitchP + row_of(0)) =
+              make_float4(s[0][j], s[1][j], s[2][j], s[3][j]);
+        }
+      }
+      store_row_factors(sF, alpha, row_of, first_of_row);
       // The warp's Pᵀ slice is visible to its lanes (no other warp reads it).
       __syncwarp();
       scale_rows(acc_o, sF + o_row);
@@ -231,21 +262,18 @@ class FlashForwardSimtKernel {
 
     // lse = max + ln(sum) by the softmax's lanes, 1/sum through scratch to
     // the lanes holding the rows of O.
-    float inv[4];
+    float inv[kScoreRows];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < kScoreRows; ++i) {
       float sum = row_sum[i];
-      sum += shfl_xor(sum, 1);
-      sum += shfl_xor(sum, 2);
-      sum += shfl_xor(sum, 4);
+#pragma unroll
+      for (int m = 1; m < Scores::kLanesPerRow; m *= 2) sum += shfl_xor(sum, m);
       inv[i] = sum > 0.f ? 1.f / sum : 0.f;
-      const int row = row0 + i;
-      if (tx == 0 && row < m_p.seqlen_q)
+      const int row = row_begin + row_of(i);
+      if (first_of_row && row < m_p.seqlen_q)
         m_lse[m_p.lse_offset(b, h) + row] = sum > 0.f ? row_max[i] + logf(sum) : -INFINITY;
     }
-    if (tx == 0)
-      *reinterpret_cast<float4*>(sF + 16 * warp + 4 * g) =
-          make_float4(inv[0], inv[1], inv[2], inv[3]);
+    store_row_factors(sF, inv, row_of, first_of_row);
     __syncwarp();
     scale_rows(acc_o, sF + o_row);
     float* const gO = m_o + m_p.offset(b, h, m_p.seqlen_q, kHeadDim);
@@ -266,6 +294,22 @@ class FlashForwardSimtKernel {
   static constexpr float kLog2e = 1.4426950408889634f;
 
 #if KFA_CUDA_MMA_DEVICE
+  /// A factor per score row into the row-indexed scratch row sF, by the
+  /// first lane of each row.
+  template <class RowOf>
+  KOKKOS_FORCEINLINE_FUNCTION static void store_row_factors(float* sF,
+                                                            const float (&factor)[kScoreRows],
+                                                            const RowOf& row_of, bool first) {
+    if (!first) return;
+    if constexpr (kScoreRows == 4) {
+      *reinterpret_cast<float4*>(sF + row_of(0)) =
+          make_float4(factor[0], factor[1], factor[2], factor[3]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kScoreRows; ++i) sF[row_of(i)] = factor[i];
+    }
+  }
+
   /// acc_o's rows times the factors of scratch (one address per quarter-warp).
   KOKKOS_FORCEINLINE_FUNCTION static void scale_rows(float (&acc_o)[kRowsO][4],
                                                      const float* factor) {

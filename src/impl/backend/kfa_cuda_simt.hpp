@@ -1,12 +1,17 @@
 #ifndef KFA_CUDA_SIMT_HPP
 #define KFA_CUDA_SIMT_HPP
 
-// The register-tiled product shared by the exact fp32 kernels
-// (kfa_cuda_fwd_simt.hpp, kfa_cuda_bwd_simt.hpp), laid out for the cost of
-// shared-memory loads, which bounded them (RESULTS v29): on the H200 a
-// 128-bit load costs 2 wavefronts when each quarter-warp reads one or two
-// 16-byte chunks and 4 otherwise (however many lanes share a chunk), and
-// an SM serves one wavefront per cycle against 4 warp FMAs.
+// The score products of the exact fp32 kernels (kfa_cuda_fwd_simt.hpp:
+// S = Q·Kᵀ; kfa_cuda_bwd_simt.hpp: Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ), two ways:
+//  - dmma_row_products (sm_90+, the default there): on the fp64 tensor
+//    cores, exact products summed in fp64, while the kernels' other
+//    products run on the FMA pipe (RESULTS v30);
+//  - simt_row_products: fp32 FMAs tiled in registers, laid out for the
+//    cost of shared-memory loads, which bounded them (RESULTS v29): on the
+//    H200 a 128-bit load costs 2 wavefronts when each quarter-warp reads
+//    one or two 16-byte chunks and 4 otherwise (however many lanes share a
+//    chunk), and an SM serves one wavefront per cycle against 4 warp FMAs.
+// RowProducts<Dmma, ...> says where either leaves a lane's sums.
 
 #include <impl/backend/kfa_cuda_mma.hpp>
 
@@ -62,7 +67,81 @@ KOKKOS_FORCEINLINE_FUNCTION void simt_row_products(float (&out)[4][Cols], const 
       out[i][j] = keep + shfl_xor(send, 8);
     }
 }
+
+/// out[i][2·n + c] = Σ_d a[16·warp + g + 8·i][d] · b[8·n + 2·t + c][d] over
+/// HeadDim, for lane (g, t) = (lane / 4, lane % 4): the same products as
+/// simt_row_products in the layout of an m16n8 accumulator, taken on the
+/// fp64 tensor cores (mma m16n8k8 f64, sm_90): each fp32 operand converted
+/// to fp64 exactly, every product exact, the sums in fp64, the result
+/// rounded once to fp32; no precision is traded for the speed. The FMA
+/// pipe stays free for the kernel's other products, which the fp64 tensor
+/// pipe runs beside (the H200 has the same rate on both, RESULTS v30).
+/// Lane (g, t) holds the head-dim pair 2t, 2t + 1 of every 8 as the
+/// fragments' k = t and t + 4 (A and B agree, so the sum is unchanged):
+/// one 8-byte load per row, and with Pitch % 32 == 8 the 8 rows a warp
+/// reads fall on distinct banks in each half-warp.
+template <int HeadDim, int Pitch, int NTiles>
+KOKKOS_FORCEINLINE_FUNCTION void dmma_row_products(float (&out)[2][2 * NTiles], const float* a,
+                                                   const float* b, int warp, int lane) {
+  static_assert(Pitch % 32 == 8, "kfa: dmma_row_products reads rows 8 banks apart");
+  const int g = lane / 4, t = lane % 4;
+  const float* pa = a + (16 * warp + g) * Pitch + 2 * t;
+  const float* pb = b + g * Pitch + 2 * t;
+  double acc[NTiles][4];
+#pragma unroll
+  for (int n = 0; n < NTiles; ++n)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) acc[n][c] = 0.0;
+#pragma unroll
+  for (int d = 0; d < HeadDim; d += 8) {
+    const float2 lo = *reinterpret_cast<const float2*>(pa + d);
+    const float2 hi = *reinterpret_cast<const float2*>(pa + 8 * Pitch + d);
+    const double fa[4] = {lo.x, hi.x, lo.y, hi.y};
+#pragma unroll
+    for (int n = 0; n < NTiles; ++n) {
+      const float2 fb = *reinterpret_cast<const float2*>(pb + 8 * n * Pitch + d);
+      mma_1688_f64(acc[n], fa, fb.x, fb.y);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int n = 0; n < NTiles; ++n) {
+      out[i][2 * n] = static_cast<float>(acc[n][2 * i]);
+      out[i][2 * n + 1] = static_cast<float>(acc[n][2 * i + 1]);
+    }
+}
 #endif
+
+/// The 16 rows of a warp (16·warp.., of the a tile) against Cols rows of
+/// the b tile, by dmma_row_products (Dmma) or simt_row_products: lane's
+/// out[i][j] is row(i) against col(j), and kLanesPerRow lanes (adjacent,
+/// lane ^ 1, ^ 2, ...) hold the other columns of its rows. kPad: floats
+/// after HeadDim per row of both tiles, for the loads' banks.
+template <bool Dmma, int HeadDim, int Cols>
+struct RowProducts {
+  static constexpr int kRows = Dmma ? 2 : 4;
+  static constexpr int kCols = Dmma ? Cols / 4 : Cols / 8;
+  static constexpr int kLanesPerRow = Dmma ? 4 : 8;
+  static constexpr int kPad = Dmma ? 8 : 4;
+  static_assert(Cols % 8 == 0, "kfa: the score products take multiples of 8 columns");
+  KOKKOS_FORCEINLINE_FUNCTION static int row(int warp, int lane, int i) {
+    return Dmma ? 16 * warp + lane / 4 + 8 * i : 16 * warp + 4 * (lane / 8) + i;
+  }
+  KOKKOS_FORCEINLINE_FUNCTION static int col(int lane, int j) {
+    return Dmma ? 8 * (j / 2) + 2 * (lane % 4) + j % 2 : lane % 8 + 8 * j;
+  }
+#if KFA_CUDA_MMA_DEVICE
+  KOKKOS_FORCEINLINE_FUNCTION static void products(float (&out)[kRows][kCols], const float* a,
+                                                   const float* b, int warp, int lane) {
+    constexpr int kPitch = HeadDim + kPad;
+    if constexpr (Dmma)
+      dmma_row_products<HeadDim, kPitch, Cols / 8>(out, a, b, warp, lane);
+    else
+      simt_row_products<HeadDim, kPitch>(out, a, b, warp, lane);
+  }
+#endif
+};
 
 }  // namespace cuda_mma
 }  // namespace Impl
