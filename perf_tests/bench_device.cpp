@@ -246,7 +246,7 @@ std::function<void()> wide_forward_default(const Args& a, View4 q, View4 k, View
 /// BlockN64 / BlockN128 at head_dim 64 / 128, teams per SM, FastExp and
 /// DmmaScores other than the library's, for experiments.
 template <int BlockN64, int BlockN128, int MinBlocksPerSM, bool FastExp,
-          bool DmmaScores = (KFA_CUDA_FP64_M16 != 0), class View4, class View3>
+          bool DmmaScores = kfa::Impl::simt_dmma_scores(), class View4, class View3>
 std::function<void()> simt_forward(const Args& a, View4 q, View4 k, View4 v, View4 o,
                                    View3 lse) {
   using Space = Kokkos::DefaultExecutionSpace;

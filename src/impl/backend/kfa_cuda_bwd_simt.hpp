@@ -42,7 +42,7 @@ namespace Impl {
 /// (sm_90+), false is bench_device's variant simt_ffma.
 template <class ExecSpace, int HeadDim, class QView, class KView, class VView, class DOView,
           class LseView, class DeltaView, class DQView, class DKView, class DVView,
-          bool DmmaScores = (KFA_CUDA_FP64_M16 != 0)>
+          bool DmmaScores = simt_dmma_scores()>
 class FlashBackwardSimtKernel {
  public:
   static constexpr int kHeadDim = HeadDim;

@@ -37,10 +37,6 @@
 namespace kfa {
 namespace Impl {
 
-/// Whether the library's exact fp32 kernels take their score products on
-/// the fp64 tensor cores (fp64 m16n8k8: sm_90+ builds).
-constexpr bool simt_dmma_scores() { return KFA_CUDA_FP64_M16 != 0; }
-
 /// Keys per K/V block and teams per multiprocessor of the library's shapes.
 /// S on the fp64 tensor cores (192 registers at two teams, 160-164 at
 /// three): 32 keys at head_dim 64 and 16 at 128, three teams (63 and 73

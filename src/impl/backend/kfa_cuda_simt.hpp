@@ -17,6 +17,11 @@
 
 namespace kfa {
 namespace Impl {
+
+/// Whether the library's exact fp32 kernels take their score products on
+/// the fp64 tensor cores (fp64 m16n8k8: sm_90+ builds).
+constexpr bool simt_dmma_scores() { return KFA_CUDA_FP64_M16 != 0; }
+
 namespace cuda_mma {
 
 #if KFA_CUDA_MMA_DEVICE
