@@ -184,8 +184,8 @@ class FlashBackwardWideMmaKernel {
 
     auto load_rows = [&](value_type* dst, const value_type* src, int first_row, int rows,
                          int rows_total) {
-      load_rows_async<kHeadDim, kPitch, Atom::kSwizzle>(dst, src, row_stride, first_row, rows, rows_total, tid,
-                                        kWarps * 32);
+      load_rows_async<kHeadDim, kPitch, Atom::kSwizzle>(dst, src, row_stride, first_row, rows,
+                                                        rows_total, tid, kWarps * 32);
     };
     // Q, dO, lse and D of a query block into a stage (one commit group).
     auto load_q_block = [&](int q_block, int stage) {

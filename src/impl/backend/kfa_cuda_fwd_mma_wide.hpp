@@ -151,8 +151,8 @@ class FlashForwardWideMmaKernel {
     // rows past `rows_total` zero-filled.
     auto load_tile = [&](value_type* dst, const value_type* src, int first_row, int rows_total,
                          int rows) {
-      load_rows_async<kHeadDim, kPitch, Atom::kSwizzle>(dst, src, row_stride, first_row, rows, rows_total, tid,
-                                        kWarps * 32);
+      load_rows_async<kHeadDim, kPitch, Atom::kSwizzle>(dst, src, row_stride, first_row, rows,
+                                                        rows_total, tid, kWarps * 32);
     };
     auto load_kv = [&](int kv_block) {
       const int stage = kv_block % kStages;

@@ -104,25 +104,25 @@ struct Fp64x16Atom {
   KOKKOS_FORCEINLINE_FUNCTION static A load_a(const double* tile, int pitch, int row, int k) {
     const int lane = lane_id(), g = lane / 4;
     const double* p = tile + (row + g) * pitch + k;
-    const int c = (lane % 4) ^ (g & 4);
+    const int c = swizzle_col<kSwizzle>(g, lane % 4);
     return {{p[c], p[8 * pitch + c], p[c ^ 4], p[8 * pitch + (c ^ 4)]}};
   }
   KOKKOS_FORCEINLINE_FUNCTION static B load_b_t(const double* tile, int pitch, int n, int k) {
     const int lane = lane_id(), g = lane / 4;
     const double* p = tile + (n + g) * pitch + k;
-    const int c = (lane % 4) ^ (g & 4);
+    const int c = swizzle_col<kSwizzle>(g, lane % 4);
     return {p[c], p[c ^ 4]};
   }
   KOKKOS_FORCEINLINE_FUNCTION static B load_b_perm(const double* tile, int pitch, int key, int,
                                                    int n) {
     const int lane = lane_id(), r = 2 * (lane % 4);
-    const double* p = tile + (key + r) * pitch + n + ((lane / 4) ^ (r & 4));
+    const double* p = tile + (key + r) * pitch + n + swizzle_col<kSwizzle>(r, lane / 4);
     return {p[0], p[pitch]};
   }
   KOKKOS_FORCEINLINE_FUNCTION static A load_a_t_perm(const double* tile, int pitch, int row,
                                                      int key, int) {
     const int lane = lane_id(), r = 2 * (lane % 4);
-    const double* p = tile + (key + r) * pitch + row + ((lane / 4) ^ (r & 4));
+    const double* p = tile + (key + r) * pitch + row + swizzle_col<kSwizzle>(r, lane / 4);
     return {{p[0], p[8], p[pitch], p[pitch + 8]}};
   }
   KOKKOS_FORCEINLINE_FUNCTION static A a_from_c(const double (&c)[kC], int) {
