@@ -150,44 +150,57 @@ std::function<void()> mma_forward_shape(const Args& a, View4 q, View4 k, View4 v
   }
 }
 
-/// The Hopper (wgmma) forward with the scale folded or not and, at head_dim
-/// 64, BlockN keys per block with MinBlocks teams per SM, for experiments
-/// (0: the library's shape).
-template <bool FoldScale, class T, int BlockN64 = 0, int MinBlocks64 = 0, class View4,
-          class View3>
+/// Shapes of the Hopper forward for experiments, by head_dim (`at<D>`): the
+/// library's (kfa::Impl::WgmmaFwdShape), one fixed shape at every head_dim,
+/// and the library's before RESULTS run 51 (two warpgroups a team; 128-key
+/// blocks at head_dim 128, two teams per SM at 64).
+struct LibraryWgmmaShape {
+  template <int HeadDim>
+  using at = kfa::Impl::WgmmaFwdShape<HeadDim>;
+};
+template <int BlockN, int MinBlocks, int WarpGroups>
+struct FixedWgmmaShape {
+  template <int HeadDim>
+  struct at {
+    static constexpr int kBlockN = BlockN;
+    static constexpr int kMinBlocksPerSM = MinBlocks;
+    static constexpr int kWarpGroups = WarpGroups;
+  };
+};
+struct Run50WgmmaShape {
+  template <int HeadDim>
+  using at = typename FixedWgmmaShape<HeadDim == 128 ? 128 : 64, HeadDim == 64 ? 2 : 1,
+                                      2>::template at<HeadDim>;
+};
+
+/// The Hopper (wgmma) forward with the scale folded or not, in one of the
+/// shapes above (head_dim 256: the library's only).
+template <bool FoldScale, class T, class Shapes = LibraryWgmmaShape, class View4, class View3>
 std::function<void()> wgmma_forward(const Args& a, View4 q, View4 k, View4 v, View4 o,
                                     View3 lse) {
   using Space = Kokkos::DefaultExecutionSpace;
   using Format = typename kfa::Impl::MmaFormat<Space, T>::type;
 #ifdef KOKKOS_ENABLE_CUDA
   if constexpr (!std::is_void<Format>::value) {
-    using kfa::Impl::FlashForwardWgmmaKernel;
-    using kfa::Impl::WgmmaFwdShape;
     if (!kfa::Impl::wgmma_available(Space()))
       throw std::invalid_argument("--fwd-variant wgmma_*: no sm_90a code for this GPU");
     const float scale = 1.0f / std::sqrt(float(a.head_dim));
     const bool causal = a.causal;
-    if (a.head_dim == 64) {
-      constexpr int kBlockN = BlockN64 ? BlockN64 : WgmmaFwdShape<64>::kBlockN;
-      constexpr int kMinBlocks = MinBlocks64 ? MinBlocks64 : WgmmaFwdShape<64>::kMinBlocksPerSM;
-      return [=] {
-        FlashForwardWgmmaKernel<Space, 64, Format, View4, View4, View4, View4, View3, FoldScale,
-                                kBlockN, kMinBlocks>(q, k, v, o, lse, scale, causal)
-            .launch(Space());
-      };
+    auto make = [&](auto head_dim) -> std::function<void()> {
+      constexpr int kD = decltype(head_dim)::value;
+      using Shape = typename Shapes::template at<kD>;
+      using Kernel = kfa::Impl::FlashForwardWgmmaKernel<
+          Space, kD, Format, View4, View4, View4, View4, View3, FoldScale, Shape::kBlockN,
+          Shape::kMinBlocksPerSM, Shape::kWarpGroups>;
+      return [=] { Kernel(q, k, v, o, lse, scale, causal).launch(Space()); };
+    };
+    if (a.head_dim == 64) return make(std::integral_constant<int, 64>());
+    if (a.head_dim == 128) return make(std::integral_constant<int, 128>());
+    if (a.head_dim == 256) {
+      if constexpr (std::is_same<Shapes, LibraryWgmmaShape>::value)
+        return make(std::integral_constant<int, 256>());
+      throw std::invalid_argument("--fwd-variant wgmma_<shape>: head_dim 64 or 128");
     }
-    if (a.head_dim == 128)
-      return [=] {
-        FlashForwardWgmmaKernel<Space, 128, Format, View4, View4, View4, View4, View3, FoldScale>(
-            q, k, v, o, lse, scale, causal)
-            .launch(Space());
-      };
-    if (a.head_dim == 256)
-      return [=] {
-        FlashForwardWgmmaKernel<Space, 256, Format, View4, View4, View4, View4, View3, FoldScale>(
-            q, k, v, o, lse, scale, causal)
-            .launch(Space());
-      };
     throw std::invalid_argument("--fwd-variant wgmma_* needs head_dim 64, 128 or 256");
   }
 #endif
@@ -444,17 +457,21 @@ std::function<void()> forward_variant(const Args& a, View4 q, View4 k, View4 v, 
       return mma_forward_shape<FwdMmaShape<8, 1, 64, 2, 1>, T>(a, q, k, v, o, lse);
     if (a.fwd_variant == "wgmma_nofold")
       return wgmma_forward<false, T>(a, q, k, v, o, lse);
-    if (a.fwd_variant == "wgmma_n128")  // head_dim 64: 128-key blocks, one team per SM
-      return wgmma_forward<true, T, 128, 1>(a, q, k, v, o, lse);
-    if (a.fwd_variant == "wgmma_n64")  // head_dim 64: 64-key blocks, one team per SM
-      return wgmma_forward<true, T, 64, 1>(a, q, k, v, o, lse);
+    if (a.fwd_variant == "wgmma_2wg")  // the library's shape before RESULTS run 51
+      return wgmma_forward<true, T, Run50WgmmaShape>(a, q, k, v, o, lse);
+    if (a.fwd_variant == "wgmma_n128")  // 2 warpgroups, 128-key blocks, one team per SM
+      return wgmma_forward<true, T, FixedWgmmaShape<128, 1, 2>>(a, q, k, v, o, lse);
+    if (a.fwd_variant == "wgmma_n64")  // 2 warpgroups, 64-key blocks, one team per SM
+      return wgmma_forward<true, T, FixedWgmmaShape<64, 1, 2>>(a, q, k, v, o, lse);
+    if (a.fwd_variant == "wgmma_3wg")  // 3 warpgroups, 64-key blocks, one team per SM
+      return wgmma_forward<true, T, FixedWgmmaShape<64, 1, 3>>(a, q, k, v, o, lse);
     if (a.fwd_variant == "mma_large")
       return mma_forward_shape<FwdMmaShape<4, 2, 64, 2, 2>, T>(a, q, k, v, o, lse);
     if (a.fwd_variant == "large_n32")
       return mma_forward_shape<FwdMmaShape<4, 2, 32, 2, 2>, T>(a, q, k, v, o, lse);
     throw std::invalid_argument(
         "--fwd-variant must be default, policy, policy_m2, large_8w, mma_large, wgmma_nofold, "
-        "wgmma_n128, wgmma_n64 or large_n32");
+        "wgmma_2wg, wgmma_n128, wgmma_n64, wgmma_3wg or large_n32");
   }
 }
 

@@ -219,8 +219,8 @@ void check_mma_shape(const Shape& s, bool causal) {
 }
 
 /// BlockN = 0: the library's shape for HeadDim; else BlockN keys per block,
-/// one team per SM.
-template <int HeadDim, class T, bool FoldScale = true, int BlockN = 0>
+/// one team per SM, WarpGroups warpgroups a team (0: the library's).
+template <int HeadDim, class T, bool FoldScale = true, int BlockN = 0, int WarpGroups = 0>
 void check_wgmma(const Shape& s, bool causal, double key_ramp = 0) {
   using Format = typename kfa::Impl::MmaFormat<Kokkos::Cuda, T>::type;
   using KernelShape = kfa::Impl::WgmmaFwdShape<HeadDim>;
@@ -228,7 +228,8 @@ void check_wgmma(const Shape& s, bool causal, double key_ramp = 0) {
                        Kokkos::Cuda, HeadDim, Format, DeviceIn4<T>, DeviceIn4<T>, DeviceIn4<T>,
                        DeviceView4<T, Kokkos::Cuda>, DeviceView3<float, Kokkos::Cuda>, FoldScale,
                        BlockN ? BlockN : KernelShape::kBlockN,
-                       BlockN ? 1 : KernelShape::kMinBlocksPerSM>,
+                       BlockN ? 1 : KernelShape::kMinBlocksPerSM,
+                       WarpGroups ? WarpGroups : KernelShape::kWarpGroups>,
                    T>(s, causal, key_ramp);
 }
 
@@ -237,7 +238,8 @@ void check_wgmma(const Shape& s, bool causal, double key_ramp = 0) {
 // not: awkward lengths (partial query and key blocks, more keys
 // than queries and fewer), both formats, every head dim, causal and not,
 // and at head_dim 64 also the 128-key shape (bench_device's wgmma_n128);
-// and scores that grow along the keys (key_ramp: the running max of a row
+// teams of two and three warpgroups (wgmma_n64, wgmma_n128, wgmma_3wg) at
+// head_dim 64 and 128; and scores that grow along the keys (key_ramp: the running max of a row
 // moves, and O is rescaled, many times).
 // The entry point runs it too (the typed tests) on such a GPU.
 TEST(FlashForwardCuda, HopperWgmma) {
@@ -262,6 +264,18 @@ TEST(FlashForwardCuda, HopperWgmma) {
       check_wgmma<256, kfa::bfloat16>(s, causal);
       check_wgmma<256, kfa::half>(s, causal);
     }
+    for (const Shape& s : {Shape{1, 300, 129, 2, 128}, Shape{2, 190, 333, 1, 128},
+                           Shape{1, 100, 40, 2, 128}}) {
+      check_wgmma<128, kfa::bfloat16, true, 128, 2>(s, causal);
+      check_wgmma<128, kfa::half, true, 64, 2>(s, causal);
+      check_wgmma<128, kfa::half, true, 64, 3>(s, causal);
+    }
+    for (const Shape& s : {Shape{2, 190, 333, 2, 64}, Shape{1, 257, 1000, 1, 64}}) {
+      check_wgmma<64, kfa::half, true, 64, 2>(s, causal);
+      check_wgmma<64, kfa::bfloat16, true, 64, 3>(s, causal);
+    }
+    check_wgmma<128, kfa::bfloat16, true, 128, 2>(Shape{1, 300, 1000, 2, 128}, causal, 4.0);
+    check_wgmma<128, kfa::half, true, 64, 3>(Shape{1, 300, 1000, 2, 128}, causal, 4.0);
     check_wgmma<64, kfa::bfloat16>(Shape{1, 300, 1000, 2, 64}, causal, 4.0);
     check_wgmma<128, kfa::half>(Shape{1, 300, 1000, 2, 128}, causal, 4.0);
     check_wgmma<128, kfa::bfloat16, false>(Shape{1, 300, 1000, 2, 128}, causal, 4.0);

@@ -2,11 +2,11 @@
 #define KFA_CUDA_BWD_SIMT_HPP
 
 // Exact fp32 backward on the CUDA backend (dK, dV per key block, dQ by fp32
-// atomics into dq, zeroed by the caller; no tf32): Sᵀ and dPᵀ on the fp64
-// tensor cores (sm_90+; exact products, fp64 sums) while dV, dK and dQ run
+// atomics into dq, zeroed by the caller; no tf32): Sᵀ, dPᵀ and dQ on the
+// fp64 tensor cores (sm_90+; exact products, fp64 sums) while dV and dK run
 // on fp32 FMAs tiled in registers and laid out for shared-memory bandwidth
-// as in the simt forward (kfa_cuda_simt.hpp, RESULTS v29, v30); before
-// sm_90 all five on FMAs. A team of 4 warps owns 64 keys, 16 per warp;
+// as in the simt forward (kfa_cuda_simt.hpp, RESULTS v29, v30, v31);
+// before sm_90 all five on FMAs. A team of 4 warps owns 64 keys, 16 per warp;
 // per query block of kBlockM:
 //   Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ   one after the other, each as the forward's S
 //                             (cuda_mma::RowProducts): a lane ends with 2
@@ -19,8 +19,10 @@
 //                             warp's keys: per query one float4 of dO and of
 //                             Q, kRowsKV/4 of P and of dS (one address per
 //                             quarter-warp)
-//   dQ += dS·K·scale          after a team barrier, 4 queries x 4 columns per
-//                             thread over the team's 64 keys, then atomics.
+//   dQ += dS·K·scale          after a team barrier, over the team's 64 keys:
+//                             on DMMA 4 m16n8 tiles a warp, then 2-wide
+//                             atomics (fp32 red.global.add.v2, sm_90); on
+//                             FMAs 4 queries x 4 columns a thread.
 // K and V stay in scratch; Q, dO, lse and D are double buffered (cp.async,
 // the next block's copies issued after this block's Sᵀ and dPᵀ).
 
@@ -36,10 +38,11 @@
 namespace kfa {
 namespace Impl {
 
-/// DmmaScores: Sᵀ and dPᵀ on the fp64 tensor cores
-/// (cuda_mma::dmma_row_products: exact products, fp64 sums), beside dV, dK
-/// and dQ on the FMA pipe; the default where the build has fp64 m16n8k8
-/// (sm_90+), false is bench_device's variant simt_ffma.
+/// DmmaScores: Sᵀ, dPᵀ and dQ on the fp64 tensor cores
+/// (cuda_mma::dmma_row_products, dmma_tile_products: exact products, fp64
+/// sums), beside dV and dK on the FMA pipe; the default where the build has
+/// fp64 m16n8k8 (sm_90+), false is bench_device's variant simt_ffma (all
+/// five on FMAs).
 template <class ExecSpace, int HeadDim, class QView, class KView, class VView, class DOView,
           class LseView, class DeltaView, class DQView, class DKView, class DVView,
           bool DmmaScores = simt_dmma_scores()>
@@ -65,6 +68,8 @@ class FlashBackwardSimtKernel {
                 "kfa: the simt backward's dK, dV tile needs head_dim 64 or 128");
   static_assert(kBlockM / 4 * kChunksDQ == 32 * kWarps,
                 "kfa: the simt backward gives each thread 4 x 4 of dQ");
+  static_assert(kBlockM / 16 * kHeadDim / 8 == 4 * kWarps,
+                "kfa: the simt backward's dQ on DMMA gives each warp 4 m16n8 tiles");
 
   FlashBackwardSimtKernel(const QView& q, const KView& k, const VView& v, const DOView& d_o,
                           const LseView& lse, const DeltaView& delta, const DQView& dq,
@@ -242,40 +247,70 @@ class FlashBackwardSimtKernel {
       // dS of every warp (all 64 keys) is in scratch.
       team.team_barrier();
 
-      // dQ rows dq_row.., columns dq_col..: 4 x 4 over the team's keys.
-      float acc_dq[4][4];
+      if constexpr (DmmaScores) {
+        // dQ on the fp64 tensor cores (exact products, fp64 sums): the
+        // warp's 4 m16n8 tiles of the kBlockM x head_dim block, A = dS
+        // [query][key], B = K [key][column], over the team's keys.
+        constexpr int kTiles = 4, kTilesN = kHeadDim / 8;
+        const int m_tile = kTiles * warp / kTilesN, n_tile = kTiles * warp % kTilesN;
+        double acc[kTiles][4];
 #pragma unroll
-      for (int r = 0; r < 4; ++r)
+        for (int n = 0; n < kTiles; ++n)
 #pragma unroll
-        for (int c = 0; c < 4; ++c) acc_dq[r][c] = 0.f;
-#pragma unroll 2
-      for (int key = 0; key < kBlockN; key += 4) {
-        float4 dsr[4], kr[4];
+          for (int c = 0; c < 4; ++c) acc[n][c] = 0.0;
+        dmma_tile_products<kBlockN, kPitchP, kPitch>(acc, sdS + 16 * m_tile * kPitchP,
+                                                     sK + 8 * n_tile, lane);
+        // A lane's sums: rows g and g + 8 of its m-tile, columns 2t, 2t + 1
+        // of each n-tile.
+        const int g = lane / 4, t = lane % 4;
+        const double scale = m_scale;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int row = row_begin + 16 * m_tile + g + 8 * i;
+          if (row >= m_p.seqlen_q) continue;
+          float* g_dq = m_dq + q_offset + long(row) * row_stride + 8 * n_tile + 2 * t;
+#pragma unroll
+          for (int n = 0; n < kTiles; ++n)
+            atomicAdd(reinterpret_cast<float2*>(g_dq + 8 * n),
+                      make_float2(static_cast<float>(acc[n][2 * i] * scale),
+                                  static_cast<float>(acc[n][2 * i + 1] * scale)));
+        }
+      } else {
+        // dQ rows dq_row.., columns dq_col..: 4 x 4 over the team's keys.
+        float acc_dq[4][4];
 #pragma unroll
         for (int r = 0; r < 4; ++r)
-          dsr[r] = *reinterpret_cast<const float4*>(sdS + (dq_row + r) * kPitchP + key);
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-          kr[kk] = *reinterpret_cast<const float4*>(sK + (key + kk) * kPitch + dq_col);
+          for (int c = 0; c < 4; ++c) acc_dq[r][c] = 0.f;
+#pragma unroll 2
+        for (int key = 0; key < kBlockN; key += 4) {
+          float4 dsr[4], kr[4];
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const float w[4] = {dsr[r].x, dsr[r].y, dsr[r].z, dsr[r].w};
+          for (int r = 0; r < 4; ++r)
+            dsr[r] = *reinterpret_cast<const float4*>(sdS + (dq_row + r) * kPitchP + key);
 #pragma unroll
-          for (int kk = 0; kk < 4; ++kk) {
-            acc_dq[r][0] = fmaf(w[kk], kr[kk].x, acc_dq[r][0]);
-            acc_dq[r][1] = fmaf(w[kk], kr[kk].y, acc_dq[r][1]);
-            acc_dq[r][2] = fmaf(w[kk], kr[kk].z, acc_dq[r][2]);
-            acc_dq[r][3] = fmaf(w[kk], kr[kk].w, acc_dq[r][3]);
+          for (int kk = 0; kk < 4; ++kk)
+            kr[kk] = *reinterpret_cast<const float4*>(sK + (key + kk) * kPitch + dq_col);
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const float w[4] = {dsr[r].x, dsr[r].y, dsr[r].z, dsr[r].w};
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+              acc_dq[r][0] = fmaf(w[kk], kr[kk].x, acc_dq[r][0]);
+              acc_dq[r][1] = fmaf(w[kk], kr[kk].y, acc_dq[r][1]);
+              acc_dq[r][2] = fmaf(w[kk], kr[kk].z, acc_dq[r][2]);
+              acc_dq[r][3] = fmaf(w[kk], kr[kk].w, acc_dq[r][3]);
+            }
           }
         }
-      }
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int row = row_begin + dq_row + r;
-        if (row >= m_p.seqlen_q) continue;
-        float* g_dq = m_dq + q_offset + long(row) * row_stride + dq_col;
+        for (int r = 0; r < 4; ++r) {
+          const int row = row_begin + dq_row + r;
+          if (row >= m_p.seqlen_q) continue;
+          float* g_dq = m_dq + q_offset + long(row) * row_stride + dq_col;
 #pragma unroll
-        for (int c = 0; c < 4; ++c) atomicAdd(g_dq + c, acc_dq[r][c] * m_scale);
+          for (int c = 0; c < 4; ++c) atomicAdd(g_dq + c, acc_dq[r][c] * m_scale);
+        }
       }
     }
 

@@ -2,9 +2,9 @@
 #define KFA_CUDA_FWD_WGMMA_HPP
 
 // Hopper forward for 16-bit types: warpgroup tensor cores (wgmma, sm_90a).
-// A team of 2 warpgroups owns 128 query rows, 64 per warpgroup; K and V
-// blocks of BlockN keys stream through team scratch, double buffered, by
-// cp.async. Per block j, every warpgroup
+// A team of WarpGroups warpgroups (1 to 3, WgmmaFwdShape) owns 64 query
+// rows per warpgroup; K and V blocks of BlockN keys stream through team
+// scratch, double buffered, by cp.async. Per block j, every warpgroup
 //   S = Q·K_jᵀ    wgmma m64n{BlockN}k16, Q and K from scratch (K-major),
 //   online softmax in registers (base 2, the scale folded into the FFMA),
 //   O += P·V_j    wgmma m64n{head_dim}k16, P from registers (rounded to the
@@ -16,9 +16,9 @@
 // issued once instead of 4·N/8 mma.sync, with its operands read by the
 // tensor cores from scratch: no ldmatrix, no fragment registers for Q, K
 // or V. Scratch tiles are 128-byte swizzled (kfa_cuda_wgmma.hpp).
-// Scratch at head_dim 128, 128 query rows, 128 keys: Q 32 KB, K and V
-// 2 x 2 x 32 KB, 161 KB with the alignment slack; at head_dim 256 (64-key
-// blocks) 193 KB.
+// Scratch at head_dim 128, 64 query rows, 64 keys: Q 16 KB, K and V
+// 2 x 2 x 16 KB, 81 KB with the alignment slack (two teams per SM); at
+// head_dim 256, 128 rows and 64 keys, 193 KB.
 
 #include <kfa_mask.hpp>
 
@@ -33,22 +33,28 @@ namespace kfa {
 namespace Impl {
 
 
-/// Keys per block and teams per SM of the wgmma forward, by head_dim. At 64:
-/// 64-key blocks, whose S, P and O fit 128 registers, so that two teams
-/// share an SM and one's softmax runs while the other's products do (the
-/// warpgroups of one team meet at a barrier every block). At 128: 128-key
-/// blocks, one team (224 registers). At 256: 64-key blocks, one team (O
-/// alone takes 128 registers).
+/// Keys per block, teams per SM and warpgroups per team of the wgmma
+/// forward, by head_dim. The warpgroups of one team meet at a barrier every
+/// block, so their softmaxes run at the same time; teams do not, and while
+/// one team is in its softmax another's products keep the tensor cores busy.
+/// So at 64 and 128 a team is one warpgroup (64 query rows) with 64-key
+/// blocks: four teams per SM at 64 (128 registers), two at 128 (214; 81 KB
+/// of scratch each). RESULTS run 51: +3-7% at 128 and +3-5% at 64 over one
+/// team of two warpgroups (128-key blocks) and two teams of two. At 256:
+/// one team of two warpgroups and 64-key blocks (O alone takes 128
+/// registers).
 template <int HeadDim>
 struct WgmmaFwdShape {
-  static constexpr int kBlockN = HeadDim == 128 ? 128 : 64;
-  static constexpr int kMinBlocksPerSM = HeadDim == 64 ? 2 : 1;
+  static constexpr int kBlockN = 64;
+  static constexpr int kMinBlocksPerSM = HeadDim == 64 ? 4 : HeadDim == 128 ? 2 : 1;
+  static constexpr int kWarpGroups = HeadDim == 256 ? 2 : 1;
 };
 
 template <class ExecSpace, int HeadDim, class Format, class QView, class KView, class VView,
           class OView, class LseView, bool FoldScale = true,
           int BlockN = WgmmaFwdShape<HeadDim>::kBlockN,
-          int MinBlocksPerSM = WgmmaFwdShape<HeadDim>::kMinBlocksPerSM>
+          int MinBlocksPerSM = WgmmaFwdShape<HeadDim>::kMinBlocksPerSM,
+          int WarpGroups = WgmmaFwdShape<HeadDim>::kWarpGroups>
 class FlashForwardWgmmaKernel : public Fused16Forward {
  public:
   /// FoldScale: the softmax scale folded into the exponent's FFMA
@@ -56,13 +62,18 @@ class FlashForwardWgmmaKernel : public Fused16Forward {
   /// the H200, RESULTS v12).
   static constexpr bool kFoldScale = FoldScale;
   static constexpr int kHeadDim = HeadDim;
-  static constexpr int kWarpGroups = 2;
+  static constexpr int kWarpGroups = WarpGroups;
   static constexpr int kWarps = 4 * kWarpGroups;
+  /// Threads that copy K and V: whole rows per thread step (a third
+  /// warpgroup only computes).
+  static constexpr int kLoadThreads = kWarpGroups == 3 ? 256 : 32 * kWarps;
   static constexpr int kBlockM = 64 * kWarpGroups;
   static constexpr int kBlockN = BlockN;
   static constexpr int kStages = 2;  // K/V buffers (launch_mma_kernel: opt-in scratch)
   static constexpr int kMinBlocksPerSM = MinBlocksPerSM;
   static_assert(kBlockN == 64 || kBlockN == 128, "kfa: the wgmma forward takes 64 or 128 keys");
+  static_assert(kWarpGroups >= 1 && kWarpGroups <= 3,
+                "kfa: the wgmma forward runs 1 to 3 warpgroups of 64 query rows");
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256,
                 "kfa: the wgmma forward runs head_dim 64, 128 or 256");
   static constexpr int kTileQ = kBlockM * kHeadDim;  // values per tile
@@ -201,14 +212,17 @@ class FlashForwardWgmmaKernel : public Fused16Forward {
     // j are K_{j+1} and V_j: K_{j+1} takes the stage of K_{j-1} (S_{j-1}
     // done in iteration j-1), V_j that of V_{j-2} (P_{j-2}·V_{j-2} done
     // in iteration j-1).
-    const Sw128TileLoader<kHeadDim, kBlockN, kWarps * 32> kv_loader(tid);
+    const Sw128TileLoader<kHeadDim, kBlockN, kLoadThreads> kv_loader(tid);
+    const bool loads_kv = kLoadThreads == 32 * kWarps || tid < kLoadThreads;
     auto load_k = [&](int kv_block) {
-      kv_loader.load(addr(sK(kv_block % kStages)), gK, kv_stride, kv_block * kBlockN,
-                     m_p.seqlen_k);
+      if (loads_kv)
+        kv_loader.load(addr(sK(kv_block % kStages)), gK, kv_stride, kv_block * kBlockN,
+                       m_p.seqlen_k);
     };
     auto load_v = [&](int kv_block) {
-      kv_loader.load(addr(sV(kv_block % kStages)), gV, kv_stride, kv_block * kBlockN,
-                     m_p.seqlen_k);
+      if (loads_kv)
+        kv_loader.load(addr(sV(kv_block % kStages)), gV, kv_stride, kv_block * kBlockN,
+                       m_p.seqlen_k);
     };
     if (num_kv_blocks > 0) load_k(0);
     cp_async_commit();

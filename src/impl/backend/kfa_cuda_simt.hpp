@@ -116,6 +116,31 @@ KOKKOS_FORCEINLINE_FUNCTION void dmma_row_products(float (&out)[2][2 * NTiles], 
       out[i][2 * n + 1] = static_cast<float>(acc[n][2 * i + 1]);
     }
 }
+
+/// acc[n] += a·b over K, for one 16-row m-tile of a ([row][k], rows PitchA
+/// floats apart) and NTiles 8-column n-tiles of b ([k][column], rows PitchB
+/// floats apart, tile n at columns 8·n..), fp32 in scratch, on the fp64
+/// tensor cores: exact products, fp64 sums. Scalar loads, each with no bank
+/// conflict: a's rows g and g + 8 (PitchA = 4 mod 8) at k + t, b's rows
+/// k + t (PitchB = 8 or 24 mod 32) at column g. Per 8 values of k a lane
+/// loads and converts 4 values of a and 2 of b per n-tile.
+template <int K, int PitchA, int PitchB, int NTiles>
+KOKKOS_FORCEINLINE_FUNCTION void dmma_tile_products(double (&acc)[NTiles][4], const float* a,
+                                                    const float* b, int lane) {
+  static_assert(PitchA % 8 == 4, "kfa: dmma_tile_products reads a's rows 4 banks apart");
+  static_assert(PitchB % 32 == 8 || PitchB % 32 == 24,
+                "kfa: dmma_tile_products reads b's rows 8 banks apart");
+  const int g = lane / 4, t = lane % 4;
+  const float* pa = a + g * PitchA + t;
+  const float* pb = b + t * PitchB + g;
+#pragma unroll
+  for (int k = 0; k < K; k += 8) {
+    const double fa[4] = {pa[k], pa[8 * PitchA + k], pa[k + 4], pa[8 * PitchA + k + 4]};
+#pragma unroll
+    for (int n = 0; n < NTiles; ++n)
+      mma_1688_f64(acc[n], fa, pb[k * PitchB + 8 * n], pb[(k + 4) * PitchB + 8 * n]);
+  }
+}
 #endif
 
 /// The 16 rows of a warp (16·warp.., of the a tile) against Cols rows of
