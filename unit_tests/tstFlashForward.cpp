@@ -237,10 +237,10 @@ void check_wgmma(const Shape& s, bool causal, double key_ramp = 0) {
 // is an sm_90, with the scale folded into the exponent (the default) and
 // not: awkward lengths (partial query and key blocks, more keys
 // than queries and fewer), both formats, every head dim, causal and not,
-// and at head_dim 64 also the 128-key shape (bench_device's wgmma_n128);
-// teams of two and three warpgroups (wgmma_n64, wgmma_n128, wgmma_3wg) at
-// head_dim 64 and 128; and scores that grow along the keys (key_ramp: the running max of a row
-// moves, and O is rescaled, many times).
+// and at head_dim 64 also 128-key blocks; teams of two and three
+// warpgroups (bench_device's wgmma_n64, wgmma_n128, wgmma_3wg) at head_dim
+// 64 and 128; and scores that grow along the keys (key_ramp: the running
+// max of a row moves, and O is rescaled, many times).
 // The entry point runs it too (the typed tests) on such a GPU.
 TEST(FlashForwardCuda, HopperWgmma) {
   if (!kfa::Impl::wgmma_available(Kokkos::Cuda())) {
