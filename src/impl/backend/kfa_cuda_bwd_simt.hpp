@@ -158,9 +158,6 @@ class FlashBackwardSimtKernel {
     const int first_q_block = m_p.mask.row_begin(key_begin) / kBlockM;
     const int num_q_blocks = (m_p.seqlen_q + kBlockM - 1) / kBlockM;
     if (first_q_block < num_q_blocks) load_q_block(first_q_block, 0);
-    // dQ tile of this thread: queries 4·(tid / kChunksDQ).., columns
-    // 4·(tid % kChunksDQ)..
-    const int dq_row = 4 * (tid / kChunksDQ), dq_col = 4 * (tid % kChunksDQ);
 
     for (int q_block = first_q_block; q_block < num_q_blocks; ++q_block) {
       const int row_begin = q_block * kBlockM;
@@ -277,6 +274,7 @@ class FlashBackwardSimtKernel {
         }
       } else {
         // dQ rows dq_row.., columns dq_col..: 4 x 4 over the team's keys.
+        const int dq_row = 4 * (tid / kChunksDQ), dq_col = 4 * (tid % kChunksDQ);
         float acc_dq[4][4];
 #pragma unroll
         for (int r = 0; r < 4; ++r)
