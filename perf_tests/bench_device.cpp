@@ -240,6 +240,13 @@ std::function<void()> wide_forward_shape(const Args& a, View4 q, View4 k, View4 
   throw std::invalid_argument("--fwd-variant needs head_dim 64 or 128");
 }
 
+/// A wide forward shape that multiplies O by fp64's lazy rescale factor in
+/// every block (the "rescale_o" variant, the library before RESULTS v33).
+template <class Shape>
+struct RescaleOAlwaysShape : Shape {
+  static constexpr bool kRescaleOAlways = true;
+};
+
 /// The fp32/fp64 tensor-core forward with `Atom` in the library's shape for
 /// the run's head_dim (instantiated for that head_dim only).
 template <class Atom, class View4, class View3>
@@ -444,10 +451,20 @@ std::function<void()> forward_variant(const Args& a, View4 q, View4 k, View4 v, 
       return wide_forward_shape<WideFwdShape<8, 1, 16, 1>, mma::Fp64x16Atom>(a, q, k, v, o, lse);
     if (a.fwd_variant == "w8_n32")
       return wide_forward_shape<WideFwdShape<8, 1, 32, 1>, mma::Fp64x16Atom>(a, q, k, v, o, lse);
+    using kfa::Impl::WideFwdDefaultShape;
+    using A16 = mma::Fp64x16Atom;
+    if (a.fwd_variant == "rescale_o" && a.head_dim == 64)
+      return wide_forward_at<64, RescaleOAlwaysShape<typename WideFwdDefaultShape<A16, 64>::type>,
+                             A16>(a, q, k, v, o, lse);
+    if (a.fwd_variant == "rescale_o" && a.head_dim == 128)
+      return wide_forward_at<128,
+                             RescaleOAlwaysShape<typename WideFwdDefaultShape<A16, 128>::type>,
+                             A16>(a, q, k, v, o, lse);
 #endif
 #endif
     throw std::invalid_argument(
-        "--fwd-variant for fp64 must be default, m8n8k4, bn8, w8_n16 or w8_n32");
+        "--fwd-variant for fp64 must be default, m8n8k4, bn8, w8_n16, w8_n32 or rescale_o (head_dim "
+        "64 or 128)");
   } else {
     if (a.fwd_variant == "policy")
       return mma_forward_shape<FwdMmaShape<4, 1, 64, 1, 2>, T>(a, q, k, v, o, lse);

@@ -31,13 +31,17 @@ namespace kfa {
 namespace Impl {
 
 /// Tile shape of the wide tensor-core forward: warps per team, atoms of
-/// query rows per warp, keys per K/V block, teams per multiprocessor.
+/// query rows per warp, keys per K/V block, teams per multiprocessor; and
+/// kRescaleOAlways: with fp64's lazy rescale, O multiplied by the factor in
+/// every block (true; a shape derived from this one, for the bench) or only
+/// in blocks where the running max moved (RESULTS v33).
 template <int Warps, int MTiles, int BlockN, int MinBlocksPerSM>
 struct WideFwdShape {
   static constexpr int kWarps = Warps;
   static constexpr int kMTiles = MTiles;
   static constexpr int kBlockN = BlockN;
   static constexpr int kMinBlocksPerSM = MinBlocksPerSM;
+  static constexpr bool kRescaleOAlways = false;
 };
 
 /// The atom the forward runs for the atom family the dispatch picks: fp64
@@ -205,8 +209,8 @@ class FlashForwardWideMmaKernel {
   /// kLazyRescale (a warp vote), else P is taken against the old max (P <=
   /// e^16) and the rescale factor is 1: as exact, since P stays fp64
   /// through P·V, and most blocks skip the fp64 exponential of the factor
-  /// (O is still multiplied by it: skipping that too took 37 more
-  /// registers at head_dim 128 and spilled; RESULTS v18). fp32 rescales
+  /// and the multiplies of O by it (the latter spilled in RESULTS v18, at
+  /// 37 more registers; since v33 it fits: +4.5% at head_dim 128). fp32 rescales
   /// every block: there P is rounded to tf32 for P·V, where the exact max
   /// keeps the largest P at exactly 1 (the 16-bit forward measured twice
   /// the error otherwise, RESULTS v16).
@@ -343,12 +347,17 @@ class FlashForwardWideMmaKernel {
         }
     #pragma unroll
     for (int r = 0; r < kRows; ++r) row_sum[r] = alpha[r] * row_sum[r] + block_sum[r];
-    #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
+    // With the lazy rescale, O moves only with the max (a warp-uniform
+    // branch; its multiplies are 64 fp64 operations per lane and block at
+    // head_dim 128).
+    if (rescale || Shape::kRescaleOAlways) {
       #pragma unroll
-      for (int n = 0; n < kTilesO; ++n)
+      for (int mt = 0; mt < kMTiles; ++mt)
         #pragma unroll
-        for (int j = 0; j < Atom::kC; ++j) acc_o[mt][n][j] *= alpha[mt * kHalves + j / 2];
+        for (int n = 0; n < kTilesO; ++n)
+          #pragma unroll
+          for (int j = 0; j < Atom::kC; ++j) acc_o[mt][n][j] *= alpha[mt * kHalves + j / 2];
+    }
   }
 
   /// O += P·V_j, P straight from the S accumulators (keys permuted within
