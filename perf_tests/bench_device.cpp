@@ -310,6 +310,13 @@ std::function<void()> backward_kernel_at(const Args& a, View4 q, View4 k, View4 
   };
 }
 
+/// A DimSplit-2 backward shape whose first warp of a pair takes every
+/// exponential (the "one_softmax" variant, the library before RESULTS v35).
+template <class Shape>
+struct OneWarpSoftmaxShape : Shape {
+  static constexpr bool kSharedSoftmax = false;
+};
+
 /// The fp32/fp64 tensor-core backward with another tile shape (or atom)
 /// than the library's.
 template <int D, class Shape, class Atom, class View4, class View3>
@@ -338,8 +345,9 @@ std::function<void()> simt_backward_at(const Args& a, View4 q, View4 k, View4 v,
 /// two warps per 16 keys, each holding dK and dV for half the head
 /// dimension: the library's shape at head_dim 128); "s2" (the library's
 /// shape with two stages of Q and dO and one team per SM, the default
-/// before run 46). fp32: "simt_ffma" (the exact kernel with Sᵀ and dPᵀ by
-/// fp32 FMAs, before RESULTS v30).
+/// before run 46); at head_dim 128 "one_softmax" (the first warp of a pair
+/// takes every exponential, before RESULTS v35). fp32: "simt_ffma" (the
+/// exact kernel with Sᵀ and dPᵀ by fp32 FMAs, before RESULTS v30).
 template <class T, class View4, class View3>
 std::function<void()> backward_variant(const Args& a, View4 q, View4 k, View4 v, View4 o,
                                        View3 lse, View4 d_o, View4 dq, View4 dk, View4 dv) {
@@ -367,10 +375,15 @@ std::function<void()> backward_variant(const Args& a, View4 q, View4 k, View4 v,
     if (a.bwd_variant == "s2" && a.head_dim == 64)
       return wide_backward_at<64, WideBwdShape<4, 16, 1, 2>, A16>(a, q, k, v, o, lse, d_o, dq,
                                                                   dk, dv);
+    using kfa::Impl::WideBwdDefaultShape;
+    if (a.bwd_variant == "one_softmax" && a.head_dim == 128)
+      return wide_backward_at<128,
+                              OneWarpSoftmaxShape<typename WideBwdDefaultShape<A16, 128>::type>,
+                              A16>(a, q, k, v, o, lse, d_o, dq, dk, dv);
 #endif
     throw std::invalid_argument(
-        "--bwd-variant for fp64 must be default, w8, split or s2 (head_dim 64), on a build for "
-        "sm_90+");
+        "--bwd-variant for fp64 must be default, w8, split or s2 (head_dim 64) or one_softmax "
+        "(head_dim 128), on a build for sm_90+");
   }
   (void)q, (void)k, (void)v, (void)o, (void)lse, (void)d_o, (void)dq, (void)dk, (void)dv;
   throw std::invalid_argument("--bwd-variant needs fp32 or fp64");
@@ -463,8 +476,8 @@ std::function<void()> forward_variant(const Args& a, View4 q, View4 k, View4 v, 
 #endif
 #endif
     throw std::invalid_argument(
-        "--fwd-variant for fp64 must be default, m8n8k4, bn8, w8_n16, w8_n32 or rescale_o (head_dim "
-        "64 or 128)");
+        "--fwd-variant for fp64 must be default, m8n8k4, bn8, w8_n16, w8_n32 or rescale_o "
+        "(head_dim 64 or 128)");
   } else {
     if (a.fwd_variant == "policy")
       return mma_forward_shape<FwdMmaShape<4, 1, 64, 1, 2>, T>(a, q, k, v, o, lse);

@@ -368,6 +368,13 @@ TEST(FlashBackwardCuda, ExactFp32ScoreProducts) {
   }
 }
 
+/// A DimSplit-2 shape whose first warp takes every exponential of the pair
+/// (the library before RESULTS v35; bench_device's one_softmax).
+template <class Shape>
+struct OneWarpSoftmax : Shape {
+  static constexpr bool kSharedSoftmax = false;
+};
+
 TEST(FlashBackwardCuda, WideTensorCoreTileShapes) {
   using namespace kfa::Impl;
   namespace mma = kfa::Impl::cuda_mma;
@@ -390,6 +397,8 @@ TEST(FlashBackwardCuda, WideTensorCoreTileShapes) {
 #if KFA_CUDA_FP64_M16
       check_wide_backward_shape<WideBwdDefaultShape<mma::Fp64x16Atom, 128>::type, 128,
                                 mma::Fp64x16Atom>(s, causal);
+      check_wide_backward_shape<OneWarpSoftmax<WideBwdDefaultShape<mma::Fp64x16Atom, 128>::type>,
+                                128, mma::Fp64x16Atom>(s, causal);
 #endif
     }
   }

@@ -13,9 +13,10 @@
 // in registers, accumulates dV += Pᵀ·dO and dK += dSᵀ·Q in registers (Pᵀ
 // and dSᵀ feed the tensor cores from their accumulators), stages dSᵀ in
 // scratch and adds dQ += dS·K·scale to dq (zeroed by the caller) with
-// atomics. With DimSplit 2 the pair's first warp computes Sᵀ and Pᵀ, the
-// second dPᵀ, they swap them through scratch (a barrier of the two warps),
-// and each accumulates dK and dV for half the head dimension. Q, dO, lse and
+// atomics. With DimSplit 2 the pair's first warp computes Sᵀ, the second
+// dPᵀ; they swap half of them through scratch (a barrier of the two warps),
+// each computes Pᵀ and dSᵀ for half the query tiles, they swap those, and
+// each accumulates dK and dV for half the head dimension. Q, dO, lse and
 // D are double buffered: the next query block loads during the current
 // one's products. The softmax is in the natural base in fp64 and in base 2
 // (scale and lse times log2 e) in fp32.
@@ -63,12 +64,18 @@ struct WideBwdAtom<cuda_mma::Fp64Atom, HeadDim> {
 /// Stages: buffers of Q and dO (2: the next block's copies overlap this
 /// block's work; 1: they overlap only dQ = dS·K, and two teams share an SM
 /// where one stage lets their scratch fit).
+/// kSharedSoftmax (DimSplit 2): after the first swap each warp of a pair
+/// holds Sᵀ and dPᵀ for half the query tiles and computes their Pᵀ and dSᵀ
+/// (half the exponentials each), and a second swap completes both; false
+/// (a shape derived from this one, for the bench): the first warp computes
+/// every exponential while the second waits (RESULTS v35).
 template <int Warps, int BlockM, int DimSplit, int Stages = 2>
 struct WideBwdShape {
   static constexpr int kWarps = Warps;
   static constexpr int kBlockM = BlockM;
   static constexpr int kDimSplit = DimSplit;
   static constexpr int kStages = Stages;
+  static constexpr bool kSharedSoftmax = true;
 };
 
 /// The library's shapes (RESULTS.md v5-v7, v25, runs 44-49): 8 warps, but 4
@@ -113,6 +120,8 @@ class FlashBackwardWideMmaKernel {
                 "kfa: the wide mma backward splits dQ rows over the warps");
   static_assert(kSplit == 1 || (kSplit == 2 && kWarps % 2 == 0 && kWarps / 2 <= 15),
                 "kfa: the wide mma backward shares an atom of keys between 1 or 2 warps");
+  static_assert(kSplit == 1 || !Shape::kSharedSoftmax || kBlockM % 16 == 0,
+                "kfa: a pair of the wide mma backward shares the softmax by 8-query tiles");
 
   FlashBackwardWideMmaKernel(const QView& q, const KView& k, const VView& v, const DOView& d_o,
                              const LseView& lse, const DeltaView& delta, const DQView& dq,
@@ -257,12 +266,14 @@ class FlashBackwardWideMmaKernel {
       // Pᵀ and dSᵀ in registers (rows = keys, columns = queries).
       const bool needs_mask = m_p.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin,
                                                      key_begin + kBlockN);
-      auto to_p = [&] {
+      // Pᵀ of the query tiles n with owns(n).
+      auto to_p = [&](auto owns) {
         unswitch_mask(needs_mask, [&](auto masked) {
 #pragma unroll
           for (int n = 0; n < kTilesQ; ++n)
 #pragma unroll
             for (int j = 0; j < Atom::kC; ++j) {
+              if (!owns(n)) continue;
               const int col = n * 8 + (lane % 4) * 2 + (j & 1);
               value_type p =
                   exp_base(st[n][j] * scale - (kBase2 ? s_lse[col] * kLog2e : s_lse[col]));
@@ -273,36 +284,89 @@ class FlashBackwardWideMmaKernel {
             }
         });
       };
-      if constexpr (kSplit == 1) {
-        to_p();
-      } else {
-        // Swap the pair's tiles: the same lane of both warps holds the same
-        // (key, query) elements, so each lane writes its own and reads its
-        // partner's, lane-major (conflict-free).
-        if (part == 0) to_p();
-        value_type* swap = sSwap + group * 2 * kSwap;
+      // dSᵀ = Pᵀ ∘ (dPᵀ − D) of the query tiles n with owns(n).
+      auto to_ds = [&](auto owns) {
 #pragma unroll
         for (int n = 0; n < kTilesQ; ++n)
 #pragma unroll
-          for (int j = 0; j < Atom::kC; ++j)
-            swap[part * kSwap + (n * Atom::kC + j) * 32 + lane] = st[n][j];
+          for (int j = 0; j < Atom::kC; ++j) {
+            if (!owns(n)) continue;
+            const int col = n * 8 + (lane % 4) * 2 + (j & 1);
+            dpt[n][j] = st[n][j] * (dpt[n][j] - s_delta[col]);
+          }
+      };
+      auto all_tiles = [](int) { return true; };
+      // The pair's swaps go lane-major through scratch: the same lane of
+      // both warps holds the same (key, query) elements, so each lane writes
+      // its own and reads its partner's (conflict-free). Slot i of a lane in
+      // a warp's region: element i of what it sends, in tile order.
+      value_type* const mine = sSwap + group * 2 * kSwap + part * kSwap;
+      value_type* const theirs = sSwap + group * 2 * kSwap + (1 - part) * kSwap;
+      auto slot = [&](int i) { return i * 32 + lane; };
+      if constexpr (kSplit == 1) {
+        to_p(all_tiles);
+        to_ds(all_tiles);
+      } else if constexpr (!Shape::kSharedSoftmax) {
+        // The first warp takes every exponential; one swap.
+        if (part == 0) to_p(all_tiles);
+#pragma unroll
+        for (int n = 0; n < kTilesQ; ++n)
+#pragma unroll
+          for (int j = 0; j < Atom::kC; ++j) mine[slot(n * Atom::kC + j)] = st[n][j];
         cuda_mma::named_barrier(1 + group, 64);
 #pragma unroll
         for (int n = 0; n < kTilesQ; ++n)
 #pragma unroll
           for (int j = 0; j < Atom::kC; ++j) {
-            const value_type other = swap[(1 - part) * kSwap + (n * Atom::kC + j) * 32 + lane];
+            const value_type other = theirs[slot(n * Atom::kC + j)];
             dpt[n][j] = part == 0 ? other : st[n][j];
             st[n][j] = part == 0 ? st[n][j] : other;
           }
+        to_ds(all_tiles);
+      } else {
+        // Warp `part` owns the query tiles n % 2 == part. Swap 1: each warp
+        // sends its Sᵀ (first warp) or dPᵀ (second) of the tiles it does
+        // not own, so that each holds both for its own tiles and computes
+        // their Pᵀ and dSᵀ. Swap 2: each sends those into the region it read
+        // in swap 1 (its reads of it are done, and its partner wrote it
+        // before the first barrier) and reads its partner's from its own.
+        auto owned = [&](int n) { return n % 2 == part; };
+        auto not_owned = [&](int n) { return n % 2 != part; };
+#pragma unroll
+        for (int n = 0; n < kTilesQ; ++n)
+#pragma unroll
+          for (int j = 0; j < Atom::kC; ++j)
+            if (not_owned(n)) mine[slot((n / 2) * Atom::kC + j)] = st[n][j];
+        cuda_mma::named_barrier(1 + group, 64);
+#pragma unroll
+        for (int n = 0; n < kTilesQ; ++n)
+#pragma unroll
+          for (int j = 0; j < Atom::kC; ++j) {
+            if (!owned(n)) continue;
+            const value_type other = theirs[slot((n / 2) * Atom::kC + j)];
+            dpt[n][j] = part == 0 ? other : st[n][j];
+            st[n][j] = part == 0 ? st[n][j] : other;
+          }
+        to_p(owned);
+        to_ds(owned);
+#pragma unroll
+        for (int n = 0; n < kTilesQ; ++n)
+#pragma unroll
+          for (int j = 0; j < Atom::kC; ++j)
+            if (owned(n)) {
+              theirs[slot((n / 2) * 2 * Atom::kC + j)] = st[n][j];
+              theirs[slot((n / 2) * 2 * Atom::kC + Atom::kC + j)] = dpt[n][j];
+            }
+        cuda_mma::named_barrier(1 + group, 64);
+#pragma unroll
+        for (int n = 0; n < kTilesQ; ++n)
+#pragma unroll
+          for (int j = 0; j < Atom::kC; ++j)
+            if (not_owned(n)) {
+              st[n][j] = mine[slot((n / 2) * 2 * Atom::kC + j)];
+              dpt[n][j] = mine[slot((n / 2) * 2 * Atom::kC + Atom::kC + j)];
+            }
       }
-#pragma unroll
-      for (int n = 0; n < kTilesQ; ++n)
-#pragma unroll
-        for (int j = 0; j < Atom::kC; ++j) {
-          const int col = n * 8 + (lane % 4) * 2 + (j & 1);
-          dpt[n][j] = st[n][j] * (dpt[n][j] - s_delta[col]);
-        }
 
       // dV += Pᵀ·dO and dK += dSᵀ·Q (k = queries), A from the accumulators.
 #pragma unroll
