@@ -284,16 +284,16 @@ class FlashBackwardWideMmaKernel {
             }
         });
       };
-      // dSᵀ = Pᵀ ∘ (dPᵀ − D) of the query tiles n with owns(n).
+      // dSᵀ = Pᵀ ∘ (dPᵀ − D) of the query tiles n with owns(n), a quad's
+      // D for its 2 queries of a tile read as one pair.
       auto to_ds = [&](auto owns) {
 #pragma unroll
-        for (int n = 0; n < kTilesQ; ++n)
+        for (int n = 0; n < kTilesQ; ++n) {
+          if (!owns(n)) continue;
+          const value_type* d = s_delta + n * 8 + (lane % 4) * 2;
 #pragma unroll
-          for (int j = 0; j < Atom::kC; ++j) {
-            if (!owns(n)) continue;
-            const int col = n * 8 + (lane % 4) * 2 + (j & 1);
-            dpt[n][j] = st[n][j] * (dpt[n][j] - s_delta[col]);
-          }
+          for (int j = 0; j < Atom::kC; ++j) dpt[n][j] = st[n][j] * (dpt[n][j] - d[j & 1]);
+        }
       };
       auto all_tiles = [](int) { return true; };
       // The pair's swaps go lane-major through scratch: the same lane of
