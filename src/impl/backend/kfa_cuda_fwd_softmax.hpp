@@ -16,6 +16,34 @@
 namespace kfa {
 namespace Impl {
 
+/// f(mt, n, e) for each of a thread's scores s[mt][n][e], unrolled.
+template <int MTiles, int TilesS, class F>
+KOKKOS_FORCEINLINE_FUNCTION void for_each_score(F&& f) {
+#pragma unroll
+  for (int mt = 0; mt < MTiles; ++mt)
+#pragma unroll
+    for (int n = 0; n < TilesS; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) f(mt, n, e);
+}
+
+/// The scores of S at masked (row, key) positions set to `value`. Called
+/// under one test of the tile's needs_mask, so that a tile with no masked
+/// element runs no per-element test: a test inside the elements' loop
+/// became a branch (and a convergence barrier) per element where registers
+/// were short (RESULTS v36).
+template <int MTiles, int TilesS>
+KOKKOS_FORCEINLINE_FUNCTION void fwd_mask_scores(float (&s)[MTiles][TilesS][4],
+                                                 const AttentionMask& mask, int row0,
+                                                 int key_begin, float value) {
+  const int lane = cuda_mma::lane_id();
+  for_each_score<MTiles, TilesS>([&](int mt, int n, int e) {
+    const int row = row0 + mt * 16 + (e / 2) * 8;
+    const int col = key_begin + n * 8 + (lane % 4) * 2 + (e & 1);
+    if (mask.masked(row, col)) s[mt][n][e] = value;
+  });
+}
+
 /// Scale (base 2), mask, online softmax in registers: S becomes P and the
 /// running max and sum move on; `alpha` receives the factors O must be
 /// rescaled by (fwd_rescale), kept apart for a pipeline whose O is still
@@ -30,23 +58,14 @@ KOKKOS_FORCEINLINE_FUNCTION void fwd_softmax_scores(float (&s)[MTiles][TilesS][4
                                                     float scale_log2, int row0, int key_begin) {
   using namespace cuda_mma;
   constexpr int kRows = 2 * MTiles;
-  const int lane = lane_id();
   float block_max[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) block_max[r] = row_max[r];
-#pragma unroll
-  for (int mt = 0; mt < MTiles; ++mt)
-#pragma unroll
-    for (int n = 0; n < TilesS; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = row0 + mt * 16 + (e / 2) * 8;
-        const int col = key_begin + n * 8 + (lane % 4) * 2 + (e & 1);
-        float x = s[mt][n][e] * scale_log2;
-        if (needs_mask && mask.masked(row, col)) x = -INFINITY;
-        s[mt][n][e] = x;
-        block_max[2 * mt + e / 2] = fmaxf(block_max[2 * mt + e / 2], x);
-      }
+  for_each_score<MTiles, TilesS>([&](int mt, int n, int e) { s[mt][n][e] *= scale_log2; });
+  if (needs_mask) fwd_mask_scores(s, mask, row0, key_begin, -INFINITY);
+  for_each_score<MTiles, TilesS>([&](int mt, int n, int e) {
+    block_max[2 * mt + e / 2] = fmaxf(block_max[2 * mt + e / 2], s[mt][n][e]);
+  });
   float shift[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
@@ -61,16 +80,11 @@ KOKKOS_FORCEINLINE_FUNCTION void fwd_softmax_scores(float (&s)[MTiles][TilesS][4
   float block_sum[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) block_sum[r] = 0;
-#pragma unroll
-  for (int mt = 0; mt < MTiles; ++mt)
-#pragma unroll
-    for (int n = 0; n < TilesS; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float p = exp2_fast(s[mt][n][e] - shift[2 * mt + e / 2]);
-        s[mt][n][e] = p;
-        block_sum[2 * mt + e / 2] += p;
-      }
+  for_each_score<MTiles, TilesS>([&](int mt, int n, int e) {
+    const float p = exp2_fast(s[mt][n][e] - shift[2 * mt + e / 2]);
+    s[mt][n][e] = p;
+    block_sum[2 * mt + e / 2] += p;
+  });
 #pragma unroll
   for (int r = 0; r < kRows; ++r) row_sum[r] = alpha[r] * row_sum[r] + block_sum[r];
 }
@@ -88,26 +102,15 @@ KOKKOS_FORCEINLINE_FUNCTION void fwd_softmax_scores_folded_impl(
   using namespace cuda_mma;
   constexpr int kRows = 2 * MTiles;
   constexpr float kMasked = PositiveScale ? -INFINITY : INFINITY;
-  const int lane = lane_id();
   float raw_best[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) raw_best[r] = kMasked;
-#pragma unroll
-  for (int mt = 0; mt < MTiles; ++mt)
-#pragma unroll
-    for (int n = 0; n < TilesS; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = s[mt][n][e];
-        if (needs_mask) {
-          const int row = row0 + mt * 16 + (e / 2) * 8;
-          const int col = key_begin + n * 8 + (lane % 4) * 2 + (e & 1);
-          if (mask.masked(row, col)) x = kMasked;
-          s[mt][n][e] = x;
-        }
-        raw_best[2 * mt + e / 2] = PositiveScale ? fmaxf(raw_best[2 * mt + e / 2], x)
-                                                 : fminf(raw_best[2 * mt + e / 2], x);
-      }
+  if (needs_mask) fwd_mask_scores(s, mask, row0, key_begin, kMasked);
+  for_each_score<MTiles, TilesS>([&](int mt, int n, int e) {
+    const float x = s[mt][n][e];
+    raw_best[2 * mt + e / 2] = PositiveScale ? fmaxf(raw_best[2 * mt + e / 2], x)
+                                             : fminf(raw_best[2 * mt + e / 2], x);
+  });
   float shift[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
@@ -123,16 +126,11 @@ KOKKOS_FORCEINLINE_FUNCTION void fwd_softmax_scores_folded_impl(
   float block_sum[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) block_sum[r] = 0;
-#pragma unroll
-  for (int mt = 0; mt < MTiles; ++mt)
-#pragma unroll
-    for (int n = 0; n < TilesS; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float p = exp2_fast(fmaf(s[mt][n][e], scale_log2, -shift[2 * mt + e / 2]));
-        s[mt][n][e] = p;
-        block_sum[2 * mt + e / 2] += p;
-      }
+  for_each_score<MTiles, TilesS>([&](int mt, int n, int e) {
+    const float p = exp2_fast(fmaf(s[mt][n][e], scale_log2, -shift[2 * mt + e / 2]));
+    s[mt][n][e] = p;
+    block_sum[2 * mt + e / 2] += p;
+  });
 #pragma unroll
   for (int r = 0; r < kRows; ++r) row_sum[r] = alpha[r] * row_sum[r] + block_sum[r];
 }
