@@ -158,14 +158,27 @@ struct LibraryWgmmaShape {
   template <int HeadDim>
   using at = kfa::Impl::WgmmaFwdShape<HeadDim>;
 };
-template <int BlockN, int MinBlocks, int WarpGroups>
+template <int BlockN, int MinBlocks, int WarpGroups, bool Tma = false, int Stages = 2>
 struct FixedWgmmaShape {
   template <int HeadDim>
   struct at {
     static constexpr int kBlockN = BlockN;
     static constexpr int kMinBlocksPerSM = MinBlocks;
     static constexpr int kWarpGroups = WarpGroups;
+    static constexpr bool kTma = Tma;
+    static constexpr int kStages = Stages;
   };
+};
+/// Bulk tensor copies by a producer warp, one team per SM: at head_dim 128
+/// two warpgroups and 64-key blocks, at 64 WarpGroups64 and BlockN64.
+template <int WarpGroups64, int BlockN64, int Stages = 2, int WarpGroups128 = 2,
+          int Teams64 = 1, int Teams128 = 1>
+struct TmaWgmmaShape {
+  template <int HeadDim>
+  using at = typename FixedWgmmaShape<HeadDim == 64 ? BlockN64 : 64,
+                                      HeadDim == 64 ? Teams64 : Teams128,
+                                      HeadDim == 64 ? WarpGroups64 : WarpGroups128, true,
+                                      Stages>::template at<HeadDim>;
 };
 struct Run50WgmmaShape {
   template <int HeadDim>
@@ -191,7 +204,7 @@ std::function<void()> wgmma_forward(const Args& a, View4 q, View4 k, View4 v, Vi
       using Shape = typename Shapes::template at<kD>;
       using Kernel = kfa::Impl::FlashForwardWgmmaKernel<
           Space, kD, Format, View4, View4, View4, View4, View3, FoldScale, Shape::kBlockN,
-          Shape::kMinBlocksPerSM, Shape::kWarpGroups>;
+          Shape::kMinBlocksPerSM, Shape::kWarpGroups, Shape::kTma, Shape::kStages>;
       return [=] { Kernel(q, k, v, o, lse, scale, causal).launch(Space()); };
     };
     if (a.head_dim == 64) return make(std::integral_constant<int, 64>());
@@ -393,7 +406,11 @@ std::function<void()> backward_variant(const Args& a, View4 q, View4 k, View4 v,
 /// (4 warps of 16 query rows, 64 keys, one stage; the default before opt-in
 /// shared memory); "policy_m2": the same with 2 m-tiles per warp and 32-key
 /// blocks; "large_8w": the large shape with 8 warps of 16 rows; "large_n32":
-/// the large shape with 32-key blocks (half the S registers).
+/// the large shape with 32-key blocks (half the S registers). Hopper
+/// (wgmma) shapes: "wgmma_nofold", "wgmma_2wg", "wgmma_n128", "wgmma_n64",
+/// "wgmma_3wg", and with bulk tensor copies from a producer warp (RESULTS
+/// v37) "wgmma_tma", "wgmma_tma_s3" (3 K/V stages), "wgmma_tma_1wg" (teams
+/// of one warpgroup), "wgmma_tma_n128" (d 64: 128-key blocks).
 /// fp32: "split_tf32" and "tf32" (Fp32Matmul options of the library's
 /// dispatch), "simt_bn16" (the exact kernel with 16-key blocks, three teams
 /// per SM), "simt_2teams" (64-key blocks at head_dim 64, 32 at 128, two
@@ -495,13 +512,21 @@ std::function<void()> forward_variant(const Args& a, View4 q, View4 k, View4 v, 
       return wgmma_forward<true, T, FixedWgmmaShape<64, 1, 2>>(a, q, k, v, o, lse);
     if (a.fwd_variant == "wgmma_3wg")  // 3 warpgroups, 64-key blocks, one team per SM
       return wgmma_forward<true, T, FixedWgmmaShape<64, 1, 3>>(a, q, k, v, o, lse);
+    if (a.fwd_variant == "wgmma_tma")  // producer warp, 3 (d 64) or 2 warpgroups, 64 keys
+      return wgmma_forward<true, T, TmaWgmmaShape<3, 64>>(a, q, k, v, o, lse);
+    if (a.fwd_variant == "wgmma_tma_n128")  // at d 64: 2 warpgroups, 128 keys
+      return wgmma_forward<true, T, TmaWgmmaShape<2, 128>>(a, q, k, v, o, lse);
+    if (a.fwd_variant == "wgmma_tma_s3")  // wgmma_tma with 3 K/V stages
+      return wgmma_forward<true, T, TmaWgmmaShape<3, 64, 3>>(a, q, k, v, o, lse);
+    if (a.fwd_variant == "wgmma_tma_1wg")  // teams of 1 warpgroup: 3 (d 64) or 2 per SM
+      return wgmma_forward<true, T, TmaWgmmaShape<1, 64, 2, 1, 3, 2>>(a, q, k, v, o, lse);
     if (a.fwd_variant == "mma_large")
       return mma_forward_shape<FwdMmaShape<4, 2, 64, 2, 2>, T>(a, q, k, v, o, lse);
     if (a.fwd_variant == "large_n32")
       return mma_forward_shape<FwdMmaShape<4, 2, 32, 2, 2>, T>(a, q, k, v, o, lse);
     throw std::invalid_argument(
         "--fwd-variant must be default, policy, policy_m2, large_8w, mma_large, wgmma_nofold, "
-        "wgmma_2wg, wgmma_n128, wgmma_n64, wgmma_3wg or large_n32");
+        "wgmma_2wg, wgmma_n128, wgmma_n64, wgmma_3wg, wgmma_tma, wgmma_tma_n128, wgmma_tma_s3, wgmma_tma_1wg or large_n32");
   }
 }
 

@@ -219,8 +219,10 @@ void check_mma_shape(const Shape& s, bool causal) {
 }
 
 /// BlockN = 0: the library's shape for HeadDim; else BlockN keys per block,
-/// one team per SM, WarpGroups warpgroups a team (0: the library's).
-template <int HeadDim, class T, bool FoldScale = true, int BlockN = 0, int WarpGroups = 0>
+/// one team per SM, WarpGroups warpgroups a team (0: the library's), and
+/// with Tma the copies by a producer warp (bulk tensor copies).
+template <int HeadDim, class T, bool FoldScale = true, int BlockN = 0, int WarpGroups = 0,
+          bool Tma = false>
 void check_wgmma(const Shape& s, bool causal, double key_ramp = 0) {
   using Format = typename kfa::Impl::MmaFormat<Kokkos::Cuda, T>::type;
   using KernelShape = kfa::Impl::WgmmaFwdShape<HeadDim>;
@@ -229,7 +231,7 @@ void check_wgmma(const Shape& s, bool causal, double key_ramp = 0) {
                        DeviceView4<T, Kokkos::Cuda>, DeviceView3<float, Kokkos::Cuda>, FoldScale,
                        BlockN ? BlockN : KernelShape::kBlockN,
                        BlockN ? 1 : KernelShape::kMinBlocksPerSM,
-                       WarpGroups ? WarpGroups : KernelShape::kWarpGroups>,
+                       WarpGroups ? WarpGroups : KernelShape::kWarpGroups, Tma>,
                    T>(s, causal, key_ramp);
 }
 
@@ -280,6 +282,33 @@ TEST(FlashForwardCuda, HopperWgmma) {
     check_wgmma<128, kfa::half>(Shape{1, 300, 1000, 2, 128}, causal, 4.0);
     check_wgmma<128, kfa::bfloat16, false>(Shape{1, 300, 1000, 2, 128}, causal, 4.0);
     check_wgmma<256, kfa::bfloat16>(Shape{1, 129, 700, 1, 256}, causal, 4.0);
+  }
+}
+
+// The Hopper forward whose K, V and Q arrive by bulk tensor copies from a
+// producer warp (bench_device's wgmma_tma, wgmma_tma_n128): partial query
+// and key blocks (rows past the end arrive as zeros), fewer and more keys
+// than one block, several batches and heads (the tensor maps'
+// coordinates), more blocks than stages (the barriers' phases), causal and
+// not, grouped-query heads (k and v maps of fewer heads), and a key ramp.
+TEST(FlashForwardCuda, HopperWgmmaTma) {
+  if (!kfa::Impl::wgmma_available(Kokkos::Cuda())) {
+    GTEST_SKIP() << "no sm_90 GPU, or this build has no sm_90a device code (KFA_CUDA_SM90A)";
+  }
+  for (bool causal : {false, true}) {
+    for (const Shape& s : {Shape{1, 300, 129, 2, 128}, Shape{2, 190, 333, 3, 128},
+                           Shape{1, 100, 40, 2, 128}, Shape{1, 257, 1000, 1, 128},
+                           Shape{2, 190, 333, 4, 128, 2}}) {
+      check_wgmma<128, kfa::bfloat16, true, 64, 2, true>(s, causal);
+      check_wgmma<128, kfa::half, true, 64, 2, true>(s, causal);
+    }
+    for (const Shape& s : {Shape{2, 190, 333, 2, 64}, Shape{1, 257, 1000, 1, 64},
+                           Shape{1, 50, 30, 3, 64}, Shape{1, 257, 300, 6, 64, 2}}) {
+      check_wgmma<64, kfa::bfloat16, true, 64, 3, true>(s, causal);
+      check_wgmma<64, kfa::half, true, 128, 2, true>(s, causal);
+    }
+    check_wgmma<128, kfa::bfloat16, true, 64, 2, true>(Shape{1, 300, 1000, 2, 128}, causal, 4.0);
+    check_wgmma<64, kfa::half, true, 64, 3, true>(Shape{1, 300, 1000, 2, 64}, causal, 4.0);
   }
 }
 

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace kfa {
 namespace Impl {
@@ -239,6 +240,22 @@ __global__ static void __launch_bounds__(32 * Functor::kWarps, Functor::kMinBloc
   functor.body(CudaTeam{}, kfa_team_scratch);
 }
 
+/// The same for functors that hold tensor maps (Functor::kTensorMaps): the
+/// functor is a __grid_constant__ parameter, so a member's address is a
+/// parameter address, which the bulk tensor copies read (kfa_cuda_tma.hpp).
+template <class Functor>
+__global__ static void __launch_bounds__(32 * Functor::kWarps, Functor::kMinBlocksPerSM)
+    kfa_cuda_team_kernel_maps(const __grid_constant__ Functor functor) {
+  extern __shared__ __align__(16) unsigned char kfa_team_scratch_maps[];
+  functor.body(CudaTeam{}, kfa_team_scratch_maps);
+}
+
+template <class Functor, class = void>
+struct HoldsTensorMaps : std::false_type {};
+template <class Functor>
+struct HoldsTensorMaps<Functor, std::void_t<decltype(Functor::kTensorMaps)>>
+    : std::integral_constant<bool, Functor::kTensorMaps> {};
+
 /// Largest team scratch a launch_cuda_team kernel can have on `space`'s GPU.
 inline std::size_t cuda_team_scratch_max(const Kokkos::Cuda& space) {
   return space.cuda_device_prop().sharedMemPerBlockOptin;
@@ -261,7 +278,12 @@ void launch_cuda_team(const Kokkos::Cuda& space, const std::string& label,
       throw std::runtime_error(label + ": " + what + " failed: " + cudaGetErrorString(err));
     }
   };
-  const auto kernel = &kfa_cuda_team_kernel<Functor>;
+  const auto kernel = [] {
+    if constexpr (HoldsTensorMaps<Functor>::value)
+      return &kfa_cuda_team_kernel_maps<Functor>;
+    else
+      return &kfa_cuda_team_kernel<Functor>;
+  }();
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(scratch_bytes)),
         "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");

@@ -1,0 +1,137 @@
+#ifndef KFA_CUDA_TMA_HPP
+#define KFA_CUDA_TMA_HPP
+
+// Hopper (sm_90) tensor memory accelerator: tensor maps of the 16-bit
+// [batch][rows][heads][head_dim] operands, the bulk tensor copy
+// (cp.async.bulk.tensor) of a [rows][64] box of one head into a 128-byte
+// swizzled scratch tile (the layout of kfa_cuda_wgmma.hpp), and the
+// shared-memory barriers (mbarrier) that tell a copy's arrival and a tile's
+// release between a producer warp and the warps that compute.
+//
+// A tensor map is a 128-byte descriptor that the copy engine reads from
+// kernel parameter, constant or global memory. The kernels that use one
+// hold it in their functor and are launched with the functor as a
+// __grid_constant__ parameter (launch_cuda_team), so its address is a
+// parameter address. Rows past the tensor's end arrive as zeros and count
+// toward the copy's bytes like the others, so a barrier always expects a
+// whole box.
+
+#include <Kokkos_Core.hpp>
+
+#include <impl/backend/kfa_cuda_mma.hpp>
+
+#if defined(KOKKOS_ENABLE_CUDA)
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#endif
+
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+namespace kfa {
+namespace Impl {
+
+/// The bytes of a CUtensorMap (its alignment included), in a type that host
+/// builds without CUDA headers also know.
+struct alignas(64) TmaMap {
+  unsigned char bytes[128];
+};
+
+#if defined(KOKKOS_ENABLE_CUDA)
+/// The tensor map of a 16-bit (bf16 or fp16, `bf16` tells which)
+/// [batch][rows][heads][head_dim] tensor at `data`, whose copies are boxes
+/// of `box_rows` rows by 64 values of one head, 128-byte swizzled. Throws
+/// std::runtime_error naming `what` where the driver refuses.
+inline TmaMap make_tma_map_16(const void* data, bool bf16, int batch, int rows, int heads,
+                              int head_dim, int box_rows, const char* what) {
+  using encode_t = PFN_cuTensorMapEncodeTiled_v12000;
+  static const encode_t encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<encode_t>(fn);
+  }();
+  if (!encode) throw std::runtime_error(std::string(what) + ": no cuTensorMapEncodeTiled in the driver");
+  const cuuint64_t dims[4] = {cuuint64_t(head_dim), cuuint64_t(heads), cuuint64_t(rows),
+                              cuuint64_t(batch)};
+  const cuuint64_t strides[3] = {cuuint64_t(head_dim) * 2, cuuint64_t(head_dim) * heads * 2,
+                                 cuuint64_t(head_dim) * heads * rows * 2};
+  const cuuint32_t box[4] = {64, 1, cuuint32_t(box_rows), 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  CUtensorMap map;
+  const CUresult err = encode(
+      &map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+      const_cast<void*>(data), dims, strides, box, element_strides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (err != CUDA_SUCCESS)
+    throw std::runtime_error(std::string(what) + ": cuTensorMapEncodeTiled failed (CUresult " +
+                             std::to_string(int(err)) + ")");
+  static_assert(sizeof(CUtensorMap) == sizeof(TmaMap), "kfa: a CUtensorMap is 128 bytes");
+  TmaMap out;
+  std::memcpy(out.bytes, &map, sizeof(out.bytes));
+  return out;
+}
+#endif
+
+namespace cuda_mma {
+
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+
+/// Barrier at shared address `bar` expecting `count` arrivals a phase.
+__device__ inline void mbarrier_init(std::uint32_t bar, std::uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+/// Makes the barriers' initialisation visible to the copy engine (followed
+/// by a barrier of the block before any use).
+__device__ inline void mbarrier_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ inline void mbarrier_arrive(std::uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+/// Arrives and adds `bytes` to the bytes the current phase waits for.
+__device__ inline void mbarrier_arrive_expect(std::uint32_t bar, std::uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+/// Waits until the phase of parity `parity` of the barrier has completed
+/// (a fresh barrier counts the phase of parity 1 as completed).
+__device__ inline void mbarrier_wait(std::uint32_t bar, std::uint32_t parity) {
+  std::uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+/// The box of `map` (make_tma_map_16) at column `col`, head `head`, row
+/// `row`, batch `b` into scratch at `dst` (1024-aligned), its bytes counted
+/// on the barrier `bar`.
+__device__ inline void tma_load_box(std::uint32_t dst, const TmaMap& map, int col, int head,
+                                    int row, int b, std::uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<std::uint64_t>(&map)), "r"(col), "r"(head), "r"(row), "r"(b),
+      "r"(bar)
+      : "memory");
+}
+
+#endif
+
+}  // namespace cuda_mma
+}  // namespace Impl
+}  // namespace kfa
+
+#endif
