@@ -297,7 +297,9 @@ class FlashForwardMmaKernel : public Fused16Forward {
                                                   float (&row_max)[kRows],
                                                   float (&row_sum)[kRows], int row_begin,
                                                   int row0, int key_begin) const {
-    fwd_softmax_update(
+    // The mask inside the loop over the scores at head_dim 128 and up
+    // (fwd_softmax_scores' MaskPerScore; RESULTS v36).
+    fwd_softmax_update<(kHeadDim >= 128)>(
         s, acc_o, row_max, row_sum, m_p.mask,
         m_p.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin, key_begin + kBlockN),
         m_scale_log2, row0, key_begin);

@@ -25,8 +25,9 @@
 // team issues, each block's arrival and release told by barriers in
 // scratch, so the warpgroups issue no copies and meet at no team barrier
 // (FlashAttention-3's producer warp, without its register reallocation).
-// RESULTS v37: as fast as the cp.async path at head_dim 128 (-1% to +2%),
-// 8-13% slower at 64.
+// RESULTS v37: at head_dim 128, teams of one warpgroup and the producer
+// are level with the cp.async path (-0.3% to +2%), one team of two is 0 to
+// 11% slower; at 64 both are 8-13% slower.
 
 #include <kfa_mask.hpp>
 
@@ -48,11 +49,13 @@ namespace Impl {
 /// block, so their softmaxes run at the same time; teams do not, and while
 /// one team is in its softmax another's products keep the tensor cores busy.
 /// So at 64 and 128 a team is one warpgroup (64 query rows) with 64-key
-/// blocks: four teams per SM at 64 (128 registers), two at 128 (214; 81 KB
+/// blocks: four teams per SM at 64 (128 registers), two at 128 (230; 81 KB
 /// of scratch each). RESULTS run 51: +3-7% at 128 and +3-5% at 64 over one
 /// team of two warpgroups (128-key blocks) and two teams of two. At 256:
 /// one team of two warpgroups and 64-key blocks (O alone takes 128
 /// registers).
+/// kTma, kStages: the cp.async path, double buffered (Tma is an opt-in
+/// shape of the kernel, see above).
 template <int HeadDim>
 struct WgmmaFwdShape {
   static constexpr int kBlockN = 64;
