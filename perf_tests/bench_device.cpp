@@ -158,7 +158,8 @@ struct LibraryWgmmaShape {
   template <int HeadDim>
   using at = kfa::Impl::WgmmaFwdShape<HeadDim>;
 };
-template <int BlockN, int MinBlocks, int WarpGroups, bool Tma = false, int Stages = 2>
+template <int BlockN, int MinBlocks, int WarpGroups, bool Tma = false, int Stages = 2,
+          bool Realloc = false, bool PingPong = false, bool Persistent = false>
 struct FixedWgmmaShape {
   template <int HeadDim>
   struct at {
@@ -167,6 +168,9 @@ struct FixedWgmmaShape {
     static constexpr int kWarpGroups = WarpGroups;
     static constexpr bool kTma = Tma;
     static constexpr int kStages = Stages;
+    static constexpr bool kRealloc = Realloc;
+    static constexpr bool kPingPong = PingPong;
+    static constexpr bool kPersistent = Persistent;
   };
 };
 /// Bulk tensor copies by a producer warp, one team per SM: at head_dim 128
@@ -186,9 +190,33 @@ struct Run50WgmmaShape {
                                       2>::template at<HeadDim>;
 };
 
+/// The library's shape at head_dim 64 and 128 before RESULTS v38: teams of
+/// one warpgroup with 64-key blocks by cp.async, four per SM at 64, two at
+/// 128.
+struct CpAsyncWgmmaShape {
+  template <int HeadDim>
+  using at = typename FixedWgmmaShape<64, HeadDim == 64 ? 4 : 2, 1>::template at<HeadDim>;
+};
+/// A producer warpgroup whose registers the others take: Warpgroups
+/// warpgroups, BlockN keys (at head_dim 256: 64), persistent teams or not.
+template <int WarpGroups, int BlockN, int Stages = 2, bool PingPong = false,
+          bool Persistent = true>
+struct WsWgmmaShape {
+  template <int HeadDim>
+  using at = typename FixedWgmmaShape<HeadDim == 256 ? 64 : BlockN, 1, WarpGroups, true, Stages,
+                                      true, PingPong, Persistent>::template at<HeadDim>;
+};
+template <bool Persistent = true>
+struct Ws3WgmmaShape {
+  template <int HeadDim>
+  using at = typename WsWgmmaShape<3, HeadDim == 64 ? 128 : 64, 2, false,
+                                   Persistent>::template at<HeadDim>;
+};
+
 /// The Hopper (wgmma) forward with the scale folded or not, in one of the
-/// shapes above (head_dim 256: the library's only).
-template <bool FoldScale, class T, class Shapes = LibraryWgmmaShape, class View4, class View3>
+/// shapes above (head_dim 256: the library's, and others where At256).
+template <bool FoldScale, class T, class Shapes = LibraryWgmmaShape, bool At256 = false,
+          class View4, class View3>
 std::function<void()> wgmma_forward(const Args& a, View4 q, View4 k, View4 v, View4 o,
                                     View3 lse) {
   using Space = Kokkos::DefaultExecutionSpace;
@@ -204,13 +232,14 @@ std::function<void()> wgmma_forward(const Args& a, View4 q, View4 k, View4 v, Vi
       using Shape = typename Shapes::template at<kD>;
       using Kernel = kfa::Impl::FlashForwardWgmmaKernel<
           Space, kD, Format, View4, View4, View4, View4, View3, FoldScale, Shape::kBlockN,
-          Shape::kMinBlocksPerSM, Shape::kWarpGroups, Shape::kTma, Shape::kStages>;
+          Shape::kMinBlocksPerSM, Shape::kWarpGroups, Shape::kTma, Shape::kStages,
+          Shape::kRealloc, Shape::kPingPong, Shape::kPersistent>;
       return [=] { Kernel(q, k, v, o, lse, scale, causal).launch(Space()); };
     };
     if (a.head_dim == 64) return make(std::integral_constant<int, 64>());
     if (a.head_dim == 128) return make(std::integral_constant<int, 128>());
     if (a.head_dim == 256) {
-      if constexpr (std::is_same<Shapes, LibraryWgmmaShape>::value)
+      if constexpr (At256 || std::is_same<Shapes, LibraryWgmmaShape>::value)
         return make(std::integral_constant<int, 256>());
       throw std::invalid_argument("--fwd-variant wgmma_<shape>: head_dim 64 or 128");
     }
@@ -410,7 +439,16 @@ std::function<void()> backward_variant(const Args& a, View4 q, View4 k, View4 v,
 /// (wgmma) shapes: "wgmma_nofold", "wgmma_2wg", "wgmma_n128", "wgmma_n64",
 /// "wgmma_3wg", and with bulk tensor copies from a producer warp (RESULTS
 /// v37) "wgmma_tma", "wgmma_tma_s3" (3 K/V stages), "wgmma_tma_1wg" (teams
-/// of one warpgroup), "wgmma_tma_n128" (d 64: 128-key blocks).
+/// of one warpgroup), "wgmma_tma_n128" (d 64: 128-key blocks),
+/// "wgmma_tma_pp" (wgmma_tma at d 128, the warpgroups' products in turns);
+/// with the producer a warpgroup whose registers the computing warpgroups
+/// take (RESULTS v38, v39: the library's shapes), one persistent team per
+/// SM: "wgmma_ws" (two warpgroups, 128-key blocks; at d 256 64-key blocks),
+/// "wgmma_ws_np" (wgmma_ws with a team per tile, v38), "wgmma_ws_pp"
+/// (products in turns), "wgmma_ws_pp_s3" (and 3 K/V stages),
+/// "wgmma_ws_3wg" (three warpgroups; 128 keys at d 64, 64 at d 128),
+/// "wgmma_ws_3wg_np" (the same, a team per tile);
+/// "wgmma_cpasync" (the library's shape before v38).
 /// fp32: "split_tf32" and "tf32" (Fp32Matmul options of the library's
 /// dispatch), "simt_bn16" (the exact kernel with 16-key blocks, three teams
 /// per SM), "simt_2teams" (64-key blocks at head_dim 64, 32 at 128, two
@@ -520,13 +558,34 @@ std::function<void()> forward_variant(const Args& a, View4 q, View4 k, View4 v, 
       return wgmma_forward<true, T, TmaWgmmaShape<3, 64, 3>>(a, q, k, v, o, lse);
     if (a.fwd_variant == "wgmma_tma_1wg")  // teams of 1 warpgroup: 3 (d 64) or 2 per SM
       return wgmma_forward<true, T, TmaWgmmaShape<1, 64, 2, 1, 3, 2>>(a, q, k, v, o, lse);
+    if (a.fwd_variant == "wgmma_tma_pp")  // 2 warpgroups, 64 keys, turns
+      return wgmma_forward<true, T, FixedWgmmaShape<64, 1, 2, true, 2, false, true>>(a, q, k, v,
+                                                                                  o, lse);
+    if (a.fwd_variant == "wgmma_ws")  // producer warpgroup, 2 warpgroups, 128 keys
+      return wgmma_forward<true, T, WsWgmmaShape<2, 128>, true>(a, q, k, v, o, lse);
+    if (a.fwd_variant == "wgmma_ws_np")  // wgmma_ws, a team per tile
+      return wgmma_forward<true, T, WsWgmmaShape<2, 128, 2, false, false>, true>(a, q, k, v, o,
+                                                                                lse);
+    if (a.fwd_variant == "wgmma_ws_pp")  // wgmma_ws, turns
+      return wgmma_forward<true, T, WsWgmmaShape<2, 128, 2, true>>(a, q, k, v, o, lse);
+    if (a.fwd_variant == "wgmma_ws_pp_s3")  // wgmma_ws_pp, 3 stages
+      return wgmma_forward<true, T, WsWgmmaShape<2, 128, 3, true>>(a, q, k, v, o, lse);
+    if (a.fwd_variant == "wgmma_ws_3wg")  // 3 warpgroups, 128 keys at d 64, 64 at 128
+      return wgmma_forward<true, T, Ws3WgmmaShape<>>(a, q, k, v, o, lse);
+    if (a.fwd_variant == "wgmma_ws_3wg_np")  // wgmma_ws_3wg, a team per tile
+      return wgmma_forward<true, T, Ws3WgmmaShape<false>>(a, q, k, v, o, lse);
+    if (a.fwd_variant == "wgmma_cpasync")  // the library's shape before v38
+      return wgmma_forward<true, T, CpAsyncWgmmaShape>(a, q, k, v, o, lse);
     if (a.fwd_variant == "mma_large")
       return mma_forward_shape<FwdMmaShape<4, 2, 64, 2, 2>, T>(a, q, k, v, o, lse);
     if (a.fwd_variant == "large_n32")
       return mma_forward_shape<FwdMmaShape<4, 2, 32, 2, 2>, T>(a, q, k, v, o, lse);
     throw std::invalid_argument(
         "--fwd-variant must be default, policy, policy_m2, large_8w, mma_large, wgmma_nofold, "
-        "wgmma_2wg, wgmma_n128, wgmma_n64, wgmma_3wg, wgmma_tma, wgmma_tma_n128, wgmma_tma_s3, wgmma_tma_1wg or large_n32");
+        "wgmma_2wg, wgmma_n128, wgmma_n64, wgmma_3wg, wgmma_tma, wgmma_tma_n128, wgmma_tma_s3, "
+        "wgmma_tma_1wg, wgmma_tma_pp, wgmma_ws, wgmma_ws_np, wgmma_ws_pp, wgmma_ws_pp_s3, "
+        "wgmma_ws_3wg, wgmma_ws_3wg_np, "
+        "wgmma_cpasync or large_n32");
   }
 }
 

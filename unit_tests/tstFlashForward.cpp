@@ -219,30 +219,38 @@ void check_mma_shape(const Shape& s, bool causal) {
 }
 
 /// BlockN = 0: the library's shape for HeadDim; else BlockN keys per block,
-/// one team per SM, WarpGroups warpgroups a team (0: the library's), and
-/// with Tma the copies by a producer warp (bulk tensor copies).
+/// one team per SM, WarpGroups warpgroups a team, and with Tma the copies
+/// by a producer warp (bulk tensor copies) into Stages buffers, with
+/// Realloc from a producer warpgroup that gives its registers to the
+/// others, with PingPong the warpgroups' products in turns, with Persistent
+/// one team per SM that takes tile after tile.
 template <int HeadDim, class T, bool FoldScale = true, int BlockN = 0, int WarpGroups = 0,
-          bool Tma = false>
+          bool Tma = false, int Stages = 2, bool Realloc = false, bool PingPong = false,
+          bool Persistent = false>
 void check_wgmma(const Shape& s, bool causal, double key_ramp = 0) {
   using Format = typename kfa::Impl::MmaFormat<Kokkos::Cuda, T>::type;
-  using KernelShape = kfa::Impl::WgmmaFwdShape<HeadDim>;
+  using L = kfa::Impl::WgmmaFwdShape<HeadDim>;
+  constexpr bool lib = BlockN == 0;
+  static_assert(lib || WarpGroups > 0, "check_wgmma: a shape of BlockN keys names its warpgroups");
   check_fwd_kernel<kfa::Impl::FlashForwardWgmmaKernel<
                        Kokkos::Cuda, HeadDim, Format, DeviceIn4<T>, DeviceIn4<T>, DeviceIn4<T>,
                        DeviceView4<T, Kokkos::Cuda>, DeviceView3<float, Kokkos::Cuda>, FoldScale,
-                       BlockN ? BlockN : KernelShape::kBlockN,
-                       BlockN ? 1 : KernelShape::kMinBlocksPerSM,
-                       WarpGroups ? WarpGroups : KernelShape::kWarpGroups, Tma>,
+                       lib ? L::kBlockN : BlockN, lib ? L::kMinBlocksPerSM : 1,
+                       lib ? L::kWarpGroups : WarpGroups, lib ? L::kTma : Tma,
+                       lib ? L::kStages : Stages, lib ? L::kRealloc : Realloc,
+                       lib ? L::kPingPong : PingPong, lib ? L::kPersistent : Persistent>,
                    T>(s, causal, key_ramp);
 }
 
 // The Hopper forward (wgmma), where this build has sm_90a code and the GPU
 // is an sm_90, with the scale folded into the exponent (the default) and
 // not: awkward lengths (partial query and key blocks, more keys
-// than queries and fewer), both formats, every head dim, causal and not,
-// and at head_dim 64 also 128-key blocks; teams of two and three
-// warpgroups (bench_device's wgmma_n64, wgmma_n128, wgmma_3wg) at head_dim
-// 64 and 128; and scores that grow along the keys (key_ramp: the running
-// max of a row moves, and O is rescaled, many times).
+// than queries and fewer), both formats, every head dim, causal and not;
+// the cp.async shapes: teams of one warpgroup with 64- and 128-key blocks
+// (the library's shape before RESULTS v38, bench_device's wgmma_cpasync),
+// of two and three warpgroups (wgmma_n64, wgmma_n128, wgmma_3wg) at
+// head_dim 64 and 128; and scores that grow along the keys (key_ramp: the
+// running max of a row moves, and O is rescaled, many times).
 // The entry point runs it too (the typed tests) on such a GPU.
 TEST(FlashForwardCuda, HopperWgmma) {
   if (!kfa::Impl::wgmma_available(Kokkos::Cuda())) {
@@ -254,17 +262,20 @@ TEST(FlashForwardCuda, HopperWgmma) {
       check_wgmma<64, kfa::bfloat16>(s, causal);
       check_wgmma<64, kfa::half>(s, causal);
       check_wgmma<64, kfa::bfloat16, false>(s, causal);
-      check_wgmma<64, kfa::half, true, 128>(s, causal);
+      check_wgmma<64, kfa::half, true, 128, 1>(s, causal);
+      check_wgmma<64, kfa::bfloat16, true, 64, 1>(s, causal);
     }
     for (const Shape& s : {Shape{1, 300, 129, 2, 128}, Shape{1, 257, 1000, 1, 128},
                            Shape{2, 512, 384, 2, 128}}) {
       check_wgmma<128, kfa::bfloat16>(s, causal);
       check_wgmma<128, kfa::half>(s, causal);
       check_wgmma<128, kfa::half, false>(s, causal);
+      check_wgmma<128, kfa::bfloat16, true, 64, 1>(s, causal);
     }
     for (const Shape& s : {Shape{1, 200, 77, 2, 256}, Shape{1, 129, 300, 1, 256}}) {
       check_wgmma<256, kfa::bfloat16>(s, causal);
       check_wgmma<256, kfa::half>(s, causal);
+      check_wgmma<256, kfa::bfloat16, true, 64, 2>(s, causal);
     }
     for (const Shape& s : {Shape{1, 300, 129, 2, 128}, Shape{2, 190, 333, 1, 128},
                            Shape{1, 100, 40, 2, 128}}) {
@@ -281,6 +292,7 @@ TEST(FlashForwardCuda, HopperWgmma) {
     check_wgmma<64, kfa::bfloat16>(Shape{1, 300, 1000, 2, 64}, causal, 4.0);
     check_wgmma<128, kfa::half>(Shape{1, 300, 1000, 2, 128}, causal, 4.0);
     check_wgmma<128, kfa::bfloat16, false>(Shape{1, 300, 1000, 2, 128}, causal, 4.0);
+    check_wgmma<128, kfa::half, true, 64, 1>(Shape{1, 300, 1000, 2, 128}, causal, 4.0);
     check_wgmma<256, kfa::bfloat16>(Shape{1, 129, 700, 1, 256}, causal, 4.0);
   }
 }
@@ -309,6 +321,48 @@ TEST(FlashForwardCuda, HopperWgmmaTma) {
     }
     check_wgmma<128, kfa::bfloat16, true, 64, 2, true>(Shape{1, 300, 1000, 2, 128}, causal, 4.0);
     check_wgmma<64, kfa::half, true, 64, 3, true>(Shape{1, 300, 1000, 2, 64}, causal, 4.0);
+  }
+}
+
+// The Hopper forward fed by a producer warpgroup that gives its registers
+// to the computing warpgroups (the library's shapes: RESULTS v38, v39;
+// bench_device's wgmma_ws, wgmma_ws_np, wgmma_ws_pp, wgmma_ws_pp_s3,
+// wgmma_ws_3wg): a team per tile and persistent teams, with and without the
+// warpgroups' products in turns, 2 and 3 stages, in the shapes of
+// HopperWgmmaTma plus query rows that see no key under the causal mask
+// (more queries than keys: then a tile has no key block and takes no
+// turn), a single key block, and leagues of more tiles than an H200 has
+// SMs (132: 240 and 192 tiles), so that a persistent team runs several
+// tiles (the barriers' phases carried from tile to tile, the next tile's Q
+// loaded while the last one's rows are written, tiles taken from the
+// counter).
+TEST(FlashForwardCuda, HopperWgmmaProducerWarpgroup) {
+  if (!kfa::Impl::wgmma_available(Kokkos::Cuda())) {
+    GTEST_SKIP() << "no sm_90 GPU, or this build has no sm_90a device code (KFA_CUDA_SM90A)";
+  }
+  for (bool causal : {false, true}) {
+    for (const Shape& s : {Shape{1, 300, 129, 2, 128}, Shape{2, 190, 333, 3, 128},
+                           Shape{1, 100, 40, 2, 128}, Shape{1, 1000, 257, 1, 128},
+                           Shape{1, 128, 128, 2, 128}, Shape{2, 190, 333, 4, 128, 2},
+                           Shape{2, 300, 200, 40, 128}, Shape{2, 300, 200, 40, 128, 8}}) {
+      check_wgmma<128, kfa::bfloat16, true, 128, 2, true, 2, true>(s, causal);
+      check_wgmma<128, kfa::bfloat16, true, 128, 2, true, 2, true, true, true>(s, causal);
+      check_wgmma<128, kfa::half, true, 128, 2, true, 2, true, true, true>(s, causal);
+      check_wgmma<128, kfa::bfloat16, true, 128, 2, true, 3, true, true, true>(s, causal);
+      check_wgmma<128, kfa::half, true, 64, 3, true, 2, true, false, true>(s, causal);
+      check_wgmma<128, kfa::half>(s, causal);
+    }
+    for (const Shape& s : {Shape{2, 190, 333, 2, 64}, Shape{1, 1000, 257, 1, 64},
+                           Shape{1, 257, 300, 6, 64, 2}, Shape{2, 300, 200, 48, 64},
+                           Shape{2, 400, 150, 48, 64, 12}}) {
+      check_wgmma<64, kfa::bfloat16, true, 128, 2, true, 2, true, false, true>(s, causal);
+      check_wgmma<64, kfa::half>(s, causal);
+    }
+    check_wgmma<256, kfa::bfloat16>(Shape{2, 130, 200, 3, 256}, causal);
+    check_wgmma<128, kfa::bfloat16, true, 128, 2, true, 3, true, true, true>(
+        Shape{1, 300, 1000, 2, 128}, causal, 4.0);
+    check_wgmma<128, kfa::half, true, 128, 2, true, 2, true>(Shape{1, 300, 1000, 2, 128}, causal,
+                                                             4.0);
   }
 }
 

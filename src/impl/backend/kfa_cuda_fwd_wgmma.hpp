@@ -4,7 +4,7 @@
 // Hopper forward for 16-bit types: warpgroup tensor cores (wgmma, sm_90a).
 // A team of WarpGroups warpgroups (1 to 3, WgmmaFwdShape) owns 64 query
 // rows per warpgroup; K and V blocks of BlockN keys stream through team
-// scratch, double buffered, by cp.async. Per block j, every warpgroup
+// scratch, double buffered. Per block j, every warpgroup
 //   S = Q·K_jᵀ    wgmma m64n{BlockN}k16, Q and K from scratch (K-major),
 //   online softmax in registers (base 2, the scale folded into the FFMA),
 //   O += P·V_j    wgmma m64n{head_dim}k16, P from registers (rounded to the
@@ -16,18 +16,27 @@
 // issued once instead of 4·N/8 mma.sync, with its operands read by the
 // tensor cores from scratch: no ldmatrix, no fragment registers for Q, K
 // or V. Scratch tiles are 128-byte swizzled (kfa_cuda_wgmma.hpp).
-// Scratch at head_dim 128, 64 query rows, 64 keys: Q 16 KB, K and V
-// 2 x 2 x 16 KB, 81 KB with the alignment slack (two teams per SM); at
-// head_dim 256, 128 rows and 64 keys, 193 KB.
 //
-// Tma (not the library's shape; bench_device's wgmma_tma*): Q, K and V
-// arrive by bulk tensor copies (kfa_cuda_tma.hpp) that one more warp of the
-// team issues, each block's arrival and release told by barriers in
-// scratch, so the warpgroups issue no copies and meet at no team barrier
-// (FlashAttention-3's producer warp, without its register reallocation).
-// RESULTS v37: at head_dim 128, teams of one warpgroup and the producer
-// are level with the cp.async path (-0.3% to +2%), one team of two is 0 to
-// 11% slower; at 64 both are 8-13% slower.
+// How the tiles reach scratch:
+// - Tma (the library's shapes, WgmmaFwdShape): by bulk tensor copies
+//   (kfa_cuda_tma.hpp) that a producer issues, each block's arrival and
+//   release told by barriers in scratch, so the warpgroups issue no copies
+//   and meet at no team barrier (FlashAttention-3's warp specialisation).
+//   With Realloc the producer is a warpgroup that keeps 24 registers a
+//   thread and the computing warpgroups take the rest (setmaxnreg), 240
+//   each for two: S, P and O of 64 x 128 per warpgroup fit, so blocks are
+//   128 keys. Without it the producer is one more warp, and the block's
+//   warps share the registers evenly (168 a thread with nine warps, too
+//   few for 128-key blocks: RESULTS v37). With Persistent one team per SM
+//   runs tile after tile.
+//   Scratch at head_dim 128, 128 rows, 128 keys: Q 32 KB, K and V
+//   2 x 2 x 32 KB, 161 KB with the alignment slack and barriers; at 256,
+//   64 keys: 193 KB; at 64, 192 rows: 89 KB.
+// - Else every thread copies its share by cp.async and the team meets at a
+//   barrier every block (WgmmaFwdShortCausalShape: 64 rows, 64 keys, 41 KB
+//   at head_dim 64, 81 KB at 128).
+// PingPong (bench_device's wgmma_*_pp, not the library's): the two
+// warpgroups issue their products in turns.
 
 #include <kfa_mask.hpp>
 
@@ -36,6 +45,7 @@
 #include <impl/backend/kfa_cuda_mma.hpp>
 #include <impl/backend/kfa_cuda_tma.hpp>
 #include <impl/backend/kfa_cuda_wgmma.hpp>
+#include <impl/backend/kfa_workspace.hpp>
 
 #include <cstdint>
 #include <type_traits>
@@ -44,26 +54,56 @@ namespace kfa {
 namespace Impl {
 
 
-/// Keys per block, teams per SM and warpgroups per team of the wgmma
-/// forward, by head_dim. The warpgroups of one team meet at a barrier every
-/// block, so their softmaxes run at the same time; teams do not, and while
-/// one team is in its softmax another's products keep the tensor cores busy.
-/// So at 64 and 128 a team is one warpgroup (64 query rows) with 64-key
-/// blocks: four teams per SM at 64 (128 registers), two at 128 (230; 81 KB
-/// of scratch each). RESULTS run 51: +3-7% at 128 and +3-5% at 64 over one
-/// team of two warpgroups (128-key blocks) and two teams of two. At 256:
-/// one team of two warpgroups and 64-key blocks (O alone takes 128
-/// registers).
-/// kTma, kStages: the cp.async path, double buffered (Tma is an opt-in
-/// shape of the kernel, see above).
+/// The shape of the wgmma forward, by head_dim: teams of 128 query rows
+/// (two warpgroups; 192, three, at 64) fed by a producer warpgroup's bulk
+/// tensor copies, whose registers the others take (Realloc: 240 a thread
+/// for two, 160 for three; S, P and O of 64 rows x 128 keys fit without
+/// spills), 128-key blocks (64 at 256, where O alone takes 128 registers).
+/// At 64 and 128 one persistent team per SM (Persistent), at 256 a team per
+/// tile. RESULTS v38-v40 (runs 64-67), TFLOP/s at bf16 N 8192 against the
+/// shape before (cp.async, teams of one warpgroup and 64-key blocks, four
+/// per SM at 64 and two at 128): d 128 664 against 482 (cuDNN 669),
+/// causal 597 against 471 (604); d 64 513 against 398 (478); d 256 688
+/// against 605 (730). The ping-pong turns (PingPong) measured 1% slower.
 template <int HeadDim>
 struct WgmmaFwdShape {
+  static constexpr int kBlockN = HeadDim == 256 ? 64 : 128;
+  static constexpr int kMinBlocksPerSM = 1;
+  static constexpr int kWarpGroups = HeadDim == 64 ? 3 : 2;
+  static constexpr bool kTma = true;
+  static constexpr int kStages = 2;
+  static constexpr bool kRealloc = true;
+  static constexpr bool kPingPong = false;
+  static constexpr bool kPersistent = HeadDim != 256;
+};
+
+/// The shape for short sequences under the causal mask (head_dim 64 and
+/// 128; wgmma_fwd_short_causal): teams of one warpgroup (64 query rows)
+/// with 64-key blocks by cp.async, four per SM at 64 and two at 128, whose
+/// tiles of few key blocks overlap on an SM (the library's shape before
+/// v38). RESULTS run 67, bf16 causal: d 64 N 2048 316 TFLOP/s against 245
+/// for WgmmaFwdShape, d 128 N 512 220 against 183, N 1024 303 against 299;
+/// from d 128 N 2048 and d 64 N 8192 WgmmaFwdShape is faster.
+template <int HeadDim>
+struct WgmmaFwdShortCausalShape {
   static constexpr int kBlockN = 64;
-  static constexpr int kMinBlocksPerSM = HeadDim == 64 ? 4 : HeadDim == 128 ? 2 : 1;
-  static constexpr int kWarpGroups = HeadDim == 256 ? 2 : 1;
+  static constexpr int kMinBlocksPerSM = HeadDim == 64 ? 4 : 2;
+  static constexpr int kWarpGroups = 1;
   static constexpr bool kTma = false;
   static constexpr int kStages = 2;
+  static constexpr bool kRealloc = false;
+  static constexpr bool kPingPong = false;
+  static constexpr bool kPersistent = false;
 };
+
+/// Whether a forward at HeadDim over seqlen_k keys takes
+/// WgmmaFwdShortCausalShape: causal, and at most 4096 keys at head_dim 64
+/// (between run 67's 2048, 29% faster, and 8192, 6% slower) or 1024 at
+/// 128.
+template <int HeadDim>
+inline bool wgmma_fwd_short_causal(bool causal, long seqlen_k) {
+  return causal && HeadDim <= 128 && seqlen_k <= (HeadDim == 64 ? 4096 : 1024);
+}
 
 /// The tensor maps of q, k and v of a forward whose copies are bulk tensor
 /// copies (FlashForwardWgmmaKernel's Tma), none otherwise.
@@ -79,7 +119,10 @@ template <class ExecSpace, int HeadDim, class Format, class QView, class KView, 
           int BlockN = WgmmaFwdShape<HeadDim>::kBlockN,
           int MinBlocksPerSM = WgmmaFwdShape<HeadDim>::kMinBlocksPerSM,
           int WarpGroups = WgmmaFwdShape<HeadDim>::kWarpGroups,
-          bool Tma = WgmmaFwdShape<HeadDim>::kTma, int Stages = WgmmaFwdShape<HeadDim>::kStages>
+          bool Tma = WgmmaFwdShape<HeadDim>::kTma, int Stages = WgmmaFwdShape<HeadDim>::kStages,
+          bool Realloc = WgmmaFwdShape<HeadDim>::kRealloc,
+          bool PingPong = WgmmaFwdShape<HeadDim>::kPingPong,
+          bool Persistent = WgmmaFwdShape<HeadDim>::kPersistent>
 class FlashForwardWgmmaKernel : public Fused16Forward, public WgmmaFwdMaps<Tma> {
  public:
   /// FoldScale: the softmax scale folded into the exponent's FFMA
@@ -88,14 +131,45 @@ class FlashForwardWgmmaKernel : public Fused16Forward, public WgmmaFwdMaps<Tma> 
   static constexpr bool kFoldScale = FoldScale;
   static constexpr int kHeadDim = HeadDim;
   static constexpr int kWarpGroups = WarpGroups;
-  /// Tma: K, V and Q reach scratch by bulk tensor copies that one more warp
-  /// (the producer) issues, signalled by barriers in scratch; the
-  /// warpgroups only compute and never meet at a team barrier
-  /// (FlashForward's warp specialisation). Else every thread copies its
-  /// share by cp.async and the team meets at a barrier every block.
+  /// Tma: K, V and Q reach scratch by bulk tensor copies that a producer
+  /// warp issues, signalled by barriers in scratch; the warpgroups only
+  /// compute and never meet at a team barrier (FlashAttention-3's warp
+  /// specialisation). Else every thread copies its share by cp.async and
+  /// the team meets at a barrier every block.
   static constexpr bool kTma = Tma;
   static constexpr bool kTensorMaps = Tma;  // launch_cuda_team: __grid_constant__
-  static constexpr int kWarps = 4 * kWarpGroups + (kTma ? 1 : 0);
+  /// Realloc (with Tma): the producer is a warpgroup of its own (one warp
+  /// of it copies) that gives its registers up to kProducerRegs, and the
+  /// computing warpgroups take them, up to kConsumerRegs (setmaxnreg): the
+  /// block's registers split unevenly, as 128-key blocks at head_dim 128
+  /// need (FlashAttention-3's register reallocation).
+  static constexpr bool kRealloc = Realloc;
+  /// PingPong (with Tma and two warpgroups): the warpgroups take turns to
+  /// issue their products (named barriers), so that one's softmax runs
+  /// while the other's products do.
+  static constexpr bool kPingPong = PingPong;
+  /// Persistent (with Tma): one team per SM (kMinBlocksPerSM) that runs
+  /// tile after tile, the producer loading the next tile's Q, K and V while
+  /// the warpgroups finish the current one, instead of a team per tile
+  /// whose start waits for its first copies. A team's first tile is its
+  /// league rank, the next ones come from a counter in device memory
+  /// (atomicAdd, in league order), so that the longest tiles go first and
+  /// each next one to the first team free, as the block scheduler hands
+  /// out teams (a fixed round robin measured 14-22% slower under the
+  /// causal mask from N 4096, RESULTS run 66).
+  static constexpr bool kPersistent = Persistent;
+  static_assert(!Persistent || Tma, "kfa: persistent teams need the producer (Tma)");
+  static_assert(!Realloc || Tma, "kfa: register reallocation needs the producer (Tma)");
+  static_assert(!PingPong || (Tma && WarpGroups == 2),
+                "kfa: ping-pong turns are for two warpgroups fed by the producer (Tma)");
+  static constexpr int kWarps = 4 * kWarpGroups + (kRealloc ? 4 : kTma ? 1 : 0);
+  static constexpr int kProducerRegs = 24;
+  /// What the block's 64K registers leave to a computing thread, in steps
+  /// of 8 (at most 256).
+  static constexpr int kConsumerRegs =
+      (65536 / MinBlocksPerSM - 128 * kProducerRegs) / (128 * kWarpGroups) / 8 * 8 > 256
+          ? 256
+          : (65536 / MinBlocksPerSM - 128 * kProducerRegs) / (128 * kWarpGroups) / 8 * 8;
   /// Threads that copy K and V: whole rows per thread step (a third
   /// warpgroup only computes).
   static constexpr int kLoadThreads = kWarpGroups == 3 ? 256 : 128 * kWarpGroups;
@@ -119,36 +193,70 @@ class FlashForwardWgmmaKernel : public Fused16Forward, public WgmmaFwdMaps<Tma> 
   FlashForwardWgmmaKernel(const QView& q, const KView& k, const VView& v, const OView& o,
                           const LseView& lse, float scale, bool causal)
       : Fused16Forward(q, k, v, o, lse, scale, causal),
-        m_num_q_blocks((m_p.seqlen_q + kBlockM - 1) / kBlockM) {
+        m_num_q_blocks((m_p.seqlen_q + kBlockM - 1) / kBlockM),
+        m_num_tiles(m_p.league(m_num_q_blocks)) {
 #if defined(KOKKOS_ENABLE_CUDA)
+    // No map of an empty tensor (the driver takes no zero extent): without
+    // query rows nothing is launched, without keys no key block is read.
     if constexpr (kTma) {
       constexpr bool bf16 = std::is_same<Format, cuda_mma::Bf16>::value;
       const char* what = "kfa::fwd::wgmma_main_loop";
-      this->m_map_q = make_tma_map_16(m_q, bf16, m_p.batch, m_p.seqlen_q, m_p.heads, kHeadDim,
-                                      kBlockM, what);
-      this->m_map_k = make_tma_map_16(m_k, bf16, m_p.batch, m_p.seqlen_k, m_kv.heads_kv,
-                                      kHeadDim, kBlockN, what);
-      this->m_map_v = make_tma_map_16(m_v, bf16, m_p.batch, m_p.seqlen_k, m_kv.heads_kv,
-                                      kHeadDim, kBlockN, what);
+      if (m_p.batch > 0 && m_p.heads > 0 && m_p.seqlen_q > 0)
+        this->m_map_q = make_tma_map_16(m_q, bf16, m_p.batch, m_p.seqlen_q, m_p.heads, kHeadDim,
+                                        kBlockM, what);
+      if (m_p.batch > 0 && m_kv.heads_kv > 0 && m_p.seqlen_k > 0) {
+        this->m_map_k = make_tma_map_16(m_k, bf16, m_p.batch, m_p.seqlen_k, m_kv.heads_kv,
+                                        kHeadDim, kBlockN, what);
+        this->m_map_v = make_tma_map_16(m_v, bf16, m_p.batch, m_p.seqlen_k, m_kv.heads_kv,
+                                        kHeadDim, kBlockN, what);
+      }
     }
 #endif
   }
 
+  /// The GPU gives a team its scratch (and, with Tma, the driver makes
+  /// tensor maps).
   static bool fits(const ExecSpace& space) {
+#if defined(KOKKOS_ENABLE_CUDA)
+    if constexpr (kTma)
+      if (!tma_available()) return false;
+#endif
     return mma_kernel_fits<FlashForwardWgmmaKernel>(space);
   }
 
+  /// With Persistent, kMinBlocksPerSM teams per SM (at most one per tile)
+  /// that take the tiles from a zeroed counter (the workspace of `space`'s
+  /// stream).
   void launch(const ExecSpace& space) const {
-    launch_mma_kernel(space, "kfa::fwd::wgmma_main_loop", *this, m_p.league(m_num_q_blocks));
+    const char* label = "kfa::fwd::wgmma_main_loop";
+#if defined(KOKKOS_ENABLE_CUDA)
+    if constexpr (kPersistent) {
+      if (m_num_tiles == 0) return;
+      const auto counter =
+          workspace(space, WorkspaceSlot::tile_counter, sizeof(int), "kfa::fwd::tile_counter");
+      const cudaError_t err =
+          cudaMemsetAsync(counter.data(), 0, sizeof(int), space.cuda_stream());
+      if (err != cudaSuccess)
+        throw std::runtime_error(std::string(label) + ": cudaMemsetAsync of the tile counter " +
+                                 "failed: " + cudaGetErrorString(err));
+      FlashForwardWgmmaKernel kernel(*this);
+      kernel.m_tile_counter = reinterpret_cast<int*>(counter.data());
+      launch_mma_kernel(
+          space, label, kernel,
+          imin(m_num_tiles, space.cuda_device_prop().multiProcessorCount * kMinBlocksPerSM));
+      return;
+    }
+#endif
+    launch_mma_kernel(space, label, *this, m_num_tiles);
   }
 
   /// Q, then K and V per stage, and the slack that aligns the swizzle atoms
   /// to 1024 bytes.
-  /// With Tma, the barriers after the tiles: Q's, and per stage K's and V's
-  /// arrival and release.
+  /// With Tma, the barriers after the tiles: Q's arrival and release, and
+  /// per stage K's and V's; then the index of the tile whose Q arrives.
   KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
     return sizeof(std::uint16_t) * (std::size_t(kTileQ) + 2 * kStages * std::size_t(kTileKV)) +
-           1024 + (kTma ? 8 * (1 + 4 * kStages) : 0);
+           1024 + (kTma ? 8 * (3 + 4 * kStages) : 0);
   }
 
   template <class Team>
@@ -159,16 +267,7 @@ class FlashForwardWgmmaKernel : public Fused16Forward, public WgmmaFwdMaps<Tma> 
     const int tid = warp * 32 + lane;
     const int wg = warp / 4;
 
-    const int league = team.league_rank();
-    int b, h;
-    // Longest rows first under the causal mask.
-    const int q_block = m_num_q_blocks - 1 - m_p.block_of(league, m_num_q_blocks, b, h);
-    const int row_begin = q_block * kBlockM;
     const long row_stride = long(m_p.heads) * kHeadDim;
-    const std::uint16_t* gQ = m_q + m_p.offset(b, h, m_p.seqlen_q, kHeadDim);
-    const std::uint16_t* gK = m_k + m_kv.offset(m_p, b, h, kHeadDim);
-    const std::uint16_t* gV = m_v + m_kv.offset(m_p, b, h, kHeadDim);
-    const long kv_stride = m_kv.row_stride(kHeadDim);
 
     // Tiles at a 1024-aligned shared address.
     const std::uint32_t raw_addr = smem_address(raw);
@@ -182,17 +281,32 @@ class FlashForwardWgmmaKernel : public Fused16Forward, public WgmmaFwdMaps<Tma> 
                                        reinterpret_cast<const unsigned char*>(sQ));
     };
 
-    const int rows = imin(kBlockM, m_p.seqlen_q - row_begin);
-    const int key_end = m_p.mask.key_end(row_begin + rows);
-    const int num_kv_blocks = (key_end + kBlockN - 1) / kBlockN;
-    // This thread's rows: row0 and row0 + 8 (warp = 4·wg + warp in group).
-    const int row0 = row_begin + warp * 16 + lane / 4;
+    // The tile in hand (`tile` of the league, FusedProblem::block_of): its
+    // batch, head, first query row and key blocks, and this thread's rows
+    // row0 and row0 + 8 (warp = 4·wg + warp in group).
+    int b = 0, h = 0, row_begin = 0, num_kv_blocks = 0, row0 = 0;
+    auto set_tile = [&](int tile) {
+      // Longest rows first under the causal mask.
+      row_begin = (m_num_q_blocks - 1 - m_p.block_of(tile, m_num_q_blocks, b, h)) * kBlockM;
+      const int rows = imin(kBlockM, m_p.seqlen_q - row_begin);
+      num_kv_blocks = (m_p.mask.key_end(row_begin + rows) + kBlockN - 1) / kBlockN;
+      row0 = row_begin + warp * 16 + lane / 4;
+    };
 
     float acc_o[1][kTilesO][4];
     float s[1][kTilesS][4];
-    for (int n = 0; n < kTilesO; ++n)
-      acc_o[0][n][0] = acc_o[0][n][1] = acc_o[0][n][2] = acc_o[0][n][3] = 0;
-    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0, 0};
+    float row_max[2], row_sum[2];
+    auto start_rows = [&] {
+      for (int n = 0; n < kTilesO; ++n)
+        acc_o[0][n][0] = acc_o[0][n][1] = acc_o[0][n][2] = acc_o[0][n][3] = 0;
+      row_max[0] = row_max[1] = -INFINITY;
+      row_sum[0] = row_sum[1] = 0;
+    };
+    auto write_rows = [&] {
+      fwd_write_output<Format>(acc_o, row_max, row_sum, row0, m_p.seqlen_q,
+                               m_o + m_p.offset(b, h, m_p.seqlen_q, kHeadDim), row_stride,
+                               m_lse + m_p.lse_offset(b, h));
+    };
     auto& o_flat = reinterpret_cast<float(&)[4 * kTilesO]>(acc_o);
     auto& s_flat = reinterpret_cast<float(&)[4 * kTilesS]>(s);
 
@@ -254,12 +368,14 @@ class FlashForwardWgmmaKernel : public Fused16Forward, public WgmmaFwdMaps<Tma> 
     // j while P_{j-1}·V_{j-1} may still run (scores_done: S_j is done, K_j
     // no longer read), and O rescaled and P packed once that product is
     // done (pv_done: V_{j-1} no longer read).
-    auto block_step = [&](int kv_block, auto&& pv_ready, auto&& issued, auto&& scores_done,
-                          auto&& pv_done) {
-      issue_scores(kv_block % kStages);
+    // kv_block: the block of the tile; gj: of the team's tiles (its stage
+    // gj % kStages).
+    auto block_step = [&](int kv_block, int gj, auto&& pv_ready, auto&& issued,
+                          auto&& scores_done, auto&& pv_done) {
+      issue_scores(gj % kStages);
       if (kv_block > 0) {
         pv_ready();
-        issue_pv((kv_block - 1) % kStages);
+        issue_pv((gj - 1) % kStages);
         issued();
         wgmma_wait<1>();  // S_j is done, P_{j-1}·V_{j-1} may still run
       } else {
@@ -276,25 +392,28 @@ class FlashForwardWgmmaKernel : public Fused16Forward, public WgmmaFwdMaps<Tma> 
       fwd_rescale(acc_o, alpha);
       pack_p();
     };
-    // P·V of the last block.
-    auto last_pv = [&] {
-      issue_pv((num_kv_blocks - 1) % kStages);
+    // P·V of the last block (V in `stage`).
+    auto last_pv = [&](int stage, auto&& issued) {
+      issue_pv(stage);
+      issued();
       wgmma_wait<0>();
       fence_operands(o_flat);
     };
 
     if constexpr (kTma) {
-      // Barriers: Q arrived; per stage K arrived, V arrived (the producer's
-      // arrival with the bytes expected), K released, V released (one
-      // arrival per computing warp once its wgmma that read it are done).
+      // Barriers: Q arrived, Q released; per stage K arrived, V arrived (the
+      // producer's arrival with the bytes expected), K released, V released
+      // (one arrival per computing warp once its wgmma that read it are
+      // done).
       const std::uint32_t bars = addr(sQ + kTileQ + 2 * kStages * kTileKV);
-      const std::uint32_t full_q = bars;
-      auto full_k = [&](int s) { return bars + 8 * (1 + s); };
-      auto full_v = [&](int s) { return bars + 8 * (1 + kStages + s); };
-      auto free_k = [&](int s) { return bars + 8 * (1 + 2 * kStages + s); };
-      auto free_v = [&](int s) { return bars + 8 * (1 + 3 * kStages + s); };
+      const std::uint32_t full_q = bars, free_q = bars + 8;
+      auto full_k = [&](int s) { return bars + 8 * (2 + s); };
+      auto full_v = [&](int s) { return bars + 8 * (2 + kStages + s); };
+      auto free_k = [&](int s) { return bars + 8 * (2 + 2 * kStages + s); };
+      auto free_v = [&](int s) { return bars + 8 * (2 + 3 * kStages + s); };
       if (tid == 0) {
         mbarrier_init(full_q, 1);
+        mbarrier_init(free_q, 4 * kWarpGroups);
         for (int s = 0; s < kStages; ++s) {
           mbarrier_init(full_k(s), 1);
           mbarrier_init(full_v(s), 1);
@@ -304,64 +423,127 @@ class FlashForwardWgmmaKernel : public Fused16Forward, public WgmmaFwdMaps<Tma> 
         mbarrier_init_fence();
       }
       team.team_barrier();
-      // Use i of a stage (block i, its (i / kStages)-th use) waits for phase
-      // i / kStages of the arrival barrier, and for the release of use
-      // i / kStages - 1 (a fresh barrier passes parity 1).
-      auto parity = [](int block) { return std::uint32_t((block / kStages) & 1); };
-      if (warp == 4 * kWarpGroups) {
-        // The producer: Q, then K_0, and per block j K_{j+1} and V_j, the
-        // order in which the warpgroups read them.
-        if (lane == 0) {
-          const int hk = m_kv.head(h);
+      // Key blocks are counted over the team's tiles (g): block g takes
+      // stage g % kStages, its (g / kStages)-th use, which waits for phase
+      // g / kStages of the arrival barrier and for the release of the use
+      // before (a fresh barrier passes parity 1). Q's barriers count tiles.
+      auto parity = [](int g) { return std::uint32_t((g / kStages) & 1); };
+      // This team's tiles: its league rank, and with Persistent those it
+      // takes from the counter. The producer writes each one's index to
+      // scratch before it arrives on full_q (whose phase tells the
+      // warpgroups that Q and the index are there); m_num_tiles or more
+      // ends the team.
+      volatile int* const tile_slot = reinterpret_cast<volatile int*>(
+          reinterpret_cast<unsigned char*>(sQ) + (bars + 8 * (2 + 4 * kStages) - addr(sQ)));
+      if (warp >= 4 * kWarpGroups) {
+        if constexpr (kRealloc) setmaxnreg_dec<kProducerRegs>();
+        // The producer: per tile Q (once the previous tile's is released),
+        // then K_0, and per block j K_{j+1} and V_j, the order in which the
+        // warpgroups read them.
+        if (warp == 4 * kWarpGroups && lane == 0) {
           constexpr std::uint32_t kv_bytes = sizeof(std::uint16_t) * kTileKV;
-          auto load_kv = [&](const TmaMap& map, std::uint32_t tile, std::uint32_t full,
-                             std::uint32_t free, int kv_block) {
-            if (kv_block >= kStages) mbarrier_wait(free, parity(kv_block) ^ 1);
-            mbarrier_arrive_expect(full, kv_bytes);
+          int g = 0;
+          for (int n = 0, tile = team.league_rank();; ++n) {
+            if (n > 0) mbarrier_wait(free_q, std::uint32_t((n - 1) & 1));
+            *tile_slot = tile;
+            if (tile >= m_num_tiles) {
+              mbarrier_arrive(full_q);
+              break;
+            }
+            set_tile(tile);
+            const int hk = m_kv.head(h);
+            auto load_kv = [&](const TmaMap& map, bool is_v, int j) {
+              const int stage = (g + j) % kStages;
+              const std::uint32_t full = is_v ? full_v(stage) : full_k(stage);
+              if (g + j >= kStages)
+                mbarrier_wait(is_v ? free_v(stage) : free_k(stage), parity(g + j) ^ 1);
+              mbarrier_arrive_expect(full, kv_bytes);
+              const std::uint32_t tile_addr = addr(is_v ? sV(stage) : sK(stage));
+#pragma unroll
+              for (int c = 0; c < kHeadDim / 64; ++c)
+                tma_load_box(tile_addr + c * sw128_block_bytes(kBlockN), map, 64 * c, hk,
+                             j * kBlockN, b, full);
+            };
+            mbarrier_arrive_expect(full_q, sizeof(std::uint16_t) * kTileQ);
 #pragma unroll
             for (int c = 0; c < kHeadDim / 64; ++c)
-              tma_load_box(tile + c * sw128_block_bytes(kBlockN), map, 64 * c, hk,
-                           kv_block * kBlockN, b, full);
-          };
-          auto load_k = [&](int j) {
-            load_kv(this->m_map_k, addr(sK(j % kStages)), full_k(j % kStages),
-                    free_k(j % kStages), j);
-          };
-          auto load_v = [&](int j) {
-            load_kv(this->m_map_v, addr(sV(j % kStages)), full_v(j % kStages),
-                    free_v(j % kStages), j);
-          };
-          mbarrier_arrive_expect(full_q, sizeof(std::uint16_t) * kTileQ);
-#pragma unroll
-          for (int c = 0; c < kHeadDim / 64; ++c)
-            tma_load_box(addr(sQ) + c * sw128_block_bytes(kBlockM), this->m_map_q, 64 * c, h,
-                         row_begin, b, full_q);
-          if (num_kv_blocks > 0) load_k(0);
-          for (int j = 0; j < num_kv_blocks; ++j) {
-            if (j + 1 < num_kv_blocks) load_k(j + 1);
-            load_v(j);
+              tma_load_box(addr(sQ) + c * sw128_block_bytes(kBlockM), this->m_map_q, 64 * c, h,
+                           row_begin, b, full_q);
+            // The next tile, fetched while this one's copies are issued.
+            const int next = kPersistent ? int(gridDim.x) + atomicAdd(m_tile_counter, 1)
+                                         : m_num_tiles;
+            if (num_kv_blocks > 0) load_kv(this->m_map_k, false, 0);
+            for (int j = 0; j < num_kv_blocks; ++j) {
+              if (j + 1 < num_kv_blocks) load_kv(this->m_map_k, false, j + 1);
+              load_kv(this->m_map_v, true, j);
+            }
+            g += num_kv_blocks;
+            tile = next;
           }
         }
         return;
       }
-      mbarrier_wait(full_q, 0);
-      for (int kv_block = 0; kv_block < num_kv_blocks; ++kv_block) {
-        const int stage = kv_block % kStages, prev = (kv_block + kStages - 1) % kStages;
-        mbarrier_wait(full_k(stage), parity(kv_block));
-        block_step(
-            kv_block, [&] { mbarrier_wait(full_v(prev), parity(kv_block - 1)); }, [] {},
-            [&] {
-              if (lane == 0) mbarrier_arrive(free_k(stage));
-            },
-            [&] {
-              if (lane == 0) mbarrier_arrive(free_v(prev));
-            });
-      }
-      if (num_kv_blocks > 0) {
-        mbarrier_wait(full_v((num_kv_blocks - 1) % kStages), parity(num_kv_blocks - 1));
-        last_pv();
+      if constexpr (kRealloc) setmaxnreg_inc<kConsumerRegs>();
+      // Ping-pong: warpgroup g issues its products once it holds barrier
+      // 1 + g, and then passes the turn to the other (barriers of 256
+      // threads: one warpgroup's sync and the other's arrival). Per tile
+      // each takes num_kv_blocks + 1 turns, the first is warpgroup 0's, and
+      // warpgroup 1 does not pass its last (no arrival left pending).
+      auto take_turn = [&] {
+        if constexpr (kPingPong) named_barrier_sync(1 + wg, 256);
+      };
+      auto pass_turn = [&] {
+        if constexpr (kPingPong) named_barrier_arrive(2 - wg, 256);
+      };
+      int g = 0;
+      for (int n = 0;; ++n) {
+        mbarrier_wait(full_q, std::uint32_t(n & 1));
+        const int tile = *tile_slot;
+        if (tile >= m_num_tiles) break;
+        set_tile(tile);
+        start_rows();
+        if (kPingPong && wg == 1 && num_kv_blocks > 0) pass_turn();
+        // Q is released once the last S that reads it is done.
+        if (num_kv_blocks == 0) {
+          __syncwarp();  // every lane has read the tile's index
+          if (lane == 0) mbarrier_arrive(free_q);
+        }
+        for (int kv_block = 0; kv_block < num_kv_blocks; ++kv_block) {
+          const int gj = g + kv_block;
+          const int stage = gj % kStages, prev = (gj + kStages - 1) % kStages;
+          mbarrier_wait(full_k(stage), parity(gj));
+          take_turn();
+          block_step(
+              kv_block, gj, [&] { mbarrier_wait(full_v(prev), parity(gj - 1)); }, pass_turn,
+              [&] {
+                if (lane == 0) {
+                  mbarrier_arrive(free_k(stage));
+                  if (kv_block == num_kv_blocks - 1) mbarrier_arrive(free_q);
+                }
+              },
+              [&] {
+                if (lane == 0) mbarrier_arrive(free_v(prev));
+              });
+        }
+        if (num_kv_blocks > 0) {
+          const int last = g + num_kv_blocks - 1;
+          mbarrier_wait(full_v(last % kStages), parity(last));
+          take_turn();
+          last_pv(last % kStages, [&] {
+            if (wg == 0) pass_turn();
+          });
+          if (lane == 0) mbarrier_arrive(free_v(last % kStages));
+        }
+        write_rows();
+        g += num_kv_blocks;
       }
     } else {
+      set_tile(team.league_rank());
+      start_rows();
+      const std::uint16_t* gQ = m_q + m_p.offset(b, h, m_p.seqlen_q, kHeadDim);
+      const std::uint16_t* gK = m_k + m_kv.offset(m_p, b, h, kHeadDim);
+      const std::uint16_t* gV = m_v + m_kv.offset(m_p, b, h, kHeadDim);
+      const long kv_stride = m_kv.row_stride(kHeadDim);
       // Every thread's copies have landed and are visible to wgmma, for
       // every warpgroup (and every warpgroup is done with what the next
       // copies overwrite).
@@ -400,18 +582,16 @@ class FlashForwardWgmmaKernel : public Fused16Forward, public WgmmaFwdMaps<Tma> 
           load_v(kv_block);
           cp_async_commit();
         };
-        block_step(kv_block, [] {}, load_next, [] {}, [] {});
+        block_step(kv_block, kv_block, [] {}, load_next, [] {}, [] {});
       }
       if (num_kv_blocks > 0) {
         // V of the last block.
         sync_tiles();
-        last_pv();
+        last_pv((num_kv_blocks - 1) % kStages, [] {});
       }
       cp_async_wait<0>();
+      write_rows();
     }
-    fwd_write_output<Format>(acc_o, row_max, row_sum, row0, m_p.seqlen_q,
-                             m_o + m_p.offset(b, h, m_p.seqlen_q, kHeadDim), row_stride,
-                             m_lse + m_p.lse_offset(b, h));
 #elif defined(__CUDA_ARCH__)
     // Device code without wgmma (not sm_90a): the dispatch never launches
     // this kernel there (wgmma_available); a launch anyway stops it.
@@ -429,7 +609,19 @@ class FlashForwardWgmmaKernel : public Fused16Forward, public WgmmaFwdMaps<Tma> 
   static constexpr int kTilesO = kHeadDim / 8;  // n-tiles of O per thread
 
   int m_num_q_blocks;
+  int m_num_tiles;  // query blocks of every (batch, head)
+  int* m_tile_counter = nullptr;  // Persistent: tiles handed out past the first wave
 };
+
+/// FlashForwardWgmmaKernel in `Shape` (WgmmaFwdShape's members), the scale
+/// folded.
+template <class Shape, class ExecSpace, int HeadDim, class Format, class QView, class KView,
+          class VView, class OView, class LseView>
+using FlashForwardWgmmaKernelIn =
+    FlashForwardWgmmaKernel<ExecSpace, HeadDim, Format, QView, KView, VView, OView, LseView, true,
+                            Shape::kBlockN, Shape::kMinBlocksPerSM, Shape::kWarpGroups,
+                            Shape::kTma, Shape::kStages, Shape::kRealloc, Shape::kPingPong,
+                            Shape::kPersistent>;
 
 }  // namespace Impl
 }  // namespace kfa

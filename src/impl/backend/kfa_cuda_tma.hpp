@@ -40,12 +40,9 @@ struct alignas(64) TmaMap {
 };
 
 #if defined(KOKKOS_ENABLE_CUDA)
-/// The tensor map of a 16-bit (bf16 or fp16, `bf16` tells which)
-/// [batch][rows][heads][head_dim] tensor at `data`, whose copies are boxes
-/// of `box_rows` rows by 64 values of one head, 128-byte swizzled. Throws
-/// std::runtime_error naming `what` where the driver refuses.
-inline TmaMap make_tma_map_16(const void* data, bool bf16, int batch, int rows, int heads,
-                              int head_dim, int box_rows, const char* what) {
+/// The driver's cuTensorMapEncodeTiled (through the runtime's entry-point
+/// query, so no -lcuda), or null where the driver has none.
+inline PFN_cuTensorMapEncodeTiled_v12000 tma_encoder() {
   using encode_t = PFN_cuTensorMapEncodeTiled_v12000;
   static const encode_t encode = [] {
     void* fn = nullptr;
@@ -56,6 +53,20 @@ inline TmaMap make_tma_map_16(const void* data, bool bf16, int batch, int rows, 
       fn = nullptr;
     return reinterpret_cast<encode_t>(fn);
   }();
+  return encode;
+}
+
+/// Whether tensor maps can be made (the kernels that need them are not
+/// launched otherwise).
+inline bool tma_available() { return tma_encoder() != nullptr; }
+
+/// The tensor map of a 16-bit (bf16 or fp16, `bf16` tells which)
+/// [batch][rows][heads][head_dim] tensor at `data`, whose copies are boxes
+/// of `box_rows` rows by 64 values of one head, 128-byte swizzled. Throws
+/// std::runtime_error naming `what` where the driver refuses.
+inline TmaMap make_tma_map_16(const void* data, bool bf16, int batch, int rows, int heads,
+                              int head_dim, int box_rows, const char* what) {
+  const auto encode = tma_encoder();
   if (!encode) throw std::runtime_error(std::string(what) + ": no cuTensorMapEncodeTiled in the driver");
   const cuuint64_t dims[4] = {cuuint64_t(head_dim), cuuint64_t(heads), cuuint64_t(rows),
                               cuuint64_t(batch)};
@@ -113,6 +124,28 @@ __device__ inline void mbarrier_wait(std::uint32_t bar, std::uint32_t parity) {
         : "r"(bar), "r"(parity)
         : "memory");
   } while (!done);
+}
+
+/// Named barrier `id` (1 to 15; __syncthreads is 0) of `threads` threads:
+/// sync waits for the phase to complete, arrive counts this warp's threads
+/// and goes on.
+__device__ inline void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ inline void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+/// Register reallocation within a block (every warp of a warpgroup runs
+/// the same one): dec gives the registers above Regs back to the block's
+/// pool, inc waits until the pool has those that take this warp to Regs.
+template <int Regs>
+__device__ inline void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Regs));
+}
+template <int Regs>
+__device__ inline void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Regs));
 }
 
 /// The box of `map` (make_tma_map_16) at column `col`, head `head`, row

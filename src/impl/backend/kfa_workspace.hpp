@@ -25,8 +25,10 @@ namespace Impl {
 
 /// What a workspace holds; each slot of a stream is cached separately
 /// (dkv_grouped: the fp32 dK and dV per query head of a grouped-query
-/// backward on tensor cores, summed per k/v head afterwards).
-enum class WorkspaceSlot { delta, dq_accum, dkv_grouped };
+/// backward on tensor cores, summed per k/v head afterwards; tile_counter:
+/// the counter from which the persistent teams of a kernel take their
+/// tiles).
+enum class WorkspaceSlot { delta, dq_accum, dkv_grouped, tile_counter };
 
 /// Cached buffers of MemorySpace, one per (key, slot). get() returns the
 /// cached buffer, grown if it is too small, unless a View of it is held
