@@ -442,13 +442,14 @@ std::function<void()> backward_variant(const Args& a, View4 q, View4 k, View4 v,
 /// of one warpgroup), "wgmma_tma_n128" (d 64: 128-key blocks),
 /// "wgmma_tma_pp" (wgmma_tma at d 128, the warpgroups' products in turns);
 /// with the producer a warpgroup whose registers the computing warpgroups
-/// take (RESULTS v38, v39: the library's shapes), one persistent team per
-/// SM: "wgmma_ws" (two warpgroups, 128-key blocks; at d 256 64-key blocks),
-/// "wgmma_ws_np" (wgmma_ws with a team per tile, v38), "wgmma_ws_pp"
-/// (products in turns), "wgmma_ws_pp_s3" (and 3 K/V stages),
-/// "wgmma_ws_3wg" (three warpgroups; 128 keys at d 64, 64 at d 128),
-/// "wgmma_ws_3wg_np" (the same, a team per tile);
-/// "wgmma_cpasync" (the library's shape before v38).
+/// take (RESULTS v38-v40), one persistent team per SM: "wgmma_ws" (two
+/// warpgroups, 128-key blocks, the library's at d 128; at d 256 64-key
+/// blocks), "wgmma_ws_np" (wgmma_ws with a team per tile, v38; the
+/// library's at d 256), "wgmma_ws_pp" (products in turns),
+/// "wgmma_ws_pp_s3" (and 3 K/V stages), "wgmma_ws_3wg" (three warpgroups;
+/// 128 keys at d 64, the library's there; 64 at d 128), "wgmma_ws_3wg_np"
+/// (the same, a team per tile); "wgmma_cpasync" (the library's shape
+/// before v38, and for short causal sequences since v40).
 /// fp32: "split_tf32" and "tf32" (Fp32Matmul options of the library's
 /// dispatch), "simt_bn16" (the exact kernel with 16-key blocks, three teams
 /// per SM), "simt_2teams" (64-key blocks at head_dim 64, 32 at 128, two
