@@ -230,10 +230,8 @@ std::function<void()> wgmma_forward(const Args& a, View4 q, View4 k, View4 v, Vi
     auto make = [&](auto head_dim) -> std::function<void()> {
       constexpr int kD = decltype(head_dim)::value;
       using Shape = typename Shapes::template at<kD>;
-      using Kernel = kfa::Impl::FlashForwardWgmmaKernel<
-          Space, kD, Format, View4, View4, View4, View4, View3, FoldScale, Shape::kBlockN,
-          Shape::kMinBlocksPerSM, Shape::kWarpGroups, Shape::kTma, Shape::kStages,
-          Shape::kRealloc, Shape::kPingPong, Shape::kPersistent>;
+      using Kernel = kfa::Impl::FlashForwardWgmmaKernelIn<Shape, Space, kD, Format, View4, View4,
+                                                          View4, View4, View3, FoldScale>;
       return [=] { Kernel(q, k, v, o, lse, scale, causal).launch(Space()); };
     };
     if (a.head_dim == 64) return make(std::integral_constant<int, 64>());

@@ -167,9 +167,7 @@ class FlashForwardWgmmaKernel : public Fused16Forward, public WgmmaFwdMaps<Tma> 
   /// What the block's 64K registers leave to a computing thread, in steps
   /// of 8 (at most 256).
   static constexpr int kConsumerRegs =
-      (65536 / MinBlocksPerSM - 128 * kProducerRegs) / (128 * kWarpGroups) / 8 * 8 > 256
-          ? 256
-          : (65536 / MinBlocksPerSM - 128 * kProducerRegs) / (128 * kWarpGroups) / 8 * 8;
+      imin(256, (65536 / MinBlocksPerSM - 128 * kProducerRegs) / (128 * kWarpGroups) / 8 * 8);
   /// Threads that copy K and V: whole rows per thread step (a third
   /// warpgroup only computes).
   static constexpr int kLoadThreads = kWarpGroups == 3 ? 256 : 128 * kWarpGroups;
@@ -614,14 +612,14 @@ class FlashForwardWgmmaKernel : public Fused16Forward, public WgmmaFwdMaps<Tma> 
 };
 
 /// FlashForwardWgmmaKernel in `Shape` (WgmmaFwdShape's members), the scale
-/// folded.
+/// folded or not.
 template <class Shape, class ExecSpace, int HeadDim, class Format, class QView, class KView,
-          class VView, class OView, class LseView>
+          class VView, class OView, class LseView, bool FoldScale = true>
 using FlashForwardWgmmaKernelIn =
-    FlashForwardWgmmaKernel<ExecSpace, HeadDim, Format, QView, KView, VView, OView, LseView, true,
-                            Shape::kBlockN, Shape::kMinBlocksPerSM, Shape::kWarpGroups,
-                            Shape::kTma, Shape::kStages, Shape::kRealloc, Shape::kPingPong,
-                            Shape::kPersistent>;
+    FlashForwardWgmmaKernel<ExecSpace, HeadDim, Format, QView, KView, VView, OView, LseView,
+                            FoldScale, Shape::kBlockN, Shape::kMinBlocksPerSM,
+                            Shape::kWarpGroups, Shape::kTma, Shape::kStages, Shape::kRealloc,
+                            Shape::kPingPong, Shape::kPersistent>;
 
 }  // namespace Impl
 }  // namespace kfa
