@@ -380,6 +380,54 @@ std::function<void()> simt_backward_at(const Args& a, View4 q, View4 k, View4 v,
 }
 #endif
 
+#if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
+/// The Hopper (wgmma) backward with DqFirst, DqTma and DqLag (bf16 or fp16,
+/// head_dim 64 or 128, as many k/v heads as q heads), run as dispatch_backward runs the
+/// library's: D and the zeroed fp32 dQ accumulator in one pass, the
+/// kernel, dQ rounded into dq.
+template <bool DqFirst, bool DqTma, bool DqLag, class T, class View4, class View3>
+std::function<void()> wgmma_backward(const Args& a, View4 q, View4 k, View4 v, View4 o,
+                                     View3 lse, View4 d_o, View4 dq, View4 dk, View4 dv) {
+  using Space = Kokkos::DefaultExecutionSpace;
+  using Format = typename kfa::Impl::MmaFormat<Space, T>::type;
+  if constexpr (!std::is_void<Format>::value) {
+    if (!kfa::Impl::wgmma_available(Space()))
+      throw std::invalid_argument("--bwd-variant wgmma_*: no sm_90a code for this GPU");
+    if (q.extent(2) != k.extent(2))
+      throw std::invalid_argument("--bwd-variant wgmma_*: as many k/v heads as q heads");
+    using Acc = Kokkos::View<float****, Kokkos::LayoutRight, Space::memory_space>;
+    const Acc acc("bench_device::dq_acc", q.extent(0), q.extent(1), q.extent(2), q.extent(3));
+    const View3 delta("bench_device::delta", q.extent(0), q.extent(2), q.extent(1));
+    const float scale = 1.0f / std::sqrt(float(a.head_dim));
+    const bool causal = a.causal;
+    auto make = [&](auto head_dim) -> std::function<void()> {
+      constexpr int kD = decltype(head_dim)::value;
+      using Kernel = kfa::Impl::FlashBackwardWgmmaKernel<Space, kD, Format, View4, View4, View4,
+                                                         View4, View3, View3, Acc, View4, View4,
+                                                         DqFirst, DqTma, DqLag>;
+      if (!Kernel::fits(Space())) throw std::invalid_argument("--bwd-variant: scratch too large");
+      return [=] {
+        const Space space;
+        kfa::Impl::BackwardPrep16Kernel<Format, kD>(
+            reinterpret_cast<const std::uint16_t*>(o.data()),
+            reinterpret_cast<const std::uint16_t*>(d_o.data()), delta.data(), acc.data(),
+            int(q.extent(0)), int(q.extent(1)), int(q.extent(2)))
+            .launch(space);
+        Kernel(q, k, v, d_o, lse, delta, acc, dk, dv, scale, causal).launch(space);
+        kfa::Impl::ConvertDq16Kernel<Format>(acc.data(), reinterpret_cast<std::uint16_t*>(dq.data()),
+                                             long(dq.size()))
+            .launch(space);
+      };
+    };
+    if (a.head_dim == 64) return make(std::integral_constant<int, 64>());
+    if (a.head_dim == 128) return make(std::integral_constant<int, 128>());
+    throw std::invalid_argument("--bwd-variant wgmma_* needs head_dim 64 or 128");
+  }
+  (void)q, (void)k, (void)v, (void)o, (void)lse, (void)d_o, (void)dq, (void)dk, (void)dv;
+  throw std::invalid_argument("--bwd-variant wgmma_* needs bf16 or fp16");
+}
+#endif
+
 /// fp64 backward variants at head_dim 64 (RESULTS v25): "w8" (m16n8k8 with
 /// 8 warps, 128 keys per team, instead of 4 and 64); "split" (m16n8k8 with
 /// two warps per 16 keys, each holding dK and dV for half the head
@@ -388,6 +436,11 @@ std::function<void()> simt_backward_at(const Args& a, View4 q, View4 k, View4 v,
 /// before run 46); at head_dim 128 "one_softmax" (the first warp of a pair
 /// takes every exponential, before RESULTS v35). fp32: "simt_ffma" (the
 /// exact kernel with Sᵀ and dPᵀ by fp32 FMAs, before RESULTS v30).
+/// bf16/fp16 on a build with sm_90a code (RESULTS v41-v43): "wgmma" (the
+/// Hopper backward with one bulk reduction per dQ row, v41), "wgmma_dqtma"
+/// (bulk tensor reductions, the library's), "wgmma_dqfirst" and
+/// "wgmma_dqfirst_tma" (dK's products after dQ's), "wgmma_dqlag" (dQ one
+/// block late, v43).
 template <class T, class View4, class View3>
 std::function<void()> backward_variant(const Args& a, View4 q, View4 k, View4 v, View4 o,
                                        View3 lse, View4 d_o, View4 dq, View4 dk, View4 dv) {
@@ -425,8 +478,22 @@ std::function<void()> backward_variant(const Args& a, View4 q, View4 k, View4 v,
         "--bwd-variant for fp64 must be default, w8, split or s2 (head_dim 64) or one_softmax "
         "(head_dim 128), on a build for sm_90+");
   }
+#if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
+  if (a.bwd_variant == "wgmma")
+    return wgmma_backward<false, false, false, T>(a, q, k, v, o, lse, d_o, dq, dk, dv);
+  if (a.bwd_variant == "wgmma_dqfirst")
+    return wgmma_backward<true, false, false, T>(a, q, k, v, o, lse, d_o, dq, dk, dv);
+  if (a.bwd_variant == "wgmma_dqtma")
+    return wgmma_backward<false, true, false, T>(a, q, k, v, o, lse, d_o, dq, dk, dv);
+  if (a.bwd_variant == "wgmma_dqfirst_tma")
+    return wgmma_backward<true, true, false, T>(a, q, k, v, o, lse, d_o, dq, dk, dv);
+  if (a.bwd_variant == "wgmma_dqlag")
+    return wgmma_backward<false, true, true, T>(a, q, k, v, o, lse, d_o, dq, dk, dv);
+#endif
   (void)q, (void)k, (void)v, (void)o, (void)lse, (void)d_o, (void)dq, (void)dk, (void)dv;
-  throw std::invalid_argument("--bwd-variant needs fp32 or fp64");
+  throw std::invalid_argument(
+      "--bwd-variant needs fp32 or fp64, or wgmma, wgmma_dqfirst, wgmma_dqtma, "
+      "wgmma_dqfirst_tma or wgmma_dqlag (bf16, fp16 on CUDA)");
 }
 
 /// 16-bit types: "policy": the shape that fits Kokkos' TeamPolicy scratch

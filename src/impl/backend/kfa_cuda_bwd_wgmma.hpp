@@ -15,20 +15,23 @@
 // and stages dSᵀ in scratch; then dQ = dS·K·scale over all 128 keys, A =
 // dS (M-major view of the dSᵀ tile), B = K (N-major): at head_dim 128 each
 // warpgroup takes 64 of the head dims, at 64 its 64 of the 128 query rows.
-// dQ goes to scratch (fp32, rows padded) and is
-// added to the fp32 accumulator by the bulk copy engine, one
-// cp.reduce.async.bulk per query row, issued after the next block's first
-// barrier, instead of a red.global per value.
+// dQ goes to an fp32 tile in scratch and is added to the fp32 accumulator
+// by the copy engine after the next block's first barrier, instead of a
+// red.global per value: by bulk tensor reductions (cp.reduce.async.bulk.
+// tensor, one thread issues the tile's head_dim / 8 boxes of [M][8] fp32;
+// DqTma, the library's, RESULTS v42) or one bulk reduction per query row.
 // Scratch at head_dim 128: K, V 2 x 32 KB, 2 x (Q, dO 2 x 16 KB, lse, D),
-// the dSᵀ tile 16 KB, the dQ tile 34 KB: 179 KB; at 64: K, V 2 x 16 KB,
-// 2 x (Q, dO 2 x 16 KB), dSᵀ 32 KB, dQ 36 KB: 167 KB. Tiles are 128-byte
-// swizzled (kfa_cuda_wgmma.hpp); a dSᵀ tile is [M / 64][128 keys][64
-// queries].
+// the dSᵀ tile 16 KB, the dQ tile 32 KB (34 KB with padded rows for the
+// per-row reductions): 177 KB; at 64: K, V 2 x 16 KB, 2 x (Q, dO 2 x 16 KB),
+// dSᵀ 32 KB, dQ 32 KB: 163 KB (DqLag doubles the dSᵀ and dQ tiles). Tiles
+// are 128-byte swizzled (kfa_cuda_wgmma.hpp); a dSᵀ tile is [M / 64][128
+// keys][64 queries].
 
 #include <kfa_mask.hpp>
 
 #include <impl/backend/kfa_cuda_launch.hpp>
 #include <impl/backend/kfa_cuda_mma.hpp>
+#include <impl/backend/kfa_cuda_tma.hpp>
 #include <impl/backend/kfa_cuda_wgmma.hpp>
 
 #include <cstdint>
@@ -36,10 +39,20 @@
 namespace kfa {
 namespace Impl {
 
+/// The tensor map of the fp32 dQ accumulator of a backward whose dQ tiles
+/// are added by bulk tensor reductions (FlashBackwardWgmmaKernel's DqTma),
+/// none otherwise.
+template <bool DqTma>
+struct WgmmaBwdMaps {};
+template <>
+struct WgmmaBwdMaps<true> {
+  TmaMap m_map_dq;
+};
+
 template <class ExecSpace, int HeadDim, class Format, class QView, class KView, class VView,
           class DOView, class LseView, class DeltaView, class DQAccView, class DKView,
-          class DVView>
-class FlashBackwardWgmmaKernel : public Fused16Backward {
+          class DVView, bool DqFirst = false, bool DqTma = true, bool DqLag = false>
+class FlashBackwardWgmmaKernel : public Fused16Backward, public WgmmaBwdMaps<DqTma> {
  public:
   static constexpr int kHeadDim = HeadDim;
   static constexpr int kWarps = 8;     // 2 warpgroups
@@ -49,6 +62,26 @@ class FlashBackwardWgmmaKernel : public Fused16Backward {
   static constexpr int kBlockM = HeadDim == 64 ? 128 : 64;
   static constexpr int kStages = 2;    // Q/dO buffers (launch_mma_kernel: opt-in scratch)
   static constexpr int kMinBlocksPerSM = 1;
+  /// DqFirst: dK's products issued after dQ's (FlashAttention-3's order), so
+  /// that the dQ tile's stores run beside them; else before the barrier
+  /// that precedes dQ.
+  static constexpr bool kDqFirst = DqFirst;
+  /// DqTma: the dQ tile goes to the accumulator by bulk tensor reductions
+  /// that one thread issues (kHeadDim / 8 boxes of [kBlockM][8] fp32, each
+  /// dense in scratch), else by one bulk reduction per row.
+  static constexpr bool kDqTma = DqTma;
+  static constexpr bool kTensorMaps = DqTma;  // launch_cuda_team: __grid_constant__
+  /// DqLag: dQ of a query block is computed in the next block's step,
+  /// issued after its softmax just before its dV and dK (the dSᵀ made
+  /// visible by that block's barrier), so a block has one team barrier
+  /// instead of two and dQ's stores run beside dV's and dK's products. The
+  /// dSᵀ and dQ tiles are double buffered (227 KB of scratch at head_dim
+  /// 64, the most a block has).
+  static constexpr bool kDqLag = DqLag;
+  static_assert(!DqLag || (DqTma && !DqFirst),
+                "kfa: the lagged dQ takes the tensor reductions and not DqFirst");
+  static constexpr int kDqTiles = DqLag ? 2 : 1;
+  static constexpr int kDsTiles = DqLag ? 2 : 1;
   static_assert(kHeadDim == 64 || kHeadDim == 128,
                 "kfa: the wgmma backward runs head_dim 64 or 128");
   /// dQ split over the warpgroups: by query rows (kBlockM 128) or by head
@@ -57,20 +90,35 @@ class FlashBackwardWgmmaKernel : public Fused16Backward {
   static constexpr int kTileKV = kBlockN * kHeadDim;  // values per tile
   static constexpr int kTileQ = kBlockM * kHeadDim;
   static constexpr int kTileDS = kBlockN * kBlockM;
-  /// The dQ tile in scratch, [kBlockM][kDqPitch] fp32 (8 floats of
-  /// padding: a warp's 8 rows x 4 column pairs hit distinct banks in 2
-  /// wavefronts; rows stay 16-byte aligned for the bulk copy).
+  /// The dQ tile in scratch: with DqTma [kHeadDim / 8][kBlockM][8] fp32
+  /// (store_dq), else [kBlockM][kDqPitch] (8 floats of padding: a warp's 8
+  /// rows x 4 column pairs hit distinct banks in 2 wavefronts; rows stay
+  /// 16-byte aligned for the bulk copy).
   static constexpr int kDqPitch = kHeadDim + 8;
-  static constexpr int kTileDQ = kBlockM * kDqPitch;
+  static constexpr int kTileDQ = DqTma ? kBlockM * kHeadDim : kBlockM * kDqPitch;
   using policy_t = Kokkos::TeamPolicy<ExecSpace>;
 
   FlashBackwardWgmmaKernel(const QView& q, const KView& k, const VView& v, const DOView& d_o,
                            const LseView& lse, const DeltaView& delta, const DQAccView& dq_acc,
                            const DKView& dk, const DVView& dv, float scale, bool causal)
       : Fused16Backward(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, causal),
-        m_num_kv_blocks((m_p.seqlen_k + kBlockN - 1) / kBlockN) {}
+        m_num_kv_blocks((m_p.seqlen_k + kBlockN - 1) / kBlockN) {
+#if defined(KOKKOS_ENABLE_CUDA)
+    // No map of an empty tensor (nothing is launched then).
+    if constexpr (kDqTma)
+      if (m_p.batch > 0 && m_p.heads > 0 && m_p.seqlen_q > 0)
+        this->m_map_dq = make_tma_map_f32(m_dq_acc, m_p.batch, m_p.seqlen_q, m_p.heads,
+                                          kHeadDim, kBlockM, "kfa::bwd::wgmma_dk_dv");
+#endif
+  }
 
+  /// The GPU gives a team its scratch (and, with DqTma, the driver makes
+  /// tensor maps).
   static bool fits(const ExecSpace& space) {
+#if defined(KOKKOS_ENABLE_CUDA)
+    if constexpr (kDqTma)
+      if (!tma_available()) return false;
+#endif
     return mma_kernel_fits<FlashBackwardWgmmaKernel>(space);
   }
 
@@ -82,8 +130,8 @@ class FlashBackwardWgmmaKernel : public Fused16Backward {
   /// that aligns the swizzle atoms to 1024 bytes.
   KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
     return sizeof(std::uint16_t) * (2 * std::size_t(kTileKV) + 2 * kStages * std::size_t(kTileQ) +
-                                    std::size_t(kTileDS)) +
-           sizeof(float) * (std::size_t(kTileDQ) + 2 * kStages * kBlockM) + 1024;
+                                    kDsTiles * std::size_t(kTileDS)) +
+           sizeof(float) * (kDqTiles * std::size_t(kTileDQ) + 2 * kStages * kBlockM) + 1024;
   }
 
   template <class Team>
@@ -115,8 +163,8 @@ class FlashBackwardWgmmaKernel : public Fused16Backward {
     std::uint16_t* const sV = sK + kTileKV;
     std::uint16_t* const sQ0 = sV + kTileKV;  // stage s: Q, then dO
     std::uint16_t* const sdS = sQ0 + 2 * kStages * kTileQ;
-    float* const sdQ = reinterpret_cast<float*>(sdS + kTileDS);
-    float* const s_stats0 = sdQ + kTileDQ;  // stage s: lse, D
+    float* const sdQ = reinterpret_cast<float*>(sdS + kDsTiles * kTileDS);
+    float* const s_stats0 = sdQ + kDqTiles * kTileDQ;  // stage s: lse, D
     auto stage_q = [&](int s) { return sQ0 + 2 * s * kTileQ; };
     auto stage_stats = [&](int s) { return s_stats0 + 2 * s * kBlockM; };
     auto addr = [&](const void* p) {
@@ -196,17 +244,84 @@ class FlashBackwardWgmmaKernel : public Fused16Backward {
     };
 
     // dQ of the query block at row dq_row_begin, from its tile in scratch
-    // to the accumulator: thread r < kBlockM of warpgroup 0 adds row r (one
-    // bulk reduction each). (The address keeps the term wg · kTileDQ, 0 for
-    // every issuer: without it ptxas spills 16 bytes at head_dim 128.)
-    const int dq_row = tid % 128;
-    const bool dq_issuer = dq_row < kBlockM && wg < 1;
-    auto add_dq = [&](int dq_row_begin) {
-      if (!dq_issuer || dq_row_begin + dq_row >= m_p.seqlen_q) return;
-      bulk_reduce_add_f32(m_dq_acc + q_offset + long(dq_row_begin + dq_row) * row_stride,
-                          addr(sdQ + wg * kTileDQ + dq_row * kDqPitch),
-                          kHeadDim * sizeof(float));
+    // to the accumulator, one bulk reduction per row: lane l < kDqRowsPerWarp
+    // of warp w adds row w · kDqRowsPerWarp + l. (A bulk copy's operands are
+    // uniform: the compiler issues a warp's in a loop over its active lanes,
+    // so rows spread over all warps take 8 turns a warp at head_dim 128
+    // where rows on warpgroup 0's threads took 32 on two warps, which the
+    // other warps then waited for at the next barrier: RESULTS v41.)
+    // With DqTma thread 0 adds the whole tile, box after box.
+    constexpr int kDqRowsPerWarp = kBlockM / kWarps;
+    const int dq_row = warp * kDqRowsPerWarp + lane;
+    const bool dq_issuer = kDqTma ? tid == 0 : lane < kDqRowsPerWarp;
+    auto add_dq = [&](int dq_row_begin, const float* tile) {
+      if constexpr (kDqTma) {
+        if (!dq_issuer) return;
+#pragma unroll
+        for (int box = 0; box < kHeadDim / 8; ++box)
+          tma_reduce_add_box(this->m_map_dq, box * 8, h, dq_row_begin, b,
+                             addr(tile + box * kBlockM * 8));
+      } else {
+        if (!dq_issuer || dq_row_begin + dq_row >= m_p.seqlen_q) return;
+        bulk_reduce_add_f32(m_dq_acc + q_offset + long(dq_row_begin + dq_row) * row_stride,
+                            addr(tile + dq_row * kDqPitch), kHeadDim * sizeof(float));
+      }
       bulk_commit();
+    };
+    // A block's dQ and dSᵀ tiles (DqLag: alternating; the block before the
+    // first takes the second).
+    auto dq_tile = [&](int q_block) {
+      return sdQ + ((q_block - first_q_block + kDqTiles) % kDqTiles) * kTileDQ;
+    };
+    auto ds_tile = [&](int q_block) {
+      return sdS + ((q_block - first_q_block + kDsTiles) % kDsTiles) * kTileDS;
+    };
+
+    // dQ = dS·K over all keys of the dSᵀ tile `ds`, issued: A = dS, the
+    // M-major view of dSᵀ (rows = keys = k; query rows [64·wg, +64) are
+    // column block wg); B = K (N-major, head dims [64·wg, +64) are column
+    // block wg).
+    const int dq_row0 = kDqSplitRows ? 64 * wg : 0;
+    const int dq_col0 = kDqSplitRows ? 0 : 64 * wg;
+    auto issue_dq = [&](const std::uint16_t* ds) {
+      constexpr std::uint32_t kKeyBlock = sw128_block_bytes(kBlockN);
+      const std::uint64_t desc_ds =
+          sw128_descriptor(addr(ds) + (dq_row0 / 64) * kKeyBlock, kKeyBlock, 1024);
+      const std::uint64_t desc_k_n =
+          sw128_descriptor(addr(sK) + (dq_col0 / 64) * kKeyBlock, kKeyBlock, 1024);
+      fence_operands(dq_flat);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        const std::uint32_t key_off = kk * 16 * 128;
+        Wgmma<Format, kDqN>::ss_mn(dq_flat, sw128_descriptor_add(desc_ds, key_off),
+                                   sw128_descriptor_add(desc_k_n, key_off), kk > 0);
+      }
+      wgmma_commit();
+    };
+    // dQ (finished) to a tile: rows dq_row0 + 16·(warp in group) + lane / 4
+    // (+ 8), columns dq_col0 + 8n + 2·(lane % 4); visible to the bulk copy
+    // after the fence and the next barrier. With DqTma, value (r, c) at
+    // float (c / 8)·kBlockM·8 + r·8 + c % 8: a warp's 8 rows of a box are
+    // 256 contiguous bytes, two wavefronts.
+    auto store_dq = [&](float* tile) {
+      float* const my_dq = tile + dq_row0 * kDqPitch + dq_col0;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = (warp % 4) * 16 + lane / 4 + half * 8;
+#pragma unroll
+        for (int n = 0; n < kDqN / 8; ++n) {
+          const float2 value =
+              make_float2(dq[n][2 * half] * m_scale, dq[n][2 * half + 1] * m_scale);
+          if constexpr (kDqTma) {
+            *reinterpret_cast<float2*>(tile + (dq_col0 / 8 + n) * (kBlockM * 8) +
+                                       (dq_row0 + r) * 8 + (lane % 4) * 2) = value;
+          } else {
+            *reinterpret_cast<float2*>(my_dq + r * kDqPitch + n * 8 + (lane % 4) * 2) = value;
+          }
+        }
+      }
+      fence_proxy_async();
     };
 
     auto stage_of = [&](int q_block) { return (q_block - first_q_block) % kStages; };
@@ -222,11 +337,15 @@ class FlashBackwardWgmmaKernel : public Fused16Backward {
       // stage, which the next block now takes, and dSᵀ).
       team.team_barrier();
       issue_scores(stage);
-      // While the tensor cores run: the previous block's dQ tile (written
-      // and fenced by every thread before the barrier) is added to the
+      // While the tensor cores run: the dQ tile written before the barrier
+      // (the previous block's, with DqLag the one before) is added to the
       // accumulator, and the next block loads into the previous one's
       // stage (no product in flight reads it).
-      if (q_block > first_q_block) add_dq(row_begin - kBlockM);
+      {
+        const int lag = kDqLag ? 2 : 1;
+        if (q_block - lag >= first_q_block)
+          add_dq(row_begin - lag * kBlockM, dq_tile(q_block - lag));
+      }
       if (q_block + 1 < num_q_blocks) load_q_block(q_block + 1, stage_of(q_block + 1));
       cp_async_commit();
       const std::uint32_t q_addr = addr(stage_q(stage));
@@ -266,12 +385,51 @@ class FlashBackwardWgmmaKernel : public Fused16Backward {
         ds_frag[kk][2] = pack2<Format>(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]);
         ds_frag[kk][3] = pack2<Format>(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3]);
       }
+      // dV += Pᵀ·dO, dK += dSᵀ·Q (reduction over the queries: dO and Q
+      // N-major, 16 query rows per k-step, column blocks of 64 head dims):
+      // both before the barrier, or with DqFirst dV before it and dK after
+      // dQ, so that dQ's stores overlap dK's products (DqLag: below).
+      const std::uint64_t desc_do_n =
+          sw128_descriptor(do_addr, sw128_block_bytes(kBlockM), 1024);
+      const std::uint64_t desc_q_n = sw128_descriptor(q_addr, sw128_block_bytes(kBlockM), 1024);
+      auto issue_dv_dk = [&](bool dv, bool dk) {
+        if (dv) fence_operands(dv_flat);
+        if (dk) fence_operands(dk_flat);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBlockM / 16; ++kk) {
+          if (dv)
+            Wgmma<Format, kHeadDim>::rs(dv_flat, p_frag[kk],
+                                        sw128_descriptor_add(desc_do_n, kk * 2048), 1);
+          if (dk)
+            Wgmma<Format, kHeadDim>::rs(dk_flat, ds_frag[kk],
+                                        sw128_descriptor_add(desc_q_n, kk * 2048), 1);
+        }
+        wgmma_commit();
+      };
+      if constexpr (kDqLag) {
+        // The previous block's dQ (its dSᵀ complete since the barrier),
+        // then this block's dV and dK; dQ to its tile (last read by the
+        // reductions of the block before, which their issuer waited for
+        // before the barrier) while they run. In the first block the
+        // product and its tile are garbage that no reduction reads (the
+        // tiles are the block before the first's): so every block issues
+        // the same products, which ptxas needs to keep the wgmma pipeline
+        // (conditional ones are serialized, C7514). This block's dSᵀ goes
+        // to the other tile, which the products of the block before last
+        // read, done before the barrier.
+        issue_dq(ds_tile(q_block - 1));
+        issue_dv_dk(true, true);
+        wgmma_wait<1>();
+        fence_operands(dq_flat);
+        store_dq(dq_tile(q_block - 1));
+      }
       // dSᵀ to scratch, swizzled: key r, queries 64·b + c, c + 1 at byte
       // b·(the bytes of a 128-key column block) + r·128 + ((c / 8) ^
       // (r % 8))·16 + (c % 8)·2.
       {
         const int r0 = warp * 16 + lane / 4;
-        unsigned char* ds_bytes = reinterpret_cast<unsigned char*>(sdS);
+        unsigned char* ds_bytes = reinterpret_cast<unsigned char*>(ds_tile(q_block));
         auto put = [&](int r, int b, int c, std::uint32_t v) {
           *reinterpret_cast<std::uint32_t*>(ds_bytes + b * sw128_block_bytes(kBlockN) + r * 128 +
                                             (((c / 8) ^ (r % 8)) * 16) + (c % 8) * 2) = v;
@@ -286,22 +444,17 @@ class FlashBackwardWgmmaKernel : public Fused16Backward {
         }
       }
 
-      // dV += Pᵀ·dO, dK += dSᵀ·Q (reduction over the queries: dO and Q
-      // N-major, 16 query rows per k-step, column blocks of 64 head dims).
-      fence_operands(dv_flat);
-      fence_operands(dk_flat);
-      wgmma_fence();
-      const std::uint64_t desc_do_n =
-          sw128_descriptor(do_addr, sw128_block_bytes(kBlockM), 1024);
-      const std::uint64_t desc_q_n = sw128_descriptor(q_addr, sw128_block_bytes(kBlockM), 1024);
-#pragma unroll
-      for (int kk = 0; kk < kBlockM / 16; ++kk) {
-        Wgmma<Format, kHeadDim>::rs(dv_flat, p_frag[kk],
-                                    sw128_descriptor_add(desc_do_n, kk * 2048), 1);
-        Wgmma<Format, kHeadDim>::rs(dk_flat, ds_frag[kk],
-                                    sw128_descriptor_add(desc_q_n, kk * 2048), 1);
+      if constexpr (kDqLag) {
+        // dSᵀ visible to the next block's dQ after its barrier; the tile
+        // that block writes read by its reductions before that barrier.
+        fence_proxy_async();
+        if (dq_issuer) bulk_wait_read();
+        wgmma_wait<0>();  // dV, dK (their operands p_frag, ds_frag)
+        fence_operands(dv_flat);
+        fence_operands(dk_flat);
+        continue;
       }
-      wgmma_commit();
+      issue_dv_dk(true, !kDqFirst);
 
       fence_proxy_async();
       // The dQ tile's bulk reads (issued after the first barrier) are done
@@ -309,49 +462,32 @@ class FlashBackwardWgmmaKernel : public Fused16Backward {
       if (dq_issuer) bulk_wait_read();
       // The whole dSᵀ tile is in scratch, visible to wgmma.
       team.team_barrier();
-
-      // dQ = dS·K over all keys: A = dS, the M-major view of dSᵀ (rows =
-      // keys = k; query rows [64·wg, +64) are column block wg); B = K
-      // (N-major, head dims [64·wg, +64) are column block wg).
-      const int dq_row0 = kDqSplitRows ? 64 * wg : 0;
-      const int dq_col0 = kDqSplitRows ? 0 : 64 * wg;
-      constexpr std::uint32_t kKeyBlock = sw128_block_bytes(kBlockN);
-      const std::uint64_t desc_ds =
-          sw128_descriptor(addr(sdS) + (dq_row0 / 64) * kKeyBlock, kKeyBlock, 1024);
-      const std::uint64_t desc_k_n =
-          sw128_descriptor(addr(sK) + (dq_col0 / 64) * kKeyBlock, kKeyBlock, 1024);
-      fence_operands(dq_flat);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        const std::uint32_t key_off = kk * 16 * 128;
-        Wgmma<Format, kDqN>::ss_mn(dq_flat, sw128_descriptor_add(desc_ds, key_off),
-                                   sw128_descriptor_add(desc_k_n, key_off), kk > 0);
+      issue_dq(sdS);
+      if constexpr (kDqFirst) {
+        issue_dv_dk(false, true);
+        wgmma_wait<1>();  // dV and dQ of this block; dK runs on
+      } else {
+        wgmma_wait<0>();  // dQ, and dV, dK of this block
       }
-      wgmma_commit();
-      wgmma_wait<0>();  // dQ, and dV, dK of this block
       fence_operands(dv_flat);
-      fence_operands(dk_flat);
       fence_operands(dq_flat);
-
-      // dQ to its tile: rows dq_row0 + 16·(warp in group) + lane / 4 (+ 8),
-      // columns dq_col0 + 8n + 2·(lane % 4); visible to the bulk copy after
-      // the fence and the next barrier.
-      float* const my_dq = sdQ + dq_row0 * kDqPitch + dq_col0;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int r = (warp % 4) * 16 + lane / 4 + half * 8;
-#pragma unroll
-        for (int n = 0; n < kDqN / 8; ++n) {
-          *reinterpret_cast<float2*>(my_dq + r * kDqPitch + n * 8 + (lane % 4) * 2) =
-              make_float2(dq[n][2 * half] * m_scale, dq[n][2 * half + 1] * m_scale);
-        }
-      }
-      fence_proxy_async();
+      store_dq(sdQ);
+      if constexpr (kDqFirst) wgmma_wait<0>();  // dK (its operand ds_frag)
+      fence_operands(dk_flat);
     }
     if (first_q_block < num_q_blocks) {
+      const int last = num_q_blocks - 1;
       team.team_barrier();
-      add_dq((num_q_blocks - 1) * kBlockM);
+      if constexpr (kDqLag) {
+        // The last block's dQ, and the tile before it.
+        issue_dq(ds_tile(last));
+        if (last > first_q_block) add_dq((last - 1) * kBlockM, dq_tile(last - 1));
+        wgmma_wait<0>();
+        fence_operands(dq_flat);
+        store_dq(dq_tile(last));
+        team.team_barrier();
+      }
+      add_dq(last * kBlockM, dq_tile(last));
     }
     // No copy may still be in flight when the team ends (K and V, where no
     // query block sees these keys; the last dQ).

@@ -1,10 +1,12 @@
 #ifndef KFA_CUDA_TMA_HPP
 #define KFA_CUDA_TMA_HPP
 
-// Hopper (sm_90) tensor memory accelerator: tensor maps of the 16-bit
-// [batch][rows][heads][head_dim] operands, the bulk tensor copy
-// (cp.async.bulk.tensor) of a [rows][64] box of one head into a 128-byte
-// swizzled scratch tile (the layout of kfa_cuda_wgmma.hpp), and the
+// Hopper (sm_90) tensor memory accelerator: tensor maps of the
+// [batch][rows][heads][head_dim] operands (16-bit, and the backward's fp32
+// dQ accumulator), the bulk tensor copy (cp.async.bulk.tensor) of a
+// [rows][64] box of one head into a 128-byte swizzled scratch tile (the
+// layout of kfa_cuda_wgmma.hpp) and its reverse that adds a [rows][8] fp32
+// box to global memory (cp.reduce.async.bulk.tensor), and the
 // shared-memory barriers (mbarrier) that tell a copy's arrival and a tile's
 // release between a producer warp and the warps that compute.
 //
@@ -60,26 +62,28 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tma_encoder() {
 /// launched otherwise).
 inline bool tma_available() { return tma_encoder() != nullptr; }
 
-/// The tensor map of a 16-bit (bf16 or fp16, `bf16` tells which)
-/// [batch][rows][heads][head_dim] tensor at `data`, whose copies are boxes
-/// of `box_rows` rows by 64 values of one head, 128-byte swizzled. Throws
-/// std::runtime_error naming `what` where the driver refuses.
-inline TmaMap make_tma_map_16(const void* data, bool bf16, int batch, int rows, int heads,
-                              int head_dim, int box_rows, const char* what) {
+/// The tensor map of a [batch][rows][heads][head_dim] tensor of `type`
+/// (values of `bytes` bytes) at `data`, whose copies are boxes of
+/// `box_rows` rows by `box_cols` values of one head, laid out in scratch
+/// with `swizzle`. Throws std::runtime_error naming `what` where the driver
+/// refuses.
+inline TmaMap make_tma_map(const void* data, CUtensorMapDataType type, int bytes, int batch,
+                           int rows, int heads, int head_dim, int box_cols, int box_rows,
+                           CUtensorMapSwizzle swizzle, const char* what) {
   const auto encode = tma_encoder();
   if (!encode) throw std::runtime_error(std::string(what) + ": no cuTensorMapEncodeTiled in the driver");
   const cuuint64_t dims[4] = {cuuint64_t(head_dim), cuuint64_t(heads), cuuint64_t(rows),
                               cuuint64_t(batch)};
-  const cuuint64_t strides[3] = {cuuint64_t(head_dim) * 2, cuuint64_t(head_dim) * heads * 2,
-                                 cuuint64_t(head_dim) * heads * rows * 2};
-  const cuuint32_t box[4] = {64, 1, cuuint32_t(box_rows), 1};
+  const cuuint64_t strides[3] = {cuuint64_t(head_dim) * bytes,
+                                 cuuint64_t(head_dim) * heads * bytes,
+                                 cuuint64_t(head_dim) * heads * rows * bytes};
+  const cuuint32_t box[4] = {cuuint32_t(box_cols), 1, cuuint32_t(box_rows), 1};
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
   CUtensorMap map;
-  const CUresult err = encode(
-      &map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
-      const_cast<void*>(data), dims, strides, box, element_strides,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult err =
+      encode(&map, type, 4, const_cast<void*>(data), dims, strides, box, element_strides,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (err != CUDA_SUCCESS)
     throw std::runtime_error(std::string(what) + ": cuTensorMapEncodeTiled failed (CUresult " +
                              std::to_string(int(err)) + ")");
@@ -87,6 +91,24 @@ inline TmaMap make_tma_map_16(const void* data, bool bf16, int batch, int rows, 
   TmaMap out;
   std::memcpy(out.bytes, &map, sizeof(out.bytes));
   return out;
+}
+
+/// make_tma_map of a 16-bit (bf16 or fp16, `bf16` tells which) tensor:
+/// boxes of 64 values (128 bytes a row), 128-byte swizzled.
+inline TmaMap make_tma_map_16(const void* data, bool bf16, int batch, int rows, int heads,
+                              int head_dim, int box_rows, const char* what) {
+  return make_tma_map(data,
+                      bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                      2, batch, rows, heads, head_dim, 64, box_rows, CU_TENSOR_MAP_SWIZZLE_128B,
+                      what);
+}
+
+/// make_tma_map of an fp32 tensor: boxes of 8 values (32 bytes a row, rows
+/// one after another in scratch).
+inline TmaMap make_tma_map_f32(const float* data, int batch, int rows, int heads, int head_dim,
+                               int box_rows, const char* what) {
+  return make_tma_map(data, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, batch, rows, heads, head_dim, 8,
+                      box_rows, CU_TENSOR_MAP_SWIZZLE_NONE, what);
 }
 #endif
 
@@ -158,6 +180,20 @@ __device__ inline void tma_load_box(std::uint32_t dst, const TmaMap& map, int co
       " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
       "l"(reinterpret_cast<std::uint64_t>(&map)), "r"(col), "r"(head), "r"(row), "r"(b),
       "r"(bar)
+      : "memory");
+}
+
+/// Adds the box of `map` (make_tma_map_f32) at column `col`, head `head`,
+/// row `row`, batch `b` from scratch at `src` (16-byte aligned, rows one
+/// after another) into global memory; rows past the tensor's end are not
+/// written. Part of this thread's bulk group (bulk_commit, bulk_wait_read,
+/// bulk_wait).
+__device__ inline void tma_reduce_add_box(const TmaMap& map, int col, int head, int row, int b,
+                                          std::uint32_t src) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group"
+      " [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(reinterpret_cast<std::uint64_t>(&map)),
+      "r"(src), "r"(col), "r"(head), "r"(row), "r"(b)
       : "memory");
 }
 
