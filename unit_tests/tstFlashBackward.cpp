@@ -225,92 +225,6 @@ TEST(FlashBackwardCuda, HopperWgmma) {
   }
 }
 
-// The Hopper backward kernel with the options the dispatch does not take
-// (bench_device's wgmma_dqfirst, wgmma_dqtma, wgmma_dqfirst_tma,
-// wgmma_dqlag, and the per-row dQ reductions): dK's products after dQ's
-// (DqFirst), the dQ tile added by bulk tensor reductions (DqTma), dQ one
-// block late (DqLag). dQ is read from the fp32 accumulator, dK and dV from
-// the 16-bit outputs.
-template <class T, int HeadDim, bool DqFirst, bool DqTma, bool DqLag = false>
-void check_wgmma_backward(const Shape& s, bool causal) {
-  using Space = Kokkos::Cuda;
-  using View4 = DeviceView4<T, Space>;
-  using View3 = DeviceView3<float, Space>;
-  using Acc = DeviceView4<float, Space>;
-  using Format = typename kfa::Impl::MmaFormat<Space, T>::type;
-  using Kernel = kfa::Impl::FlashBackwardWgmmaKernel<Space, HeadDim, Format, View4, View4, View4,
-                                                     View4, View3, View3, Acc, View4, View4,
-                                                     DqFirst, DqTma, DqLag>;
-  ASSERT_EQ(s.head_dim, HeadDim);
-  kfa::AttentionOptions opt;
-  opt.causal = causal;
-  const Case c = make_case<T>(s, opt, "wgmma_bwd");
-  const View4 q = to_device<T, Space>(c.q, "q"), k = to_device<T, Space>(c.k, "k"),
-              v = to_device<T, Space>(c.v, "v"), d_o = to_device<T, Space>(c.d_o, "d_o");
-  View4 o("o", s.batch, s.seqlen_q, s.heads, s.head_dim);
-  View3 lse("lse", s.batch, s.heads, s.seqlen_q), delta("delta", s.batch, s.heads, s.seqlen_q);
-  kfa::flash_attention_forward(Space(), q, k, v, o, lse, opt);
-  kfa::Impl::BackwardPreprocess<Space, View4, View4, View3>{o, d_o, delta, s.seqlen_q, s.heads,
-                                                            s.head_dim}
-      .launch(Space());
-  Acc dq("dq", s.batch, s.seqlen_q, s.heads, s.head_dim);  // zero: dQ is added
-  View4 dk("dk", s.batch, s.seqlen_k, s.heads, s.head_dim);
-  View4 dv("dv", s.batch, s.seqlen_k, s.heads, s.head_dim);
-  poison(dk);
-  poison(dv);
-  Kernel kernel(q, k, v, d_o, lse, delta, dq, dk, dv, 1.0f / std::sqrt(float(HeadDim)), causal);
-  ASSERT_TRUE(kernel.fits(Space()));
-  kernel.launch(Space());
-  Space().fence();
-
-  Tensor dq_ref, dk_ref, dv_ref, dq_plain, dk_plain, dv_plain;
-  reference_backward<double, true>(c.q, c.k, c.v, c.o_ref, c.lse_ref, c.d_o, opt, dq_ref,
-                                   dk_ref, dv_ref);
-  Tensor o_t = c.o_ref;
-  round_to<T>(o_t);
-  reference_backward<T>(c.q, c.k, c.v, o_t, c.lse_ref, c.d_o, opt, dq_plain, dk_plain, dv_plain);
-  const std::string what = type_name<T>() + " " + to_string(s) + (causal ? " causal" : "") +
-                           (DqFirst ? " dq first" : "") + (DqTma ? " dq by tensor reductions" : "") +
-                           (DqLag ? " dq one block late" : "");
-  auto check = [&](const char* name, const Tensor& got, const Tensor& plain, const Tensor& ref) {
-    const double err = max_abs_diff(got, ref), err_plain = max_abs_diff(plain, ref);
-    EXPECT_LE(err, allowed_error<T>(err_plain, ref))
-        << what << ": " << name << " error " << err << ", plain backward's " << err_plain;
-  };
-  check("dq", to_host(dq), dq_plain, dq_ref);
-  check("dk", to_host(dk), dk_plain, dk_ref);
-  check("dv", to_host(dv), dv_plain, dv_ref);
-}
-
-// Query blocks partial and whole (the tensor reductions drop rows past the
-// end), more keys than queries and fewer, several heads and batches,
-// causal rows with no key.
-TEST(FlashBackwardCuda, HopperWgmmaOptions) {
-  if (!kfa::Impl::wgmma_available(Kokkos::Cuda())) {
-    GTEST_SKIP() << "no sm_90 GPU, or this build has no sm_90a device code (KFA_CUDA_SM90A)";
-  }
-  for (bool causal : {false, true}) {
-    for (const Shape& s : {Shape{2, 256, 384, 2, 128}, Shape{1, 129, 300, 3, 128}}) {
-      check_wgmma_backward<kfa::bfloat16, 128, false, false>(s, causal);
-      check_wgmma_backward<kfa::half, 128, true, false>(s, causal);
-      check_wgmma_backward<kfa::bfloat16, 128, false, true>(s, causal);
-      check_wgmma_backward<kfa::bfloat16, 128, true, true>(s, causal);
-      check_wgmma_backward<kfa::half, 128, false, true, true>(s, causal);
-    }
-    for (const Shape& s : {Shape{1, 520, 515, 2, 64}, Shape{2, 333, 190, 2, 64}}) {
-      check_wgmma_backward<kfa::bfloat16, 64, false, false>(s, causal);
-      check_wgmma_backward<kfa::half, 64, true, false>(s, causal);
-      check_wgmma_backward<kfa::bfloat16, 64, false, true>(s, causal);
-      check_wgmma_backward<kfa::half, 64, true, true>(s, causal);
-      check_wgmma_backward<kfa::bfloat16, 64, false, true, true>(s, causal);
-    }
-  }
-  check_wgmma_backward<kfa::bfloat16, 128, false, true>({2, 150, 40, 2, 128}, true);
-  check_wgmma_backward<kfa::bfloat16, 128, false, true, true>({2, 150, 40, 2, 128}, true);
-  // One query block (the lagged dQ only in the epilogue).
-  check_wgmma_backward<kfa::bfloat16, 128, false, true, true>({1, 64, 128, 2, 128}, false);
-}
-
 // Head dim 256: the mma.sync backward with the head dimension split over
 // pairs of warps (64 keys, 32 query rows per step, 3 stages), on query and
 // key blocks partial and whole, more keys than queries and fewer, causal
@@ -364,11 +278,11 @@ TEST(FlashBackwardCuda, Fp32OnTensorCores) {
 // dimension, Pᵀ and dPᵀ swapped through scratch) is fp64 m16n8k8's shape at
 // head_dim 128 (the library's, also run by the typed tests); the others are
 // bench_device's variants and m8n8k4's shapes (GPUs before sm_90).
-template <class T, class Kernel>
+template <class T, class Kernel, class Acc = T>
 void check_backward_kernel(const Shape& s, bool causal, const std::string& shape) {
   using Space = Kokkos::Cuda;
   using View4 = DeviceView4<T, Space>;
-  using View3 = DeviceView3<T, Space>;
+  using View3 = DeviceView3<Acc, Space>;
   kfa::AttentionOptions opt;
   opt.causal = causal;
   const Case c = make_case<T>(s, opt, "wide_bwd");
@@ -380,12 +294,14 @@ void check_backward_kernel(const Shape& s, bool causal, const std::string& shape
   kfa::Impl::BackwardPreprocess<Space, View4, View4, View3>{o, d_o, delta, s.seqlen_q, s.heads,
                                                             s.head_dim}
       .launch(Space());
-  View4 dq("dq", s.batch, s.seqlen_q, s.heads, s.head_dim);  // zero: dQ by atomics
+  // zero: dQ is added (by atomics or bulk reductions; the 16-bit kernels
+  // add to an fp32 accumulator, read here)
+  DeviceView4<Acc, Space> dq("dq", s.batch, s.seqlen_q, s.heads, s.head_dim);
   View4 dk("dk", s.batch, s.seqlen_k, s.heads, s.head_dim);
   View4 dv("dv", s.batch, s.seqlen_k, s.heads, s.head_dim);
   poison(dk);
   poison(dv);
-  Kernel kernel(q, k, v, d_o, lse, delta, dq, dk, dv, T(1) / std::sqrt(T(Kernel::kHeadDim)),
+  Kernel kernel(q, k, v, d_o, lse, delta, dq, dk, dv, Acc(1) / std::sqrt(Acc(Kernel::kHeadDim)),
                 causal);
   ASSERT_TRUE(kernel.fits(Space()));
   kernel.launch(Space());
@@ -394,8 +310,11 @@ void check_backward_kernel(const Shape& s, bool causal, const std::string& shape
   Tensor dq_ref, dk_ref, dv_ref, dq_plain, dk_plain, dv_plain;
   reference_backward<double, true>(c.q, c.k, c.v, c.o_ref, c.lse_ref, c.d_o, opt, dq_ref,
                                    dk_ref, dv_ref);
-  reference_backward<T>(c.q, c.k, c.v, c.o_ref, c.lse_ref, c.d_o, opt, dq_plain, dk_plain,
-                        dv_plain);
+  // The yardstick's O in T, as the kernel reads it (as check_backward does;
+  // fp32 and fp64 kept O unrounded here).
+  Tensor o_t = c.o_ref;
+  if constexpr (sizeof(T) == 2) round_to<T>(o_t);
+  reference_backward<T>(c.q, c.k, c.v, o_t, c.lse_ref, c.d_o, opt, dq_plain, dk_plain, dv_plain);
   const std::string what =
       type_name<T>() + " " + to_string(s) + (causal ? " causal" : "") + " shape: " + shape;
   auto check = [&](const char* name, const Tensor& got, const Tensor& plain, const Tensor& ref) {
@@ -406,6 +325,59 @@ void check_backward_kernel(const Shape& s, bool causal, const std::string& shape
   check("dq", to_host(dq), dq_plain, dq_ref);
   check("dk", to_host(dk), dk_plain, dk_ref);
   check("dv", to_host(dv), dv_plain, dv_ref);
+}
+
+// The Hopper backward kernel with the options the dispatch does not take
+// (bench_device's wgmma_dqfirst, wgmma_dqtma, wgmma_dqfirst_tma,
+// wgmma_dqlag, and the per-row dQ reductions): dK's products after dQ's
+// (DqFirst), the dQ tile added by bulk tensor reductions (DqTma), dQ one
+// block late (DqLag). dQ is read from the fp32 accumulator, dK and dV from
+// the 16-bit outputs.
+template <class T, int HeadDim, bool DqFirst, bool DqTma, bool DqLag = false>
+void check_wgmma_backward(const Shape& s, bool causal) {
+  using Space = Kokkos::Cuda;
+  using View4 = DeviceView4<T, Space>;
+  using View3 = DeviceView3<float, Space>;
+  using Acc = DeviceView4<float, Space>;
+  using Format = typename kfa::Impl::MmaFormat<Space, T>::type;
+  using Kernel = kfa::Impl::FlashBackwardWgmmaKernel<Space, HeadDim, Format, View4, View4, View4,
+                                                     View4, View3, View3, Acc, View4, View4,
+                                                     DqFirst, DqTma, DqLag>;
+  ASSERT_EQ(s.head_dim, HeadDim);
+  check_backward_kernel<T, Kernel, float>(
+      s, causal,
+      std::string(DqFirst ? "dq first, " : "") +
+          (DqTma ? "dq by tensor reductions" : "dq by row reductions") +
+          (DqLag ? ", dq one block late" : ""));
+}
+
+// Query blocks partial and whole (the tensor reductions drop rows past the
+// end), more keys than queries and fewer, several heads and batches,
+// causal rows with no key.
+TEST(FlashBackwardCuda, HopperWgmmaOptions) {
+  if (!kfa::Impl::wgmma_available(Kokkos::Cuda())) {
+    GTEST_SKIP() << "no sm_90 GPU, or this build has no sm_90a device code (KFA_CUDA_SM90A)";
+  }
+  for (bool causal : {false, true}) {
+    for (const Shape& s : {Shape{2, 256, 384, 2, 128}, Shape{1, 129, 300, 3, 128}}) {
+      check_wgmma_backward<kfa::bfloat16, 128, false, false>(s, causal);
+      check_wgmma_backward<kfa::half, 128, true, false>(s, causal);
+      check_wgmma_backward<kfa::bfloat16, 128, false, true>(s, causal);
+      check_wgmma_backward<kfa::bfloat16, 128, true, true>(s, causal);
+      check_wgmma_backward<kfa::half, 128, false, true, true>(s, causal);
+    }
+    for (const Shape& s : {Shape{1, 520, 515, 2, 64}, Shape{2, 333, 190, 2, 64}}) {
+      check_wgmma_backward<kfa::bfloat16, 64, false, false>(s, causal);
+      check_wgmma_backward<kfa::half, 64, true, false>(s, causal);
+      check_wgmma_backward<kfa::bfloat16, 64, false, true>(s, causal);
+      check_wgmma_backward<kfa::half, 64, true, true>(s, causal);
+      check_wgmma_backward<kfa::bfloat16, 64, false, true, true>(s, causal);
+    }
+  }
+  check_wgmma_backward<kfa::bfloat16, 128, false, true>({2, 150, 40, 2, 128}, true);
+  check_wgmma_backward<kfa::bfloat16, 128, false, true, true>({2, 150, 40, 2, 128}, true);
+  // One query block (the lagged dQ only in the epilogue).
+  check_wgmma_backward<kfa::bfloat16, 128, false, true, true>({1, 64, 128, 2, 128}, false);
 }
 
 template <class WideShape, int HeadDim, class Atom>
