@@ -305,7 +305,6 @@ class FlashBackwardWgmmaKernel : public Fused16Backward, public WgmmaBwdMaps<DqT
     // float (c / 8)·kBlockM·8 + r·8 + c % 8: a warp's 8 rows of a box are
     // 256 contiguous bytes, two wavefronts.
     auto store_dq = [&](float* tile) {
-      float* const my_dq = tile + dq_row0 * kDqPitch + dq_col0;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int r = (warp % 4) * 16 + lane / 4 + half * 8;
@@ -317,6 +316,7 @@ class FlashBackwardWgmmaKernel : public Fused16Backward, public WgmmaBwdMaps<DqT
             *reinterpret_cast<float2*>(tile + (dq_col0 / 8 + n) * (kBlockM * 8) +
                                        (dq_row0 + r) * 8 + (lane % 4) * 2) = value;
           } else {
+            float* const my_dq = tile + dq_row0 * kDqPitch + dq_col0;
             *reinterpret_cast<float2*>(my_dq + r * kDqPitch + n * 8 + (lane % 4) * 2) = value;
           }
         }
