@@ -381,11 +381,33 @@ std::function<void()> simt_backward_at(const Args& a, View4 q, View4 k, View4 v,
 #endif
 
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
-/// The Hopper (wgmma) backward with DqFirst, DqTma and DqLag (bf16 or fp16,
-/// head_dim 64 or 128, as many k/v heads as q heads), run as dispatch_backward runs the
-/// library's: D and the zeroed fp32 dQ accumulator in one pass, the
-/// kernel, dQ rounded into dq.
-template <bool DqFirst, bool DqTma, bool DqLag, class T, class View4, class View3>
+/// The Hopper (wgmma) backwards' kernels: FlashBackwardWgmmaKernel with
+/// DqFirst, DqTma and DqLag (head_dim 64 or 128), and
+/// FlashBackwardWgmma256Kernel with DqOverlap, SplitSoftmax and DqStaged
+/// (head_dim 256).
+template <bool DqFirst, bool DqTma, bool DqLag>
+struct WgmmaBwdPick {
+  static constexpr bool kD256 = false;
+  template <int D, class Format, class View4, class View3, class Acc>
+  using kernel = kfa::Impl::FlashBackwardWgmmaKernel<Kokkos::DefaultExecutionSpace, D, Format,
+                                                     View4, View4, View4, View4, View3, View3,
+                                                     Acc, View4, View4, DqFirst, DqTma, DqLag>;
+};
+template <bool DqOverlap, bool SplitSoftmax, bool DqStaged = true>
+struct Wgmma256BwdPick {
+  static constexpr bool kD256 = true;
+  template <int D, class Format, class View4, class View3, class Acc>
+  using kernel =
+      kfa::Impl::FlashBackwardWgmma256Kernel<Kokkos::DefaultExecutionSpace, Format, View4, View4,
+                                             View4, View4, View3, View3, Acc, View4, View4,
+                                             DqOverlap, SplitSoftmax, DqStaged>;
+};
+
+/// A Hopper (wgmma) backward kernel of Pick (bf16 or fp16, as many k/v
+/// heads as q heads), run as dispatch_backward runs the library's: D and
+/// the zeroed fp32 dQ accumulator in one pass, the kernel, dQ rounded into
+/// dq.
+template <class Pick, class T, class View4, class View3>
 std::function<void()> wgmma_backward(const Args& a, View4 q, View4 k, View4 v, View4 o,
                                      View3 lse, View4 d_o, View4 dq, View4 dk, View4 dv) {
   using Space = Kokkos::DefaultExecutionSpace;
@@ -402,9 +424,7 @@ std::function<void()> wgmma_backward(const Args& a, View4 q, View4 k, View4 v, V
     const bool causal = a.causal;
     auto make = [&](auto head_dim) -> std::function<void()> {
       constexpr int kD = decltype(head_dim)::value;
-      using Kernel = kfa::Impl::FlashBackwardWgmmaKernel<Space, kD, Format, View4, View4, View4,
-                                                         View4, View3, View3, Acc, View4, View4,
-                                                         DqFirst, DqTma, DqLag>;
+      using Kernel = typename Pick::template kernel<kD, Format, View4, View3, Acc>;
       if (!Kernel::fits(Space())) throw std::invalid_argument("--bwd-variant: scratch too large");
       return [=] {
         const Space space;
@@ -419,9 +439,14 @@ std::function<void()> wgmma_backward(const Args& a, View4 q, View4 k, View4 v, V
             .launch(space);
       };
     };
-    if (a.head_dim == 64) return make(std::integral_constant<int, 64>());
-    if (a.head_dim == 128) return make(std::integral_constant<int, 128>());
-    throw std::invalid_argument("--bwd-variant wgmma_* needs head_dim 64 or 128");
+    if constexpr (Pick::kD256) {
+      if (a.head_dim == 256) return make(std::integral_constant<int, 256>());
+      throw std::invalid_argument("--bwd-variant wgmma256* needs head_dim 256");
+    } else {
+      if (a.head_dim == 64) return make(std::integral_constant<int, 64>());
+      if (a.head_dim == 128) return make(std::integral_constant<int, 128>());
+      throw std::invalid_argument("--bwd-variant wgmma_* needs head_dim 64 or 128");
+    }
   }
   (void)q, (void)k, (void)v, (void)o, (void)lse, (void)d_o, (void)dq, (void)dk, (void)dv;
   throw std::invalid_argument("--bwd-variant wgmma_* needs bf16 or fp16");
@@ -440,7 +465,11 @@ std::function<void()> wgmma_backward(const Args& a, View4 q, View4 k, View4 v, V
 /// Hopper backward with one bulk reduction per dQ row, v41), "wgmma_dqtma"
 /// (bulk tensor reductions, the library's), "wgmma_dqfirst" and
 /// "wgmma_dqfirst_tma" (dK's products after dQ's), "wgmma_dqlag" (dQ one
-/// block late, v43).
+/// block late, v43); at head_dim 256 "wgmma256" (the library's Hopper
+/// kernel there, v44), "wgmma256_overlap" (its dQ products issued behind
+/// dV's and dK's), "wgmma256_direct" (dQ's reductions straight from the
+/// fragments, not staged in whole rows) and "wgmma256_split" (each
+/// warpgroup half the softmax).
 template <class T, class View4, class View3>
 std::function<void()> backward_variant(const Args& a, View4 q, View4 k, View4 v, View4 o,
                                        View3 lse, View4 d_o, View4 dq, View4 dk, View4 dv) {
@@ -480,20 +509,38 @@ std::function<void()> backward_variant(const Args& a, View4 q, View4 k, View4 v,
   }
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
   if (a.bwd_variant == "wgmma")
-    return wgmma_backward<false, false, false, T>(a, q, k, v, o, lse, d_o, dq, dk, dv);
+    return wgmma_backward<WgmmaBwdPick<false, false, false>, T>(a, q, k, v, o, lse, d_o, dq, dk,
+                                                                dv);
   if (a.bwd_variant == "wgmma_dqfirst")
-    return wgmma_backward<true, false, false, T>(a, q, k, v, o, lse, d_o, dq, dk, dv);
+    return wgmma_backward<WgmmaBwdPick<true, false, false>, T>(a, q, k, v, o, lse, d_o, dq, dk,
+                                                               dv);
   if (a.bwd_variant == "wgmma_dqtma")
-    return wgmma_backward<false, true, false, T>(a, q, k, v, o, lse, d_o, dq, dk, dv);
+    return wgmma_backward<WgmmaBwdPick<false, true, false>, T>(a, q, k, v, o, lse, d_o, dq, dk,
+                                                               dv);
   if (a.bwd_variant == "wgmma_dqfirst_tma")
-    return wgmma_backward<true, true, false, T>(a, q, k, v, o, lse, d_o, dq, dk, dv);
+    return wgmma_backward<WgmmaBwdPick<true, true, false>, T>(a, q, k, v, o, lse, d_o, dq, dk,
+                                                              dv);
   if (a.bwd_variant == "wgmma_dqlag")
-    return wgmma_backward<false, true, true, T>(a, q, k, v, o, lse, d_o, dq, dk, dv);
+    return wgmma_backward<WgmmaBwdPick<false, true, true>, T>(a, q, k, v, o, lse, d_o, dq, dk,
+                                                              dv);
+  if (a.bwd_variant == "wgmma256")
+    return wgmma_backward<Wgmma256BwdPick<false, false>, T>(a, q, k, v, o, lse, d_o, dq,
+                                                                   dk, dv);
+  if (a.bwd_variant == "wgmma256_overlap")
+    return wgmma_backward<Wgmma256BwdPick<true, false>, T>(a, q, k, v, o, lse, d_o, dq,
+                                                                  dk, dv);
+  if (a.bwd_variant == "wgmma256_direct")
+    return wgmma_backward<Wgmma256BwdPick<false, false, false>, T>(a, q, k, v, o, lse, d_o, dq,
+                                                                   dk, dv);
+  if (a.bwd_variant == "wgmma256_split")
+    return wgmma_backward<Wgmma256BwdPick<false, true>, T>(a, q, k, v, o, lse, d_o, dq,
+                                                                  dk, dv);
 #endif
   (void)q, (void)k, (void)v, (void)o, (void)lse, (void)d_o, (void)dq, (void)dk, (void)dv;
   throw std::invalid_argument(
       "--bwd-variant needs fp32 or fp64, or wgmma, wgmma_dqfirst, wgmma_dqtma, "
-      "wgmma_dqfirst_tma or wgmma_dqlag (bf16, fp16 on CUDA)");
+      "wgmma_dqfirst_tma, wgmma_dqlag, wgmma256, wgmma256_overlap, wgmma256_direct or "
+      "wgmma256_split (bf16, fp16 on CUDA)");
 }
 
 /// 16-bit types: "policy": the shape that fits Kokkos' TeamPolicy scratch

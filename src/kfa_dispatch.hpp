@@ -28,6 +28,7 @@
 #include <impl/backend/kfa_cuda_bwd_mma.hpp>
 #include <impl/backend/kfa_cuda_bwd_prep.hpp>
 #include <impl/backend/kfa_cuda_bwd_wgmma.hpp>
+#include <impl/backend/kfa_cuda_bwd_wgmma256.hpp>
 #include <impl/backend/kfa_cuda_fwd_mma.hpp>
 #include <impl/backend/kfa_cuda_fwd_wgmma.hpp>
 #include <impl/backend/kfa_cuda_bwd_mma_wide.hpp>
@@ -409,11 +410,12 @@ bool try_forward_mma(const ExecSpace& space, const Q& q, const K& k, const V& v,
 
 /// The tensor-core backward (dQ added to an fp32 accumulator by atomics or
 /// bulk reductions, in no fixed order, so not in deterministic mode): on
-/// Hopper with sm_90a device code the wgmma kernel (head_dim 64, 128), else
-/// mma.sync. Head dim 256 runs only the staged mma.sync shape (opt-in
-/// shared memory; its head-dim split needs 225 KB), else the portable
-/// kernels. Grouped-query heads: each team reads its query head's k/v head
-/// and writes fp32 dK, dV for its query head, summed per k/v head after.
+/// Hopper with sm_90a device code the wgmma kernels (head_dim 64, 128, and
+/// 256: kfa_cuda_bwd_wgmma256.hpp, 218 KB of scratch), else mma.sync. Head
+/// dim 256 needs opt-in shared memory (the staged mma.sync shape's
+/// head-dim split takes 225 KB), else the portable kernels. Grouped-query
+/// heads: each team reads its query head's k/v head and writes fp32 dK, dV
+/// for its query head, summed per k/v head after.
 template <class ScoreMod, class ExecSpace, class Q, class K, class V, class Lse, class DO,
           class DQ, class DK, class DV, class Delta, class O, class Preprocess>
 bool try_backward_mma(const ExecSpace& space, const Q& q, const K& k, const V& v,
@@ -484,6 +486,16 @@ bool try_backward_mma(const ExecSpace& space, const Q& q, const K& k, const V& v
       using staged_t = FlashBackwardMmaKernel<ExecSpace, D, Format, Q, K, V, DO, Lse, Delta,
                                               AccView, DK, DV, 3>;
       if constexpr (D == 256) {
+#if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
+        if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
+          using wgmma_t = FlashBackwardWgmma256Kernel<ExecSpace, Format, Q, K, V, DO, Lse, Delta,
+                                                      AccView, DK, DV>;
+          if (use_wgmma_kernels() && wgmma_available(space) && wgmma_t::fits(space)) {
+            launch(wgmma_t(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, options.causal));
+            return;
+          }
+        }
+#endif
         // Checked above: the staged shape fits.
         launch(staged_t(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, options.causal));
       } else {

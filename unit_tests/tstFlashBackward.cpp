@@ -204,6 +204,8 @@ TEST(FlashBackwardCuda, MmaSyncKernelsWithoutWgmma) {
     check_backward<C16>({1, 300, 129, 2, 128}, causal, false);
     check_backward<C16h>({1, 129, 300, 2, 128}, causal, false);
     check_backward<C16h>({1, 1023, 1024, 1, 64}, causal, false);
+    check_backward<C16>({2, 300, 257, 2, 256}, causal, false);
+    check_backward<C16h>({1, 129, 300, 3, 256}, causal, false);
   }
 }
 
@@ -225,11 +227,13 @@ TEST(FlashBackwardCuda, HopperWgmma) {
   }
 }
 
-// Head dim 256: the mma.sync backward with the head dimension split over
-// pairs of warps (64 keys, 32 query rows per step, 3 stages), on query and
-// key blocks partial and whole, more keys than queries and fewer, causal
-// rows with no key, several heads and batches.
-TEST(FlashBackwardCuda, HeadDim256SplitPairs) {
+// Head dim 256 (on Hopper with sm_90a code the wgmma kernel of
+// kfa_cuda_bwd_wgmma256.hpp, elsewhere the mma.sync backward with the head
+// dimension split over pairs of warps; MmaSyncKernelsWithoutWgmma runs the
+// latter on Hopper too), on query and key blocks partial and whole, more
+// keys than queries and fewer, causal rows with no key, several heads and
+// batches.
+TEST(FlashBackwardCuda, HeadDim256) {
   using C16 = Config<Kokkos::Cuda, kfa::bfloat16>;
   using C16h = Config<Kokkos::Cuda, kfa::half, true>;
   for (bool causal : {false, true}) {
@@ -378,6 +382,51 @@ TEST(FlashBackwardCuda, HopperWgmmaOptions) {
   check_wgmma_backward<kfa::bfloat16, 128, false, true, true>({2, 150, 40, 2, 128}, true);
   // One query block (the lagged dQ only in the epilogue).
   check_wgmma_backward<kfa::bfloat16, 128, false, true, true>({1, 64, 128, 2, 128}, false);
+}
+
+// The Hopper backward at head_dim 256 with dQ's products issued behind dV's
+// and dK's (DqOverlap, bench_device's wgmma256_overlap) and after them, and
+// with the softmax on one warpgroup or split over both (SplitSoftmax,
+// wgmma256_split), and dQ's reductions staged in whole rows or straight
+// from the fragments (DqStaged, wgmma256_direct).
+template <class T, bool DqOverlap, bool SplitSoftmax = false, bool DqStaged = true>
+void check_wgmma256_backward(const Shape& s, bool causal) {
+  using Space = Kokkos::Cuda;
+  using View4 = DeviceView4<T, Space>;
+  using View3 = DeviceView3<float, Space>;
+  using Acc = DeviceView4<float, Space>;
+  using Format = typename kfa::Impl::MmaFormat<Space, T>::type;
+  using Kernel =
+      kfa::Impl::FlashBackwardWgmma256Kernel<Space, Format, View4, View4, View4, View4, View3,
+                                             View3, Acc, View4, View4, DqOverlap, SplitSoftmax,
+                                             DqStaged>;
+  ASSERT_EQ(s.head_dim, 256);
+  check_backward_kernel<T, Kernel, float>(
+      s, causal,
+      std::string(DqOverlap ? "d 256, dq behind dk and dv" : "d 256, dq after dk and dv") +
+          (SplitSoftmax ? ", softmax split" : "") +
+          (DqStaged ? "" : ", dq reductions from the fragments"));
+}
+
+TEST(FlashBackwardCuda, HopperWgmma256Options) {
+  if (!kfa::Impl::wgmma_available(Kokkos::Cuda())) {
+    GTEST_SKIP() << "no sm_90 GPU, or this build has no sm_90a device code (KFA_CUDA_SM90A)";
+  }
+  for (bool causal : {false, true}) {
+    for (const Shape& s : {Shape{2, 300, 257, 2, 256}, Shape{1, 129, 300, 3, 256}}) {
+      check_wgmma256_backward<kfa::bfloat16, false>(s, causal);
+      check_wgmma256_backward<kfa::half, false>(s, causal);
+      check_wgmma256_backward<kfa::bfloat16, true>(s, causal);
+      check_wgmma256_backward<kfa::half, true>(s, causal);
+      check_wgmma256_backward<kfa::bfloat16, false, true>(s, causal);
+      check_wgmma256_backward<kfa::half, true, true>(s, causal);
+      check_wgmma256_backward<kfa::bfloat16, false, false, false>(s, causal);
+    }
+  }
+  check_wgmma256_backward<kfa::bfloat16, false, true>({2, 150, 40, 2, 256}, true);
+  check_wgmma256_backward<kfa::half, false, false, false>({2, 150, 40, 2, 256}, true);
+  check_wgmma256_backward<kfa::bfloat16, true>({2, 150, 40, 2, 256}, true);  // rows with no key
+  check_wgmma256_backward<kfa::half, false>({1, 64, 64, 1, 256}, false);     // one block each
 }
 
 template <class WideShape, int HeadDim, class Atom>

@@ -49,6 +49,60 @@ struct WgmmaBwdMaps<true> {
   TmaMap m_map_dq;
 };
 
+/// The copies of the wgmma backwards (FlashBackwardWgmmaKernel,
+/// FlashBackwardWgmma256Kernel) into 128-byte-swizzled scratch, cp.async
+/// by all Threads threads of a team: K and V of the team's BlockN keys,
+/// and per query block Q, dO (BlockM rows) with their lse and D. Rows past
+/// the end read 0: a query row past seqlen_q has S = dP = D = 0 and dO =
+/// 0, so nothing of it reaches dK or dV, and its dQ is not added.
+template <int HeadDim, int BlockN, int BlockM, int Threads>
+class WgmmaBwdLoads {
+ public:
+  KOKKOS_FORCEINLINE_FUNCTION WgmmaBwdLoads(const Fused16Backward& kernel, int tid, int b, int h)
+      : m_kernel(kernel),
+        m_tid(tid),
+        m_q_loader(tid),
+        m_q_offset(kernel.m_p.offset(b, h, kernel.m_p.seqlen_q, HeadDim)),
+        m_row_stride(long(kernel.m_p.heads) * HeadDim),
+        m_lse(kernel.m_lse + kernel.m_p.lse_offset(b, h)),
+        m_delta(kernel.m_delta + kernel.m_p.lse_offset(b, h)) {}
+
+  /// K and V rows key_begin.. of query head h's k/v head.
+  KOKKOS_FORCEINLINE_FUNCTION void kv(int b, int h, int key_begin, std::uint32_t k_addr,
+                                      std::uint32_t v_addr) const {
+    const Fused16Backward& p = m_kernel;
+    const cuda_mma::Sw128TileLoader<HeadDim, BlockN, Threads> kv_loader(m_tid);
+    const long kv_offset = p.m_kv.offset(p.m_p, b, h, HeadDim);
+    const long kv_stride = p.m_kv.row_stride(HeadDim);
+    kv_loader.load(k_addr, p.m_k + kv_offset, kv_stride, key_begin, p.m_p.seqlen_k);
+    kv_loader.load(v_addr, p.m_v + kv_offset, kv_stride, key_begin, p.m_p.seqlen_k);
+  }
+
+  /// Q and dO of query block q_block to the tiles at q_addr and do_addr,
+  /// its lse and D to stats[0, BlockM) and stats[BlockM, 2·BlockM).
+  KOKKOS_FORCEINLINE_FUNCTION void q_block(int q_block, std::uint32_t q_addr,
+                                           std::uint32_t do_addr, float* stats) const {
+    const Fused16Backward& p = m_kernel;
+    const int row_begin = q_block * BlockM;
+    m_q_loader.load(q_addr, p.m_q + m_q_offset, m_row_stride, row_begin, p.m_p.seqlen_q);
+    m_q_loader.load(do_addr, p.m_do + m_q_offset, m_row_stride, row_begin, p.m_p.seqlen_q);
+    if (m_tid < BlockM) {
+      const int row = row_begin + m_tid;
+      const bool ok = row < p.m_p.seqlen_q;
+      cuda_mma::cp_async_small<4>(stats + m_tid, m_lse + (ok ? row : 0), ok ? 4 : 0);
+      cuda_mma::cp_async_small<4>(stats + BlockM + m_tid, m_delta + (ok ? row : 0), ok ? 4 : 0);
+    }
+  }
+
+ private:
+  const Fused16Backward& m_kernel;
+  int m_tid;
+  cuda_mma::Sw128TileLoader<HeadDim, BlockM, Threads> m_q_loader;
+  long m_q_offset, m_row_stride;
+  const float* m_lse;
+  const float* m_delta;
+};
+
 template <class ExecSpace, int HeadDim, class Format, class QView, class KView, class VView,
           class DOView, class LseView, class DeltaView, class DQAccView, class DKView,
           class DVView, bool DqFirst = false, bool DqTma = true, bool DqLag = false>
@@ -153,8 +207,6 @@ class FlashBackwardWgmmaKernel : public Fused16Backward, public WgmmaBwdMaps<DqT
     const long row_stride = long(m_p.heads) * kHeadDim;
     const long q_offset = m_p.offset(b, h, m_p.seqlen_q, kHeadDim);
     const long k_offset = m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
-    const float* g_lse = m_lse + m_p.lse_offset(b, h);
-    const float* g_delta = m_delta + m_p.lse_offset(b, h);
 
     const std::uint32_t raw_addr = smem_address(raw);
     const std::uint32_t base_addr = (raw_addr + 1023) & ~std::uint32_t(1023);
@@ -172,30 +224,12 @@ class FlashBackwardWgmmaKernel : public Fused16Backward, public WgmmaBwdMaps<DqT
                                        reinterpret_cast<const unsigned char*>(sK));
     };
 
-    {
-      const Sw128TileLoader<kHeadDim, kBlockN, kWarps * 32> kv_loader(tid);
-      // K and V rows of the query head's k/v head.
-      const long kv_offset = m_kv.offset(m_p, b, h, kHeadDim);
-      const long kv_stride = m_kv.row_stride(kHeadDim);
-      kv_loader.load(addr(sK), m_k + kv_offset, kv_stride, key_begin, m_p.seqlen_k);
-      kv_loader.load(addr(sV), m_v + kv_offset, kv_stride, key_begin, m_p.seqlen_k);
-    }
-    // Q, dO, lse and D of a query block into a stage. Rows past seqlen_q
-    // read 0: S = dP = D = 0 there and dO = 0, so nothing reaches dK or dV,
-    // and their dQ is not stored.
-    const Sw128TileLoader<kHeadDim, kBlockM, kWarps * 32> q_loader(tid);
+    const WgmmaBwdLoads<kHeadDim, kBlockN, kBlockM, kWarps * 32> loads(*this, tid, b, h);
+    loads.kv(b, h, key_begin, addr(sK), addr(sV));
+    // Q, dO, lse and D of a query block into a stage.
     auto load_q_block = [&](int q_block, int stage) {
-      const int row_begin = q_block * kBlockM;
-      q_loader.load(addr(stage_q(stage)), m_q + q_offset, row_stride, row_begin, m_p.seqlen_q);
-      q_loader.load(addr(stage_q(stage) + kTileQ), m_do + q_offset, row_stride, row_begin,
-                    m_p.seqlen_q);
-      if (tid < kBlockM) {
-        const int row = row_begin + tid;
-        const bool ok = row < m_p.seqlen_q;
-        float* stats = stage_stats(stage);
-        cp_async_small<4>(stats + tid, g_lse + (ok ? row : 0), ok ? 4 : 0);
-        cp_async_small<4>(stats + kBlockM + tid, g_delta + (ok ? row : 0), ok ? 4 : 0);
-      }
+      loads.q_block(q_block, addr(stage_q(stage)), addr(stage_q(stage) + kTileQ),
+                    stage_stats(stage));
     };
 
     float acc_dk[1][kTilesD][4], acc_dv[1][kTilesD][4];

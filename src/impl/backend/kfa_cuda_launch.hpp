@@ -184,23 +184,27 @@ struct Fused16Backward {
     m_dv = reinterpret_cast<std::uint16_t*>(dv);
   }
 
-  /// A lane's two adjacent dK and two dV values at offset `at` of a [batch]
+  /// Two adjacent values at offset `at` of dst (m_dk or m_dv), a [batch]
   /// [seqlen_k][heads][head_dim] tensor: fp32 per query head with
-  /// grouped-query heads (write_grouped), else 16-bit to dk and dv.
+  /// grouped-query heads (write_grouped), else 16-bit.
+  template <class Format>
+  KOKKOS_FORCEINLINE_FUNCTION void store_pair(std::uint16_t* dst, long at, float x0,
+                                              float x1) const {
+#if KFA_CUDA_MMA_DEVICE
+    if (m_kv.group > 1)
+      *reinterpret_cast<float2*>(reinterpret_cast<float*>(dst) + at) = make_float2(x0, x1);
+    else
+      *reinterpret_cast<std::uint32_t*>(dst + at) = cuda_mma::pack2<Format>(x0, x1);
+#else
+    (void)dst, (void)at, (void)x0, (void)x1;
+#endif
+  }
+  /// A lane's two adjacent dK and two dV values at offset `at`.
   template <class Format>
   KOKKOS_FORCEINLINE_FUNCTION void store_dk_dv(long at, float dk0, float dk1, float dv0,
                                                float dv1) const {
-#if KFA_CUDA_MMA_DEVICE
-    if (m_kv.group > 1) {
-      *reinterpret_cast<float2*>(reinterpret_cast<float*>(m_dk) + at) = make_float2(dk0, dk1);
-      *reinterpret_cast<float2*>(reinterpret_cast<float*>(m_dv) + at) = make_float2(dv0, dv1);
-    } else {
-      *reinterpret_cast<std::uint32_t*>(m_dk + at) = cuda_mma::pack2<Format>(dk0, dk1);
-      *reinterpret_cast<std::uint32_t*>(m_dv + at) = cuda_mma::pack2<Format>(dv0, dv1);
-    }
-#else
-    (void)at, (void)dk0, (void)dk1, (void)dv0, (void)dv1;
-#endif
+    store_pair<Format>(m_dk, at, dk0, dk1);
+    store_pair<Format>(m_dv, at, dv0, dv1);
   }
 
   template <class Q, class K, class V, class DO, class Lse, class Delta, class DQAcc, class DK,

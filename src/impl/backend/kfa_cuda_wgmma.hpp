@@ -215,6 +215,17 @@ struct Wgmma<Format, 128> {                                                     
         : KFA_WGMMA_D64                                                                                        \
         : "l"(desc_a), "l"(desc_b), "r"(scale_d));                                                             \
   }                                                                                                            \
+  /* D = A·B (+ D if scale_d), A M-major and B N-major in scratch. */                                          \
+  __device__ static void ss_mn(float (&d)[64], std::uint64_t desc_a, std::uint64_t desc_b, int scale_d) {      \
+    asm volatile(                                                                                              \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                           \
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32." Type "." Type " {"                                      \
+        KFA_WGMMA_R16_0 ", " KFA_WGMMA_R16_1 ", "                                                              \
+        KFA_WGMMA_R16_2 ", " KFA_WGMMA_R16_3                                                                   \
+        "}, %64, %65, p, 1, 1, 1, 1;\n}\n"                                                                     \
+        : KFA_WGMMA_D64                                                                                        \
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));                                                             \
+  }                                                                                                            \
   /* D = A·B (+ D if scale_d), A in registers, B N-major in scratch. */                                        \
   __device__ static void rs(float (&d)[64], const std::uint32_t (&a)[4], std::uint64_t desc_b, int scale_d) {  \
     asm volatile(                                                                                              \
