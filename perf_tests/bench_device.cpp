@@ -508,33 +508,18 @@ std::function<void()> backward_variant(const Args& a, View4 q, View4 k, View4 v,
         "(head_dim 128), on a build for sm_90+");
   }
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
-  if (a.bwd_variant == "wgmma")
-    return wgmma_backward<WgmmaBwdPick<false, false, false>, T>(a, q, k, v, o, lse, d_o, dq, dk,
-                                                                dv);
-  if (a.bwd_variant == "wgmma_dqfirst")
-    return wgmma_backward<WgmmaBwdPick<true, false, false>, T>(a, q, k, v, o, lse, d_o, dq, dk,
-                                                               dv);
-  if (a.bwd_variant == "wgmma_dqtma")
-    return wgmma_backward<WgmmaBwdPick<false, true, false>, T>(a, q, k, v, o, lse, d_o, dq, dk,
-                                                               dv);
-  if (a.bwd_variant == "wgmma_dqfirst_tma")
-    return wgmma_backward<WgmmaBwdPick<true, true, false>, T>(a, q, k, v, o, lse, d_o, dq, dk,
-                                                              dv);
-  if (a.bwd_variant == "wgmma_dqlag")
-    return wgmma_backward<WgmmaBwdPick<false, true, true>, T>(a, q, k, v, o, lse, d_o, dq, dk,
-                                                              dv);
-  if (a.bwd_variant == "wgmma256")
-    return wgmma_backward<Wgmma256BwdPick<false, false>, T>(a, q, k, v, o, lse, d_o, dq,
-                                                                   dk, dv);
-  if (a.bwd_variant == "wgmma256_overlap")
-    return wgmma_backward<Wgmma256BwdPick<true, false>, T>(a, q, k, v, o, lse, d_o, dq,
-                                                                  dk, dv);
-  if (a.bwd_variant == "wgmma256_direct")
-    return wgmma_backward<Wgmma256BwdPick<false, false, false>, T>(a, q, k, v, o, lse, d_o, dq,
-                                                                   dk, dv);
-  if (a.bwd_variant == "wgmma256_split")
-    return wgmma_backward<Wgmma256BwdPick<false, true>, T>(a, q, k, v, o, lse, d_o, dq,
-                                                                  dk, dv);
+  auto wgmma = [&](auto pick) {
+    return wgmma_backward<decltype(pick), T>(a, q, k, v, o, lse, d_o, dq, dk, dv);
+  };
+  if (a.bwd_variant == "wgmma") return wgmma(WgmmaBwdPick<false, false, false>());
+  if (a.bwd_variant == "wgmma_dqfirst") return wgmma(WgmmaBwdPick<true, false, false>());
+  if (a.bwd_variant == "wgmma_dqtma") return wgmma(WgmmaBwdPick<false, true, false>());
+  if (a.bwd_variant == "wgmma_dqfirst_tma") return wgmma(WgmmaBwdPick<true, true, false>());
+  if (a.bwd_variant == "wgmma_dqlag") return wgmma(WgmmaBwdPick<false, true, true>());
+  if (a.bwd_variant == "wgmma256") return wgmma(Wgmma256BwdPick<false, false>());
+  if (a.bwd_variant == "wgmma256_overlap") return wgmma(Wgmma256BwdPick<true, false>());
+  if (a.bwd_variant == "wgmma256_direct") return wgmma(Wgmma256BwdPick<false, false, false>());
+  if (a.bwd_variant == "wgmma256_split") return wgmma(Wgmma256BwdPick<false, true>());
 #endif
   (void)q, (void)k, (void)v, (void)o, (void)lse, (void)d_o, (void)dq, (void)dk, (void)dv;
   throw std::invalid_argument(
