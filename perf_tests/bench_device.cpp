@@ -383,24 +383,26 @@ std::function<void()> simt_backward_at(const Args& a, View4 q, View4 k, View4 v,
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
 /// The Hopper (wgmma) backwards' kernels: FlashBackwardWgmmaKernel with
 /// DqFirst, DqTma and DqLag (head_dim 64 or 128), and
-/// FlashBackwardWgmma256Kernel with DqOverlap, SplitSoftmax and DqStaged
+/// FlashBackwardWgmma256Kernel with DqOverlap and DqStaged
 /// (head_dim 256).
-template <bool DqFirst, bool DqTma, bool DqLag>
+template <bool DqFirst, bool DqTma, bool DqLag, bool EarlyDv = false, bool Pipelined = false>
 struct WgmmaBwdPick {
   static constexpr bool kD256 = false;
+  static constexpr bool kD64 = !Pipelined;  // Pipelined runs head_dim 128 only
   template <int D, class Format, class View4, class View3, class Acc>
   using kernel = kfa::Impl::FlashBackwardWgmmaKernel<Kokkos::DefaultExecutionSpace, D, Format,
                                                      View4, View4, View4, View4, View3, View3,
-                                                     Acc, View4, View4, DqFirst, DqTma, DqLag>;
+                                                     Acc, View4, View4, DqFirst, DqTma, DqLag,
+                                                     EarlyDv, Pipelined>;
 };
-template <bool DqOverlap, bool SplitSoftmax, bool DqStaged = true>
+template <bool DqOverlap, bool DqStaged = true>
 struct Wgmma256BwdPick {
   static constexpr bool kD256 = true;
   template <int D, class Format, class View4, class View3, class Acc>
   using kernel =
       kfa::Impl::FlashBackwardWgmma256Kernel<Kokkos::DefaultExecutionSpace, Format, View4, View4,
                                              View4, View4, View3, View3, Acc, View4, View4,
-                                             DqOverlap, SplitSoftmax, DqStaged>;
+                                             DqOverlap, DqStaged>;
 };
 
 /// A Hopper (wgmma) backward kernel of Pick (bf16 or fp16, as many k/v
@@ -443,9 +445,11 @@ std::function<void()> wgmma_backward(const Args& a, View4 q, View4 k, View4 v, V
       if (a.head_dim == 256) return make(std::integral_constant<int, 256>());
       throw std::invalid_argument("--bwd-variant wgmma256* needs head_dim 256");
     } else {
-      if (a.head_dim == 64) return make(std::integral_constant<int, 64>());
+      if constexpr (Pick::kD64)
+        if (a.head_dim == 64) return make(std::integral_constant<int, 64>());
       if (a.head_dim == 128) return make(std::integral_constant<int, 128>());
-      throw std::invalid_argument("--bwd-variant wgmma_* needs head_dim 64 or 128");
+      throw std::invalid_argument(Pick::kD64 ? "--bwd-variant wgmma_* needs head_dim 64 or 128"
+                                             : "--bwd-variant wgmma_pipelined needs head_dim 128");
     }
   }
   (void)q, (void)k, (void)v, (void)o, (void)lse, (void)d_o, (void)dq, (void)dk, (void)dv;
@@ -465,11 +469,14 @@ std::function<void()> wgmma_backward(const Args& a, View4 q, View4 k, View4 v, V
 /// Hopper backward with one bulk reduction per dQ row, v41), "wgmma_dqtma"
 /// (bulk tensor reductions, the library's), "wgmma_dqfirst" and
 /// "wgmma_dqfirst_tma" (dK's products after dQ's), "wgmma_dqlag" (dQ one
-/// block late, v43); at head_dim 256 "wgmma256" (the library's Hopper
+/// block late, v43), "wgmma_early_dv" (Pᵀ while dPᵀ's products run, dV's
+/// products before dSᵀ, v46), "wgmma_pipelined" (early_dv with one team
+/// barrier a block, the next block's products issued behind dQ's stores,
+/// head_dim 128, v47); at head_dim 256 "wgmma256" (the library's Hopper
 /// kernel there, v44), "wgmma256_overlap" (its dQ products issued behind
-/// dV's and dK's), "wgmma256_direct" (dQ's reductions straight from the
-/// fragments, not staged in whole rows) and "wgmma256_split" (each
-/// warpgroup half the softmax).
+/// dV's and dK's) and "wgmma256_direct" (dQ's reductions straight from
+/// the fragments, not staged in whole rows). ("wgmma256_split", each
+/// warpgroup half the softmax, measured ±1% in RESULTS v44 and removed.)
 template <class T, class View4, class View3>
 std::function<void()> backward_variant(const Args& a, View4 q, View4 k, View4 v, View4 o,
                                        View3 lse, View4 d_o, View4 dq, View4 dk, View4 dv) {
@@ -516,16 +523,20 @@ std::function<void()> backward_variant(const Args& a, View4 q, View4 k, View4 v,
   if (a.bwd_variant == "wgmma_dqtma") return wgmma(WgmmaBwdPick<false, true, false>());
   if (a.bwd_variant == "wgmma_dqfirst_tma") return wgmma(WgmmaBwdPick<true, true, false>());
   if (a.bwd_variant == "wgmma_dqlag") return wgmma(WgmmaBwdPick<false, true, true>());
+  if (a.bwd_variant == "wgmma_early_dv")
+    return wgmma(WgmmaBwdPick<false, true, false, true>());
+  if (a.bwd_variant == "wgmma_pipelined")
+    return wgmma(WgmmaBwdPick<false, true, false, true, true>());
   if (a.bwd_variant == "wgmma256") return wgmma(Wgmma256BwdPick<false, false>());
   if (a.bwd_variant == "wgmma256_overlap") return wgmma(Wgmma256BwdPick<true, false>());
-  if (a.bwd_variant == "wgmma256_direct") return wgmma(Wgmma256BwdPick<false, false, false>());
-  if (a.bwd_variant == "wgmma256_split") return wgmma(Wgmma256BwdPick<false, true>());
+  if (a.bwd_variant == "wgmma256_direct") return wgmma(Wgmma256BwdPick<false, false>());
 #endif
   (void)q, (void)k, (void)v, (void)o, (void)lse, (void)d_o, (void)dq, (void)dk, (void)dv;
   throw std::invalid_argument(
       "--bwd-variant needs fp32 or fp64, or wgmma, wgmma_dqfirst, wgmma_dqtma, "
-      "wgmma_dqfirst_tma, wgmma_dqlag, wgmma256, wgmma256_overlap, wgmma256_direct or "
-      "wgmma256_split (bf16, fp16 on CUDA)");
+      "wgmma_dqfirst_tma, wgmma_dqlag, wgmma_early_dv, wgmma_pipelined, wgmma256, "
+      "wgmma256_overlap or "
+      "wgmma256_direct (bf16, fp16 on CUDA)");
 }
 
 /// 16-bit types: "policy": the shape that fits Kokkos' TeamPolicy scratch

@@ -333,11 +333,14 @@ void check_backward_kernel(const Shape& s, bool causal, const std::string& shape
 
 // The Hopper backward kernel with the options the dispatch does not take
 // (bench_device's wgmma_dqfirst, wgmma_dqtma, wgmma_dqfirst_tma,
-// wgmma_dqlag, and the per-row dQ reductions): dK's products after dQ's
-// (DqFirst), the dQ tile added by bulk tensor reductions (DqTma), dQ one
-// block late (DqLag). dQ is read from the fp32 accumulator, dK and dV from
+// wgmma_dqlag, wgmma_early_dv, wgmma_pipelined, and the per-row dQ
+// reductions): dK's products after dQ's (DqFirst), the dQ tile added by
+// bulk tensor reductions (DqTma), dQ one block late (DqLag), dV's products
+// issued before dSᵀ is computed (EarlyDv), one team barrier a block
+// (Pipelined). dQ is read from the fp32 accumulator, dK and dV from
 // the 16-bit outputs.
-template <class T, int HeadDim, bool DqFirst, bool DqTma, bool DqLag = false>
+template <class T, int HeadDim, bool DqFirst, bool DqTma, bool DqLag = false,
+          bool EarlyDv = false, bool Pipelined = false>
 void check_wgmma_backward(const Shape& s, bool causal) {
   using Space = Kokkos::Cuda;
   using View4 = DeviceView4<T, Space>;
@@ -346,13 +349,14 @@ void check_wgmma_backward(const Shape& s, bool causal) {
   using Format = typename kfa::Impl::MmaFormat<Space, T>::type;
   using Kernel = kfa::Impl::FlashBackwardWgmmaKernel<Space, HeadDim, Format, View4, View4, View4,
                                                      View4, View3, View3, Acc, View4, View4,
-                                                     DqFirst, DqTma, DqLag>;
+                                                     DqFirst, DqTma, DqLag, EarlyDv, Pipelined>;
   ASSERT_EQ(s.head_dim, HeadDim);
   check_backward_kernel<T, Kernel, float>(
       s, causal,
       std::string(DqFirst ? "dq first, " : "") +
           (DqTma ? "dq by tensor reductions" : "dq by row reductions") +
-          (DqLag ? ", dq one block late" : ""));
+          (DqLag ? ", dq one block late" : "") + (EarlyDv ? ", dv before ds" : "") +
+          (Pipelined ? ", pipelined" : ""));
 }
 
 // Query blocks partial and whole (the tensor reductions drop rows past the
@@ -369,6 +373,9 @@ TEST(FlashBackwardCuda, HopperWgmmaOptions) {
       check_wgmma_backward<kfa::bfloat16, 128, false, true>(s, causal);
       check_wgmma_backward<kfa::bfloat16, 128, true, true>(s, causal);
       check_wgmma_backward<kfa::half, 128, false, true, true>(s, causal);
+      check_wgmma_backward<kfa::bfloat16, 128, false, true, false, true>(s, causal);
+      check_wgmma_backward<kfa::half, 128, false, true, false, true, true>(s, causal);
+      check_wgmma_backward<kfa::bfloat16, 128, false, true, false, true, true>(s, causal);
     }
     for (const Shape& s : {Shape{1, 520, 515, 2, 64}, Shape{2, 333, 190, 2, 64}}) {
       check_wgmma_backward<kfa::bfloat16, 64, false, false>(s, causal);
@@ -376,20 +383,27 @@ TEST(FlashBackwardCuda, HopperWgmmaOptions) {
       check_wgmma_backward<kfa::bfloat16, 64, false, true>(s, causal);
       check_wgmma_backward<kfa::half, 64, true, true>(s, causal);
       check_wgmma_backward<kfa::bfloat16, 64, false, true, true>(s, causal);
+      check_wgmma_backward<kfa::half, 64, false, true, false, true>(s, causal);
     }
   }
   check_wgmma_backward<kfa::bfloat16, 128, false, true>({2, 150, 40, 2, 128}, true);
   check_wgmma_backward<kfa::bfloat16, 128, false, true, true>({2, 150, 40, 2, 128}, true);
+  check_wgmma_backward<kfa::bfloat16, 128, false, true, false, true>({2, 150, 40, 2, 128}, true);
+  check_wgmma_backward<kfa::bfloat16, 128, false, true, false, true, true>({2, 150, 40, 2, 128},
+                                                                          true);
+  // One, two and three query blocks (the pipelined prologue and stages).
+  for (int n : {64, 100, 192})
+    check_wgmma_backward<kfa::half, 128, false, true, false, true, true>({1, n, 128, 2, 128},
+                                                                        false);
   // One query block (the lagged dQ only in the epilogue).
   check_wgmma_backward<kfa::bfloat16, 128, false, true, true>({1, 64, 128, 2, 128}, false);
 }
 
 // The Hopper backward at head_dim 256 with dQ's products issued behind dV's
 // and dK's (DqOverlap, bench_device's wgmma256_overlap) and after them, and
-// with the softmax on one warpgroup or split over both (SplitSoftmax,
-// wgmma256_split), and dQ's reductions staged in whole rows or straight
-// from the fragments (DqStaged, wgmma256_direct).
-template <class T, bool DqOverlap, bool SplitSoftmax = false, bool DqStaged = true>
+// dQ's reductions staged in whole rows or straight from the fragments
+// (DqStaged, wgmma256_direct).
+template <class T, bool DqOverlap, bool DqStaged = true>
 void check_wgmma256_backward(const Shape& s, bool causal) {
   using Space = Kokkos::Cuda;
   using View4 = DeviceView4<T, Space>;
@@ -398,13 +412,11 @@ void check_wgmma256_backward(const Shape& s, bool causal) {
   using Format = typename kfa::Impl::MmaFormat<Space, T>::type;
   using Kernel =
       kfa::Impl::FlashBackwardWgmma256Kernel<Space, Format, View4, View4, View4, View4, View3,
-                                             View3, Acc, View4, View4, DqOverlap, SplitSoftmax,
-                                             DqStaged>;
+                                             View3, Acc, View4, View4, DqOverlap, DqStaged>;
   ASSERT_EQ(s.head_dim, 256);
   check_backward_kernel<T, Kernel, float>(
       s, causal,
       std::string(DqOverlap ? "d 256, dq behind dk and dv" : "d 256, dq after dk and dv") +
-          (SplitSoftmax ? ", softmax split" : "") +
           (DqStaged ? "" : ", dq reductions from the fragments"));
 }
 
@@ -418,13 +430,11 @@ TEST(FlashBackwardCuda, HopperWgmma256Options) {
       check_wgmma256_backward<kfa::half, false>(s, causal);
       check_wgmma256_backward<kfa::bfloat16, true>(s, causal);
       check_wgmma256_backward<kfa::half, true>(s, causal);
-      check_wgmma256_backward<kfa::bfloat16, false, true>(s, causal);
-      check_wgmma256_backward<kfa::half, true, true>(s, causal);
-      check_wgmma256_backward<kfa::bfloat16, false, false, false>(s, causal);
+      check_wgmma256_backward<kfa::bfloat16, false, false>(s, causal);
+      check_wgmma256_backward<kfa::half, true, false>(s, causal);
     }
   }
-  check_wgmma256_backward<kfa::bfloat16, false, true>({2, 150, 40, 2, 256}, true);
-  check_wgmma256_backward<kfa::half, false, false, false>({2, 150, 40, 2, 256}, true);
+  check_wgmma256_backward<kfa::half, false, false>({2, 150, 40, 2, 256}, true);
   check_wgmma256_backward<kfa::bfloat16, true>({2, 150, 40, 2, 256}, true);  // rows with no key
   check_wgmma256_backward<kfa::half, false>({1, 64, 64, 1, 256}, false);     // one block each
 }

@@ -103,9 +103,42 @@ class WgmmaBwdLoads {
   const float* m_delta;
 };
 
+/// Pᵀ = exp2(Sᵀ·scale·log2e - lse·log2e) in place in a wgmma backward's
+/// m64 accumulator of Sᵀ (rows: the keys key0 and key0 + 8 of this lane;
+/// columns: queries row_begin + 8·n + 2·(lane % 4) + (e & 1), whose lse
+/// is s_lse[column]), 0 where the mask hides the pair; then(n, e, column)
+/// after each value (dSᵀ where it is computed in the same pass). The tile
+/// of queries [row_begin, +8·Tiles) and keys [key_begin, key_end) is
+/// tested against the mask once (unswitch_mask).
+template <int Tiles, class Mask, class Then>
+KOKKOS_FORCEINLINE_FUNCTION void wgmma_bwd_probabilities(float (&s)[Tiles][4], const float* s_lse,
+                                                         float scale, const Mask& mask,
+                                                         int row_begin, int key_begin,
+                                                         int key_end, int key0, int lane,
+                                                         Then&& then) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  const bool needs_mask =
+      mask.tile_needs_mask(row_begin, row_begin + 8 * Tiles, key_begin, key_end);
+  const float scale_log2 = scale * kLog2e;
+  cuda_mma::unswitch_mask(needs_mask, [&](auto masked) {
+#pragma unroll
+    for (int n = 0; n < Tiles; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = n * 8 + (lane % 4) * 2 + (e & 1);
+        const int key = e < 2 ? key0 : key0 + 8;
+        float p = cuda_mma::exp2_fast(fmaf(s[n][e], scale_log2, -s_lse[col] * kLog2e));
+        if (decltype(masked)::value && mask.masked(row_begin + col, key)) p = 0.f;
+        s[n][e] = p;
+        then(n, e, col);
+      }
+  });
+}
+
 template <class ExecSpace, int HeadDim, class Format, class QView, class KView, class VView,
           class DOView, class LseView, class DeltaView, class DQAccView, class DKView,
-          class DVView, bool DqFirst = false, bool DqTma = true, bool DqLag = false>
+          class DVView, bool DqFirst = false, bool DqTma = true, bool DqLag = false,
+          bool EarlyDv = false, bool Pipelined = false>
 class FlashBackwardWgmmaKernel : public Fused16Backward, public WgmmaBwdMaps<DqTma> {
  public:
   static constexpr int kHeadDim = HeadDim;
@@ -114,7 +147,8 @@ class FlashBackwardWgmmaKernel : public Fused16Backward, public WgmmaBwdMaps<DqT
   /// Queries per step: 128 at head_dim 64 (Sᵀ and dPᵀ 64 registers each,
   /// dK and dV 32), 64 at 128 (32 and 64).
   static constexpr int kBlockM = HeadDim == 64 ? 128 : 64;
-  static constexpr int kStages = 2;    // Q/dO buffers (launch_mma_kernel: opt-in scratch)
+  /// Q/dO buffers (launch_mma_kernel: opt-in scratch), 3 with Pipelined.
+  static constexpr int kStages = Pipelined ? 3 : 2;
   static constexpr int kMinBlocksPerSM = 1;
   /// DqFirst: dK's products issued after dQ's (FlashAttention-3's order), so
   /// that the dQ tile's stores run beside them; else before the barrier
@@ -134,8 +168,26 @@ class FlashBackwardWgmmaKernel : public Fused16Backward, public WgmmaBwdMaps<DqT
   static constexpr bool kDqLag = DqLag;
   static_assert(!DqLag || (DqTma && !DqFirst),
                 "kfa: the lagged dQ takes the tensor reductions and not DqFirst");
+  /// EarlyDv: Sᵀ and dPᵀ in two commit groups; Pᵀ computed while dPᵀ's
+  /// products run, dV's products issued before dSᵀ is computed, dK's
+  /// before dSᵀ is stored, so that the exponentials, dSᵀ and its stores
+  /// overlap the tensor cores.
+  static constexpr bool kEarlyDv = EarlyDv;
+  static_assert(!EarlyDv || (!DqFirst && !DqLag),
+                "kfa: the early dV takes neither DqFirst nor DqLag");
+  /// Pipelined (head_dim 128, with EarlyDv and DqTma): one team barrier a
+  /// block instead of two. The next block's Sᵀ and dPᵀ are issued right
+  /// behind this block's stores to the dQ tile, and a named barrier then
+  /// hands the tile to the reductions. Q/dO in three stages (a block loads the one after next
+  /// behind its barrier, when every warpgroup is done with the block
+  /// before), two dSᵀ tiles (a block's dSᵀ is written while the other
+  /// warpgroup's dQ of the block before may still read its tile): 226.5 KB
+  /// of scratch.
+  static constexpr bool kPipelined = Pipelined;
+  static_assert(!Pipelined || (EarlyDv && DqTma && HeadDim == 128),
+                "kfa: the pipelined backward runs head_dim 128 with EarlyDv and DqTma");
   static constexpr int kDqTiles = DqLag ? 2 : 1;
-  static constexpr int kDsTiles = DqLag ? 2 : 1;
+  static constexpr int kDsTiles = DqLag || Pipelined ? 2 : 1;
   static_assert(kHeadDim == 64 || kHeadDim == 128,
                 "kfa: the wgmma backward runs head_dim 64 or 128");
   /// dQ split over the warpgroups: by query rows (kBlockM 128) or by head
@@ -192,7 +244,6 @@ class FlashBackwardWgmmaKernel : public Fused16Backward, public WgmmaBwdMaps<DqT
   KOKKOS_INLINE_FUNCTION void body(const Team& team, void* raw) const {
 #if KFA_CUDA_WGMMA_DEVICE
     using namespace cuda_mma;
-    constexpr float kLog2e = 1.4426950408889634f;
     constexpr int kTilesS = kBlockM / 8;   // n-tiles of Sᵀ (queries) per thread
     constexpr int kTilesD = kHeadDim / 8;  // n-tiles of dK, dV per thread
     constexpr int kDqN = 64;               // dQ columns per warpgroup
@@ -264,17 +315,24 @@ class FlashBackwardWgmmaKernel : public Fused16Backward, public WgmmaBwdMaps<DqT
       const std::uint64_t desc_v = sw128_descriptor(v_addr, 16, 1024);
       const std::uint64_t desc_q = sw128_descriptor(q_addr, 16, 1024);
       const std::uint64_t desc_do = sw128_descriptor(do_addr, 16, 1024);
+      // EarlyDv: all of Sᵀ's k-steps, then all of dPᵀ's, one commit group
+      // each; else interleaved in one group.
 #pragma unroll
-      for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-        const std::uint32_t off = (ks % 4) * 32;
-        const std::uint32_t col_kv = (ks / 4) * sw128_block_bytes(kBlockN) + off;
-        const std::uint32_t col_q = (ks / 4) * sw128_block_bytes(kBlockM) + off;
-        Wgmma<Format, kBlockM>::ss(st_flat, sw128_descriptor_add(desc_k, col_kv),
-                                   sw128_descriptor_add(desc_q, col_q), ks > 0);
-        Wgmma<Format, kBlockM>::ss(dpt_flat, sw128_descriptor_add(desc_v, col_kv),
-                                   sw128_descriptor_add(desc_do, col_q), ks > 0);
+      for (int pass = 0; pass < (kEarlyDv ? 2 : 1); ++pass) {
+#pragma unroll
+        for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+          const std::uint32_t off = (ks % 4) * 32;
+          const std::uint32_t col_kv = (ks / 4) * sw128_block_bytes(kBlockN) + off;
+          const std::uint32_t col_q = (ks / 4) * sw128_block_bytes(kBlockM) + off;
+          if (!kEarlyDv || pass == 0)
+            Wgmma<Format, kBlockM>::ss(st_flat, sw128_descriptor_add(desc_k, col_kv),
+                                       sw128_descriptor_add(desc_q, col_q), ks > 0);
+          if (!kEarlyDv || pass == 1)
+            Wgmma<Format, kBlockM>::ss(dpt_flat, sw128_descriptor_add(desc_v, col_kv),
+                                       sw128_descriptor_add(desc_do, col_q), ks > 0);
+        }
+        wgmma_commit();
       }
-      wgmma_commit();
     };
 
     // dQ of the query block at row dq_row_begin, from its tile in scratch
@@ -360,69 +418,74 @@ class FlashBackwardWgmmaKernel : public Fused16Backward, public WgmmaBwdMaps<DqT
 
     auto stage_of = [&](int q_block) { return (q_block - first_q_block) % kStages; };
     if (first_q_block < num_q_blocks) load_q_block(first_q_block, 0);
+    if constexpr (kPipelined) {
+      // The first two blocks' stages (and K, V), committed so that the
+      // wait covers them.
+      if (first_q_block + 1 < num_q_blocks) load_q_block(first_q_block + 1, 1);
+      cp_async_commit();
+      cp_async_wait<0>();
+      fence_proxy_async();
+      team.team_barrier();
+    }
     cp_async_commit();
     for (int q_block = first_q_block; q_block < num_q_blocks; ++q_block) {
       const int row_begin = q_block * kBlockM;
       const int stage = stage_of(q_block);
-      cp_async_wait<0>();
-      fence_proxy_async();
-      // This block's stage (and K, V) is in scratch for every warpgroup's
-      // wgmma, and every warpgroup is done with the previous block (its
-      // stage, which the next block now takes, and dSᵀ).
-      team.team_barrier();
-      issue_scores(stage);
-      // While the tensor cores run: the dQ tile written before the barrier
-      // (the previous block's, with DqLag the one before) is added to the
-      // accumulator, and the next block loads into the previous one's
-      // stage (no product in flight reads it).
-      {
-        const int lag = kDqLag ? 2 : 1;
-        if (q_block - lag >= first_q_block)
-          add_dq(row_begin - lag * kBlockM, dq_tile(q_block - lag));
+      if constexpr (kPipelined) {
+        // This block's stage complete and visible since the previous
+        // block's barrier (or the one above); issued right behind the
+        // previous block's dQ stores, in the same iteration as its wait
+        // (products in flight across the loop's back edge: ptxas
+        // serializes the pipeline, C7514).
+        issue_scores(stage);
+        // The previous block's dQ tile, once every thread has stored its
+        // part, to the accumulator while this block's products and softmax
+        // run (its reads waited for before this block's barrier; issued
+        // behind that barrier instead, they held up the next stores: run
+        // 86).
+        if (q_block > first_q_block) {
+          named_barrier_sync(1, kWarps * 32);
+          add_dq(row_begin - kBlockM, sdQ);
+        }
+      } else {
+        cp_async_wait<0>();
+        fence_proxy_async();
+        // This block's stage (and K, V) is in scratch for every warpgroup's
+        // wgmma, and every warpgroup is done with the previous block (its
+        // stage, which the next block now takes, and dSᵀ).
+        team.team_barrier();
+        issue_scores(stage);
+        // While the tensor cores run: the dQ tile written before the barrier
+        // (the previous block's, with DqLag the one before) is added to the
+        // accumulator, and the next block loads into the previous one's
+        // stage (no product in flight reads it).
+        {
+          const int lag = kDqLag ? 2 : 1;
+          if (q_block - lag >= first_q_block)
+            add_dq(row_begin - lag * kBlockM, dq_tile(q_block - lag));
+        }
+        if (q_block + 1 < num_q_blocks) load_q_block(q_block + 1, stage_of(q_block + 1));
+        cp_async_commit();
       }
-      if (q_block + 1 < num_q_blocks) load_q_block(q_block + 1, stage_of(q_block + 1));
-      cp_async_commit();
       const std::uint32_t q_addr = addr(stage_q(stage));
       const std::uint32_t do_addr = q_addr + kTileQ * 2;
       const float* s_lse = stage_stats(stage);
       const float* s_delta = s_lse + kBlockM;
-      wgmma_wait<0>();
-      fence_operands(st_flat);
-      fence_operands(dpt_flat);
-
-      // Pᵀ and dSᵀ in registers (rows = keys, columns = queries).
-      const bool needs_mask = m_p.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin,
-                                                       key_begin + kBlockN);
-      const float scale_log2 = m_scale * kLog2e;
-      unswitch_mask(needs_mask, [&](auto masked) {
-#pragma unroll
-        for (int n = 0; n < kTilesS; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int col = n * 8 + (lane % 4) * 2 + (e & 1);
-            const int key = e < 2 ? key0 : key1;
-            float p = exp2_fast(fmaf(st[n][e], scale_log2, -s_lse[col] * kLog2e));
-            if (decltype(masked)::value && m_p.mask.masked(row_begin + col, key)) p = 0.f;
-            st[n][e] = p;
-            dpt[n][e] = p * (dpt[n][e] - s_delta[col]);
-          }
-      });
-      std::uint32_t p_frag[kBlockM / 16][4], ds_frag[kBlockM / 16][4];
-#pragma unroll
-      for (int kk = 0; kk < kBlockM / 16; ++kk) {
-        p_frag[kk][0] = pack2<Format>(st[2 * kk][0], st[2 * kk][1]);
-        p_frag[kk][1] = pack2<Format>(st[2 * kk][2], st[2 * kk][3]);
-        p_frag[kk][2] = pack2<Format>(st[2 * kk + 1][0], st[2 * kk + 1][1]);
-        p_frag[kk][3] = pack2<Format>(st[2 * kk + 1][2], st[2 * kk + 1][3]);
-        ds_frag[kk][0] = pack2<Format>(dpt[2 * kk][0], dpt[2 * kk][1]);
-        ds_frag[kk][1] = pack2<Format>(dpt[2 * kk][2], dpt[2 * kk][3]);
-        ds_frag[kk][2] = pack2<Format>(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]);
-        ds_frag[kk][3] = pack2<Format>(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3]);
+      // Sᵀ (EarlyDv: dPᵀ's products still running), or both.
+      if constexpr (kEarlyDv) {
+        wgmma_wait<1>();
+      } else {
+        wgmma_wait<0>();
+        fence_operands(dpt_flat);
       }
+      fence_operands(st_flat);
+
       // dV += Pᵀ·dO, dK += dSᵀ·Q (reduction over the queries: dO and Q
       // N-major, 16 query rows per k-step, column blocks of 64 head dims):
       // both before the barrier, or with DqFirst dV before it and dK after
-      // dQ, so that dQ's stores overlap dK's products (DqLag: below).
+      // dQ, so that dQ's stores overlap dK's products (DqLag: below), or
+      // with EarlyDv dV as soon as Pᵀ is in registers.
+      std::uint32_t p_frag[kBlockM / 16][4], ds_frag[kBlockM / 16][4];
       const std::uint64_t desc_do_n =
           sw128_descriptor(do_addr, sw128_block_bytes(kBlockM), 1024);
       const std::uint64_t desc_q_n = sw128_descriptor(q_addr, sw128_block_bytes(kBlockM), 1024);
@@ -441,6 +504,52 @@ class FlashBackwardWgmmaKernel : public Fused16Backward, public WgmmaBwdMaps<DqT
         }
         wgmma_commit();
       };
+
+      // Pᵀ and dSᵀ in registers (rows = keys, columns = queries): in one
+      // pass, or with EarlyDv Pᵀ first, dV's products issued, then dSᵀ
+      // once dPᵀ is in.
+      wgmma_bwd_probabilities(st, s_lse, m_scale, m_p.mask, row_begin, key_begin,
+                              key_begin + kBlockN, key0, lane, [&](int n, int e, int col) {
+                                if constexpr (!kEarlyDv)
+                                  dpt[n][e] = st[n][e] * (dpt[n][e] - s_delta[col]);
+                              });
+      // 16 query columns per k-step: n-tiles 2·kk and 2·kk + 1.
+      auto pack_frags = [&](bool p, bool ds) {
+#pragma unroll
+        for (int kk = 0; kk < kBlockM / 16; ++kk) {
+          if (p) {
+            p_frag[kk][0] = pack2<Format>(st[2 * kk][0], st[2 * kk][1]);
+            p_frag[kk][1] = pack2<Format>(st[2 * kk][2], st[2 * kk][3]);
+            p_frag[kk][2] = pack2<Format>(st[2 * kk + 1][0], st[2 * kk + 1][1]);
+            p_frag[kk][3] = pack2<Format>(st[2 * kk + 1][2], st[2 * kk + 1][3]);
+          }
+          if (ds) {
+            ds_frag[kk][0] = pack2<Format>(dpt[2 * kk][0], dpt[2 * kk][1]);
+            ds_frag[kk][1] = pack2<Format>(dpt[2 * kk][2], dpt[2 * kk][3]);
+            ds_frag[kk][2] = pack2<Format>(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]);
+            ds_frag[kk][3] = pack2<Format>(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3]);
+          }
+        }
+      };
+      if constexpr (kEarlyDv) {
+        pack_frags(true, false);
+        issue_dv_dk(true, false);
+        wgmma_wait<1>();  // dPᵀ; dV runs on
+        fence_operands(dpt_flat);
+#pragma unroll
+        for (int n = 0; n < kTilesS; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int col = n * 8 + (lane % 4) * 2 + (e & 1);
+            dpt[n][e] = st[n][e] * (dpt[n][e] - s_delta[col]);
+          }
+        pack_frags(false, true);
+      } else {
+        pack_frags(true, true);
+      }
+      // EarlyDv: dK's products too before dSᵀ's stores (which read its
+      // register operands).
+      if constexpr (kEarlyDv) issue_dv_dk(false, true);
       if constexpr (kDqLag) {
         // The previous block's dQ (its dSᵀ complete since the barrier),
         // then this block's dV and dK; dQ to its tile (last read by the
@@ -488,7 +597,27 @@ class FlashBackwardWgmmaKernel : public Fused16Backward, public WgmmaBwdMaps<DqT
         fence_operands(dk_flat);
         continue;
       }
-      issue_dv_dk(true, !kDqFirst);
+      if constexpr (kPipelined) {
+        // dSᵀ visible to wgmma, the next block's stage (loaded behind the
+        // previous barrier) complete, the dQ tile read by the reductions.
+        cp_async_wait<0>();
+        fence_proxy_async();
+        if (dq_issuer) bulk_wait_read();
+        team.team_barrier();
+        issue_dq(ds_tile(q_block));
+        // While the tensor cores run: the block after next into the stage
+        // of the block before, whose products every warpgroup waited for
+        // before the barrier.
+        if (q_block + 2 < num_q_blocks) load_q_block(q_block + 2, stage_of(q_block + 2));
+        cp_async_commit();
+        wgmma_wait<0>();  // dV, dK, dQ
+        fence_operands(dv_flat);
+        fence_operands(dk_flat);
+        fence_operands(dq_flat);
+        store_dq(sdQ);
+        continue;
+      }
+      if constexpr (!kEarlyDv) issue_dv_dk(true, !kDqFirst);
 
       fence_proxy_async();
       // The dQ tile's bulk reads (issued after the first barrier) are done
@@ -496,7 +625,7 @@ class FlashBackwardWgmmaKernel : public Fused16Backward, public WgmmaBwdMaps<DqT
       if (dq_issuer) bulk_wait_read();
       // The whole dSᵀ tile is in scratch, visible to wgmma.
       team.team_barrier();
-      issue_dq(sdS);
+      issue_dq(ds_tile(q_block));
       if constexpr (kDqFirst) {
         issue_dv_dk(false, true);
         wgmma_wait<1>();  // dV and dQ of this block; dK runs on

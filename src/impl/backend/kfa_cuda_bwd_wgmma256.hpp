@@ -42,7 +42,7 @@ namespace Impl {
 
 template <class ExecSpace, class Format, class QView, class KView, class VView, class DOView,
           class LseView, class DeltaView, class DQAccView, class DKView, class DVView,
-          bool DqOverlap = false, bool SplitSoftmax = false, bool DqStaged = true>
+          bool DqOverlap = false, bool DqStaged = true>
 class FlashBackwardWgmma256Kernel : public Fused16Backward {
  public:
   static constexpr int kHeadDim = 256;
@@ -63,13 +63,6 @@ class FlashBackwardWgmma256Kernel : public Fused16Backward {
   /// rows of 128 bytes per instruction), else straight from the fragments
   /// (8 bytes of 8 rows per instruction: 4 times the L1 wavefronts).
   static constexpr bool kDqStaged = DqStaged;
-  /// SplitSoftmax: each warpgroup takes Pᵀ and dSᵀ of half the queries
-  /// (warpgroup 0 sends Sᵀ of queries 32-63, warpgroup 1 dPᵀ of 0-31, fp32
-  /// through scratch), and warpgroup 1 passes its half of Pᵀ on through a
-  /// Pᵀ tile (8 KB more scratch); else warpgroup 0 takes every exponential
-  /// and dSᵀ while warpgroup 1 waits.
-  static constexpr bool kSplitSoftmax = SplitSoftmax;
-  static constexpr int kPTiles = SplitSoftmax ? 1 : 0;
   using policy_t = Kokkos::TeamPolicy<ExecSpace>;
 
   FlashBackwardWgmma256Kernel(const QView& q, const KView& k, const VView& v, const DOView& d_o,
@@ -93,7 +86,7 @@ class FlashBackwardWgmma256Kernel : public Fused16Backward {
   KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
     return sizeof(std::uint16_t) *
                (2 * std::size_t(kTileKV) + 2 * kStages * std::size_t(kTileQ) +
-                (1 + kPTiles) * std::size_t(kTileDS)) +
+                std::size_t(kTileDS)) +
            sizeof(float) * (std::size_t(kTileDS) + 2 * kStages * kBlockM) + 1024;
   }
   static_assert(scratch_bytes() <= 227 * 1024,
@@ -104,7 +97,6 @@ class FlashBackwardWgmma256Kernel : public Fused16Backward {
   KOKKOS_INLINE_FUNCTION void body(const Team& team, void* raw) const {
 #if KFA_CUDA_WGMMA_DEVICE
     using namespace cuda_mma;
-    constexpr float kLog2e = 1.4426950408889634f;
     constexpr int kTilesS = kBlockM / 8;  // n-tiles of Sᵀ, dPᵀ (queries) per thread
     constexpr int kDqN = 128;             // dQ columns per warpgroup
     const int lane = threadIdx.x, warp = threadIdx.y;
@@ -127,8 +119,7 @@ class FlashBackwardWgmma256Kernel : public Fused16Backward {
     std::uint16_t* const sV = sK + kTileKV;
     std::uint16_t* const sQ0 = sV + kTileKV;  // stage s: Q, then dO
     std::uint16_t* const sdS = sQ0 + 2 * kStages * kTileQ;
-    std::uint16_t* const sP = sdS + kTileDS;  // SplitSoftmax: Pᵀ of queries 32-63
-    float* const sdP = reinterpret_cast<float*>(sP + kPTiles * kTileDS);  // exchange
+    float* const sdP = reinterpret_cast<float*>(sdS + kTileDS);  // the dPᵀ exchange
     float* const s_stats0 = sdP + kTileDS;                         // stage s: lse, D
     auto stage_q = [&](int s) { return sQ0 + 2 * s * kTileQ; };
     auto stage_stats = [&](int s) { return s_stats0 + 2 * s * kBlockM; };
@@ -181,7 +172,7 @@ class FlashBackwardWgmma256Kernel : public Fused16Backward {
       }
       wgmma_commit();
     };
-    // dSᵀ (and Pᵀ) tile addressing: key r, queries c, c + 1 at byte r·128 +
+    // dSᵀ tile addressing: key r, queries c, c + 1 at byte r·128 +
     // ((c / 8) ^ (r % 8))·16 + (c % 8)·2 (one 64-query column block). A
     // warp's 32 4-byte accesses of one call hit 32 distinct banks.
     auto tile_at = [&](std::uint16_t* tile, int r, int c) -> std::uint32_t* {
@@ -216,7 +207,8 @@ class FlashBackwardWgmma256Kernel : public Fused16Backward {
     auto issue_dq = [&] {
       constexpr std::uint32_t kKeyBlock = sw128_block_bytes(kBlockN);
       const std::uint64_t desc_ds = sw128_descriptor(addr(sdS), kKeyBlock, 1024);
-      const std::uint64_t desc_k_n = sw128_descriptor(addr(sK) + 2 * wg * kKeyBlock, kKeyBlock, 1024);
+      const std::uint64_t desc_k_n =
+          sw128_descriptor(addr(sK) + 2 * wg * kKeyBlock, kKeyBlock, 1024);
       fence_operands(dq_flat);
       wgmma_fence();
 #pragma unroll
@@ -308,81 +300,7 @@ class FlashBackwardWgmma256Kernel : public Fused16Backward {
       // Pᵀ (warpgroup 0) or dSᵀ (1) as A fragments of the m64n256 product:
       // k-step kk covers queries 16·kk..+16.
       std::uint32_t frag[kBlockM / 16][4];
-      if constexpr (kSplitSoftmax) {
-        constexpr int kHalf = kTilesS / 2;  // n-tiles of 32 queries
-        // Sᵀ of queries 32-63 (warpgroup 0) or dPᵀ of 0-31 (1) to the other
-        // (float4 i of thread t at float 4·(128·i + t) of the sender's half).
-        float* const x_out = sdP + wg * (4 * 128 * kHalf);
-        const float* const x_in = sdP + (1 - wg) * (4 * 128 * kHalf);
-#pragma unroll
-        for (int i = 0; i < kHalf; ++i) {
-          float4 out;
-          out.x = wg == 0 ? sc[kHalf + i][0] : sc[i][0];
-          out.y = wg == 0 ? sc[kHalf + i][1] : sc[i][1];
-          out.z = wg == 0 ? sc[kHalf + i][2] : sc[i][2];
-          out.w = wg == 0 ? sc[kHalf + i][3] : sc[i][3];
-          *reinterpret_cast<float4*>(x_out + 4 * (128 * i + wtid)) = out;
-        }
-        named_barrier_sync(1, 256);
-        // This warpgroup's queries: n-tiles mine..mine + kHalf - 1.
-        const int mine = wg * kHalf;
-        float sv[kHalf][4], dpv[kHalf][4];
-#pragma unroll
-        for (int i = 0; i < kHalf; ++i) {
-          const float4 x = *reinterpret_cast<const float4*>(x_in + 4 * (128 * i + wtid));
-          const float xv[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            sv[i][e] = wg == 0 ? sc[i][e] : xv[e];
-            dpv[i][e] = wg == 0 ? xv[e] : sc[kHalf + i][e];
-          }
-        }
-        const bool needs_mask = m_p.mask.tile_needs_mask(row_begin, row_begin + kBlockM,
-                                                         key_begin, key_begin + kBlockN);
-        const float scale_log2 = m_scale * kLog2e;
-        unswitch_mask(needs_mask, [&](auto masked) {
-#pragma unroll
-          for (int i = 0; i < kHalf; ++i)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int col = (mine + i) * 8 + (lane % 4) * 2 + (e & 1);
-              const int key = e < 2 ? key0 : key1;
-              float p = exp2_fast(fmaf(sv[i][e], scale_log2, -s_lse[col] * kLog2e));
-              if (decltype(masked)::value && m_p.mask.masked(row_begin + col, key)) p = 0.f;
-              sv[i][e] = p;
-              dpv[i][e] = p * (dpv[i][e] - s_delta[col]);
-            }
-        });
-        // This half's Pᵀ and dSᵀ fragments (k-steps mine / 2 + j); dSᵀ to
-        // its tile, and warpgroup 1's Pᵀ to the Pᵀ tile.
-        std::uint32_t pf[kHalf / 2][4], df[kHalf / 2][4];
-#pragma unroll
-        for (int j = 0; j < kHalf / 2; ++j) {
-          pack_frag(sv[2 * j], sv[2 * j + 1], pf[j]);
-          pack_frag(dpv[2 * j], dpv[2 * j + 1], df[j]);
-          put_frag(sdS, mine / 2 + j, df[j]);
-          if (wg == 1) put_frag(sP, mine / 2 + j, pf[j]);
-        }
-        // The tiles visible to the other warpgroup and to both warpgroups'
-        // wgmma.
-        fence_proxy_async();
-        named_barrier_sync(2, 256);
-        // The A fragments: Pᵀ (warpgroup 0: queries 0-31 its own, 32-63
-        // from the Pᵀ tile) or dSᵀ (1: 32-63 its own, 0-31 from the dSᵀ
-        // tile).
-        std::uint16_t* const other = wg == 0 ? sP : sdS;
-#pragma unroll
-        for (int kk = 0; kk < kBlockM / 16; ++kk) {
-          const bool own = (kk / (kHalf / 2)) == wg;
-          if (own) {
-#pragma unroll
-            for (int x = 0; x < 4; ++x)
-              frag[kk][x] = wg == 0 ? pf[kk % (kHalf / 2)][x] : df[kk % (kHalf / 2)][x];
-          } else {
-            get_frag(other, kk, frag[kk]);
-          }
-        }
-      } else if (wg == 1) {
+      if (wg == 1) {
         // dPᵀ to warpgroup 0 (float4 i of thread t at float 4·(128·i + t):
         // a warp's stores are 512 contiguous bytes), then dSᵀ back from
         // the tile once warpgroup 0 wrote it.
@@ -395,21 +313,8 @@ class FlashBackwardWgmma256Kernel : public Fused16Backward {
 #pragma unroll
         for (int kk = 0; kk < kBlockM / 16; ++kk) get_frag(sdS, kk, frag[kk]);
       } else {
-        const bool needs_mask = m_p.mask.tile_needs_mask(row_begin, row_begin + kBlockM,
-                                                         key_begin, key_begin + kBlockN);
-        const float scale_log2 = m_scale * kLog2e;
-        unswitch_mask(needs_mask, [&](auto masked) {
-#pragma unroll
-          for (int n = 0; n < kTilesS; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int col = n * 8 + (lane % 4) * 2 + (e & 1);
-              const int key = e < 2 ? key0 : key1;
-              float p = exp2_fast(fmaf(sc[n][e], scale_log2, -s_lse[col] * kLog2e));
-              if (decltype(masked)::value && m_p.mask.masked(row_begin + col, key)) p = 0.f;
-              sc[n][e] = p;
-            }
-        });
+        wgmma_bwd_probabilities(sc, s_lse, m_scale, m_p.mask, row_begin, key_begin,
+                                key_begin + kBlockN, key0, lane, [](int, int, int) {});
 #pragma unroll
         for (int kk = 0; kk < kBlockM / 16; ++kk) pack_frag(sc[2 * kk], sc[2 * kk + 1], frag[kk]);
         // dSᵀ = Pᵀ ∘ (dPᵀ - D) from warpgroup 1's dPᵀ, to the tile.
