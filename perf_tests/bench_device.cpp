@@ -467,12 +467,13 @@ std::function<void()> wgmma_backward(const Args& a, View4 q, View4 k, View4 v, V
 /// exact kernel with Sᵀ and dPᵀ by fp32 FMAs, before RESULTS v30).
 /// bf16/fp16 on a build with sm_90a code (RESULTS v41-v43): "wgmma" (the
 /// Hopper backward with one bulk reduction per dQ row, v41), "wgmma_dqtma"
-/// (bulk tensor reductions, the library's), "wgmma_dqfirst" and
+/// (bulk tensor reductions: the library's at head_dim 64, and at 128
+/// before v47), "wgmma_dqfirst" and
 /// "wgmma_dqfirst_tma" (dK's products after dQ's), "wgmma_dqlag" (dQ one
 /// block late, v43), "wgmma_early_dv" (Pᵀ while dPᵀ's products run, dV's
 /// products before dSᵀ, v46), "wgmma_pipelined" (early_dv with one team
 /// barrier a block, the next block's products issued behind dQ's stores,
-/// head_dim 128, v47); at head_dim 256 "wgmma256" (the library's Hopper
+/// head_dim 128: the library's there, v47); at head_dim 256 "wgmma256" (the library's Hopper
 /// kernel there, v44), "wgmma256_overlap" (its dQ products issued behind
 /// dV's and dK's) and "wgmma256_direct" (dQ's reductions straight from
 /// the fragments, not staged in whole rows). ("wgmma256_split", each

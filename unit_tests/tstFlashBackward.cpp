@@ -331,10 +331,10 @@ void check_backward_kernel(const Shape& s, bool causal, const std::string& shape
   check("dv", to_host(dv), dv_plain, dv_ref);
 }
 
-// The Hopper backward kernel with the options the dispatch does not take
-// (bench_device's wgmma_dqfirst, wgmma_dqtma, wgmma_dqfirst_tma,
-// wgmma_dqlag, wgmma_early_dv, wgmma_pipelined, and the per-row dQ
-// reductions): dK's products after dQ's (DqFirst), the dQ tile added by
+// The Hopper backward kernel with its options (bench_device's
+// wgmma_dqfirst, wgmma_dqtma, wgmma_dqfirst_tma, wgmma_dqlag,
+// wgmma_early_dv, wgmma_pipelined, and the per-row dQ reductions; the
+// dispatch takes DqTma, with EarlyDv and Pipelined at head_dim 128): dK's products after dQ's (DqFirst), the dQ tile added by
 // bulk tensor reductions (DqTma), dQ one block late (DqLag), dV's products
 // issued before dSᵀ is computed (EarlyDv), one team barrier a block
 // (Pipelined). dQ is read from the fp32 accumulator, dK and dV from

@@ -20,6 +20,11 @@
 // red.global per value: by bulk tensor reductions (cp.reduce.async.bulk.
 // tensor, one thread issues the tile's head_dim / 8 boxes of [M][8] fp32;
 // DqTma, the library's, RESULTS v42) or one bulk reduction per query row.
+// At head_dim 128 the library's kernel is Pipelined (RESULTS v47): one team
+// barrier a block (before dQ's products), the next block's Sᵀ and dPᵀ
+// issued right behind the dQ tile's stores, Q/dO in three stages and two
+// dSᵀ tiles (226.5 KB of scratch), Pᵀ computed while dPᵀ's products run
+// and dV's products issued before dSᵀ (EarlyDv).
 // Scratch at head_dim 128: K, V 2 x 32 KB, 2 x (Q, dO 2 x 16 KB, lse, D),
 // the dSᵀ tile 16 KB, the dQ tile 32 KB (34 KB with padded rows for the
 // per-row reductions): 177 KB; at 64: K, V 2 x 16 KB, 2 x (Q, dO 2 x 16 KB),
