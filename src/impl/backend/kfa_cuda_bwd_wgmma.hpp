@@ -673,15 +673,10 @@ class FlashBackwardWgmmaKernel : public Fused16Backward, public WgmmaBwdMaps<DqT
                             acc_dk[0][n][2 * half + 1] * m_scale, acc_dv[0][n][2 * half],
                             acc_dv[0][n][2 * half + 1]);
     }
-#elif defined(__CUDA_ARCH__)
-    // Device code without wgmma (not sm_90a): never launched there
-    // (wgmma_available); a launch anyway stops the kernel.
-    (void)team;
-    (void)raw;
-    __trap();
 #else
     (void)team;
     (void)raw;
+    cuda_mma::trap_without_wgmma();  // not sm_90a
 #endif
   }
 

@@ -383,15 +383,10 @@ class FlashBackwardWgmma256Kernel : public Fused16Backward {
         store_pair<Format>(out, at + n * 8, acc[n][2 * half] * out_scale,
                            acc[n][2 * half + 1] * out_scale);
     }
-#elif defined(__CUDA_ARCH__)
-    // Device code without wgmma (not sm_90a): never launched there
-    // (wgmma_available); a launch anyway stops the kernel.
-    (void)team;
-    (void)raw;
-    __trap();
 #else
     (void)team;
     (void)raw;
+    cuda_mma::trap_without_wgmma();  // not sm_90a
 #endif
   }
 

@@ -590,15 +590,10 @@ class FlashForwardWgmmaKernel : public Fused16Forward, public WgmmaFwdMaps<Tma> 
       cp_async_wait<0>();
       write_rows();
     }
-#elif defined(__CUDA_ARCH__)
-    // Device code without wgmma (not sm_90a): the dispatch never launches
-    // this kernel there (wgmma_available); a launch anyway stops it.
-    (void)team;
-    (void)raw;
-    __trap();
 #else
     (void)team;
     (void)raw;
+    cuda_mma::trap_without_wgmma();  // not sm_90a
 #endif
   }
 

@@ -43,6 +43,16 @@ namespace cuda_mma {
 #define KFA_CUDA_WGMMA_DEVICE 0
 #endif
 
+/// The rest of a wgmma kernel's body where it is compiled without wgmma:
+/// device code for another architecture than sm_90a stops the kernel (the
+/// dispatch never launches it there: wgmma_available), the host pass does
+/// nothing.
+KOKKOS_FORCEINLINE_FUNCTION void trap_without_wgmma() {
+#if defined(__CUDA_ARCH__)
+  __trap();
+#endif
+}
+
 /// Bytes of one [rows][64] column block of a swizzled 16-bit tile.
 KOKKOS_INLINE_FUNCTION constexpr int sw128_block_bytes(int rows) { return rows * 128; }
 
