@@ -7,9 +7,14 @@
 //   bench_device --dtype bf16|fp16|fp32|fp64 --batch B --seqlen N --heads H
 //                [--heads-kv HKV] --head-dim D [--causal] [--iters 20] [--warmup 3] [--no-bwd]
 //                [--fwd-variant NAME] [--bwd-variant NAME] [--no-wgmma]
-//                [--league-group TEAMS]
+//                [--league-group TEAMS] [--timing sequential|interleaved] [--trace]
 //                --dir /dev/shm/kfa_bench | --random
 //
+// --timing: sequential (default) times --iters forwards, then --iters
+// backwards, then --iters pairs; interleaved takes one of each in turn, so
+// that a drift of the card's clocks over the run falls on all three alike.
+// Both also time the pair with a fence between its halves (pair_fenced_ms).
+// --trace adds every sample (ms, in the order taken) to the JSON line.
 // --no-wgmma: the mma.sync kernels where the library would run the Hopper
 // ones; --league-group: kfa::Impl::league_group_teams() (0: the teams of a
 // block index side by side over every (batch, head)).
@@ -53,6 +58,7 @@ struct Args {
   /// Whether the library's 16-bit kernels may take the Hopper (wgmma) path.
   bool wgmma = true;
   int league_group = kfa::Impl::league_group_teams();
+  bool interleaved = false, trace = false;
 };
 
 Args parse(int argc, char* argv[]) {
@@ -80,6 +86,12 @@ Args parse(int argc, char* argv[]) {
     else if (s == "--bwd-variant") a.bwd_variant = next();
     else if (s == "--no-wgmma") a.wgmma = false;
     else if (s == "--league-group") a.league_group = std::stoi(next());
+    else if (s == "--timing") {
+      const std::string t = next();
+      if (t != "sequential" && t != "interleaved")
+        throw std::invalid_argument("--timing must be sequential or interleaved");
+      a.interleaved = t == "interleaved";
+    } else if (s == "--trace") a.trace = true;
     else throw std::invalid_argument("unknown argument " + s);
   }
   return a;
@@ -105,20 +117,49 @@ void write_from(const View& view, const std::string& path) {
   if (!out) throw std::runtime_error("cannot write " + path);
 }
 
+/// Milliseconds of one fenced call of f.
 template <class F>
-double median_ms(int warmup, int iters, F&& f) {
-  for (int w = 0; w < warmup; ++w) f();
+double time_ms(F&& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
   Kokkos::fence();
-  std::vector<double> t;
-  for (int r = 0; r < iters; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    Kokkos::fence();
-    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                    .count());
-  }
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double median(std::vector<double> t) {
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
+}
+
+/// Samples of each of fs (after `warmup` calls of each): `iters` of the
+/// first, then of the second, ... or, interleaved, one of each in turn.
+std::vector<std::vector<double>> sample_ms(int warmup, int iters, bool interleaved,
+                                           const std::vector<std::function<void()>>& fs) {
+  std::vector<std::vector<double>> t(fs.size());
+  if (interleaved) {
+    for (int w = 0; w < warmup; ++w)
+      for (const auto& f : fs) f();
+    Kokkos::fence();
+    for (int r = 0; r < iters; ++r)
+      for (std::size_t i = 0; i < fs.size(); ++i) t[i].push_back(time_ms(fs[i]));
+  } else {
+    for (std::size_t i = 0; i < fs.size(); ++i) {
+      for (int w = 0; w < warmup; ++w) fs[i]();
+      Kokkos::fence();
+      for (int r = 0; r < iters; ++r) t[i].push_back(time_ms(fs[i]));
+    }
+  }
+  return t;
+}
+
+std::string json_list(const std::vector<double>& t) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%s%.4f", i ? ", " : "", t[i]);
+    s += buf;
+  }
+  return s + "]";
 }
 
 /// The tensor-core forward with a tile shape other than the library's
@@ -739,15 +780,24 @@ void run(const Args& a) {
     kfa::flash_attention_backward(space, q, k, v, o, lse, d_o, dq, dk, dv, opt);
   };
   if (a.bwd_variant != "default") bwd = backward_variant<T>(a, q, k, v, o, lse, d_o, dq, dk, dv);
-  const double t_fwd = median_ms(a.warmup, a.iters, fwd);
-  double t_bwd = -1, t_fwd_bwd = -1;
+  std::vector<std::function<void()>> timed = {fwd};
   if (a.backward) {
-    t_bwd = median_ms(a.warmup, a.iters, bwd);
-    t_fwd_bwd = median_ms(a.warmup, a.iters, [&] {
+    timed.push_back(bwd);
+    timed.push_back([&] {
       fwd();
       bwd();
     });
+    timed.push_back([&] {
+      fwd();
+      Kokkos::fence();
+      bwd();
+    });
   }
+  const auto samples = sample_ms(a.warmup, a.iters, a.interleaved, timed);
+  const double t_fwd = median(samples[0]);
+  const double t_bwd = a.backward ? median(samples[1]) : -1;
+  const double t_fwd_bwd = a.backward ? median(samples[2]) : -1;
+  const double t_pair_fenced = a.backward ? median(samples[3]) : -1;
   if (!a.random) write_from(o, a.dir + "/o_kfa.bin");
   if (!a.random) write_from(lse, a.dir + "/lse_kfa.bin");
   if (a.backward && !a.random) {
@@ -760,8 +810,15 @@ void run(const Args& a) {
 #ifdef KOKKOS_ENABLE_CUDA
   wgmma = a.wgmma && kfa::Impl::wgmma_available(space) ? 1 : 0;
 #endif
-  std::printf("{\"fwd_ms\": %.6f, \"bwd_ms\": %.6f, \"fwd_bwd_ms\": %.6f, \"wgmma\": %d}\n",
-              t_fwd, t_bwd, t_fwd_bwd, wgmma);
+  std::string trace;
+  if (a.trace) {
+    const char* names[] = {"fwd", "bwd", "fwd_bwd", "pair_fenced"};
+    for (std::size_t i = 0; i < samples.size(); ++i)
+      trace += std::string(", \"") + names[i] + "_all\": " + json_list(samples[i]);
+  }
+  std::printf("{\"fwd_ms\": %.6f, \"bwd_ms\": %.6f, \"fwd_bwd_ms\": %.6f, "
+              "\"pair_fenced_ms\": %.6f, \"wgmma\": %d%s}\n",
+              t_fwd, t_bwd, t_fwd_bwd, t_pair_fenced, wgmma, trace.c_str());
 }
 
 }  // namespace

@@ -63,19 +63,36 @@ def configs(which):
 
 
 def cuda_time_ms(fn, warmup=3, iters=10):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
+    return cuda_times_ms([fn], warmup, iters)[0]
+
+
+def cuda_times_ms(fns, warmup=3, iters=10, interleaved=False):
+    """Median ms of each of fns, timed with CUDA events: iters of the first,
+    then of the second, ... or, interleaved, one of each in turn (so that a
+    drift of the clocks over the run falls on all alike)."""
+    def once(fn):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end))
-    times.sort()
-    return times[len(times) // 2]
+        return start.elapsed_time(end)
+    times = [[] for _ in fns]
+    if interleaved:
+        for _ in range(warmup):
+            for fn in fns:
+                fn()
+        torch.cuda.synchronize()
+        for _ in range(iters):
+            for i, fn in enumerate(fns):
+                times[i].append(once(fn))
+    else:
+        for i, fn in enumerate(fns):
+            for _ in range(warmup):
+                fn()
+            torch.cuda.synchronize()
+            times[i] = [once(fn) for _ in range(iters)]
+    return [sorted(t)[len(t) // 2] for t in times]
 
 
 def write(t, path):
@@ -102,21 +119,25 @@ def sdpa(q, k, v, causal):
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
 
 
-def sdpa_time(backend, q, k, v, do, causal):
-    """(fwd, fwd+bwd) median ms of SDPA with one backend; inputs [B][N][H][D]."""
+def sdpa_time(backend, q, k, v, do, causal, interleaved=False):
+    """(fwd, bwd, fwd+bwd) median ms of SDPA with one backend; inputs [B][N][H][D].
+    The backward alone is autograd's through one retained forward graph."""
     qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_(True) for x in (q, k, v))
     dot = do.transpose(1, 2)
     try:
         with sdpa_kernel(backend):
-            fwd = cuda_time_ms(lambda: sdpa(qt, kt, vt, causal))
+            out = sdpa(qt, kt, vt, causal)
+
+            def bwd():
+                torch.autograd.grad(out, (qt, kt, vt), dot, retain_graph=True)
 
             def fwd_bwd():
                 qt.grad = kt.grad = vt.grad = None
                 sdpa(qt, kt, vt, causal).backward(dot)
-            both = cuda_time_ms(fwd_bwd)
-        return fwd, both
+            return tuple(cuda_times_ms([lambda: sdpa(qt, kt, vt, causal), bwd, fwd_bwd],
+                                       interleaved=interleaved))
     except RuntimeError as e:
-        return None, None
+        return None, None, None
 
 
 def slice_heads(q, k):
@@ -169,6 +190,9 @@ def main():
     p.add_argument("--seqlens", default="", help="comma-separated seqlens to keep (default: all)")
     p.add_argument("--head-dims", default="", help="comma-separated head dims to keep (default: all)")
     p.add_argument("--json", default="")
+    p.add_argument("--timing", default="sequential", choices=("sequential", "interleaved"),
+                   help="kfa and the anchors: each of forward, backward, forward+backward in "
+                        "turn, or one of each in turn (bench_device --timing)")
     p.add_argument("--fp32-matmul", default="ieee", choices=("ieee", "split_tf32", "tf32"),
                    help="AttentionOptions::fp32_matmul of kfa's fp32 forward and backward")
     p.add_argument("--fwd-variants", default="",
@@ -203,7 +227,8 @@ def main():
         cmd = [args.exe, "--dtype", dt, "--batch", str(B), "--seqlen", str(N), "--heads", str(H),
                *(["--heads-kv", str(Hkv)] if Hkv != H else []), "--head-dim", str(D), "--dir", args.dir, "--iters", "5" if heavy else "10",
                "--warmup", "1" if heavy else "2"] + (["--causal"] if causal else []) + \
-              (["--no-bwd"] if args.no_bwd else []) + ["--fp32-matmul", args.fp32_matmul]
+              (["--no-bwd"] if args.no_bwd else []) + ["--fp32-matmul", args.fp32_matmul,
+                                                        "--timing", args.timing]
         t0 = time.time()
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode != 0:
@@ -284,7 +309,7 @@ def main():
         else:
             backends = (("math", SDPBackend.MATH),)
         for name, be in backends:
-            anchors[name] = sdpa_time(be, q, k, v, do, causal)
+            anchors[name] = sdpa_time(be, q, k, v, do, causal, args.timing == "interleaved")
         with sdpa_kernel(backends[0][1]):
             qs = q[:1, :, :nh].transpose(1, 2).detach().requires_grad_(True)
             ks, vs = (x[:1, :, :nkv].transpose(1, 2).detach().requires_grad_(True)
@@ -303,7 +328,8 @@ def main():
         tf = lambda ms, mult=1.0: flops * mult / (ms * 1e-3) / 1e12 if ms and ms > 0 else float("nan")
         row = {"dtype": dt, "B": B, "N": N, "H": H, "Hkv": Hkv, "D": D, "causal": causal,
                "kfa_fwd": tf(kfa_t["fwd_ms"]), "kfa_bwd": tf(kfa_t["bwd_ms"], 2.5),
-               "kfa_fwd_bwd": tf(kfa_t["fwd_bwd_ms"], 3.5), "err": errs, "torch_err": terr,
+               "kfa_fwd_bwd": tf(kfa_t["fwd_bwd_ms"], 3.5),
+               "kfa_pair_fenced": tf(kfa_t.get("pair_fenced_ms", -1), 3.5), "err": errs, "torch_err": terr,
                "err_rms": rms, "torch_err_rms": trms, "seconds": time.time() - t0}
         for var, ms in variants.items():
             row[f"kfa_fwd_{var}"] = tf(ms)
@@ -315,15 +341,18 @@ def main():
             row[f"kfa_bwd_{var}"] = tf(b_ms, 2.5)
             row[f"kfa_fwd_bwd_{var}"] = tf(fb_ms, 3.5)
             row[f"err_bwd_{var}"] = verr
-        for name, (f_ms, b_ms) in anchors.items():
+        for name, (f_ms, b_ms, fb_ms) in anchors.items():
             row[f"{name}_fwd"] = tf(f_ms)
-            row[f"{name}_fwd_bwd"] = tf(b_ms, 3.5)
+            row[f"{name}_bwd"] = tf(b_ms, 2.5)
+            row[f"{name}_fwd_bwd"] = tf(fb_ms, 3.5)
         rows.append(row)
         a0 = backends[0][0]
         print(f"{dt:4s} B{B:<2d} N{N:<5d} H{H:<2d}{f'/{Hkv}' if Hkv != H else ''} D{D:<3d} "
               f"{'causal' if causal else 'full  '} | "
-              f"kfa fwd {row['kfa_fwd']:7.2f} bwd {row['kfa_bwd']:7.2f} f+b {row['kfa_fwd_bwd']:7.2f} | "
-              + " ".join(f"{n} fwd {row[n + '_fwd']:7.2f} f+b {row[n + '_fwd_bwd']:7.2f}"
+              f"kfa fwd {row['kfa_fwd']:7.2f} bwd {row['kfa_bwd']:7.2f} f+b {row['kfa_fwd_bwd']:7.2f} "
+              f"(fenced {row['kfa_pair_fenced']:7.2f}) | "
+              + " ".join(f"{n} fwd {row[n + '_fwd']:7.2f} bwd {row[n + '_bwd']:7.2f} "
+                         f"f+b {row[n + '_fwd_bwd']:7.2f}"
                          for n in anchors if row.get(n + '_fwd') is not None)
               + f" | fwd ratio vs {a0} {row['kfa_fwd'] / row[a0 + '_fwd']:.3f}"
               + "".join(f" | fwd {var} {row['kfa_fwd_' + var]:7.2f} (err o {row['err_o_' + var]:.1e} lse {row['err_lse_' + var]:.1e})"
