@@ -12,7 +12,10 @@ prints a table of TFLOP/s and ratios.
   python3 perf_tests/bench_device.py --exe build-cuda/perf_tests/bench_device [--set quick|full]
 
 FLOP counts: 4·B·H·N²·D forward, 2.5x that backward, 3.5x forward+backward,
-halved when causal. Times are medians after warm-up.
+halved when causal. Times are medians after warm-up, forward, backward and
+forward+backward timed in turn (--timing interleaved) so that all three
+see the same clocks; the anchors' backward alone is autograd's through one
+retained forward graph.
 """
 import argparse
 import json
@@ -190,9 +193,12 @@ def main():
     p.add_argument("--seqlens", default="", help="comma-separated seqlens to keep (default: all)")
     p.add_argument("--head-dims", default="", help="comma-separated head dims to keep (default: all)")
     p.add_argument("--json", default="")
-    p.add_argument("--timing", default="sequential", choices=("sequential", "interleaved"),
-                   help="kfa and the anchors: each of forward, backward, forward+backward in "
-                        "turn, or one of each in turn (bench_device --timing)")
+    p.add_argument("--timing", default="interleaved", choices=("sequential", "interleaved"),
+                   help="kfa and the anchors: one each of forward, backward, forward+backward "
+                        "in turn (default), or all forwards, then all backwards, then all pairs "
+                        "(the harness before RESULTS run 88; the parts then run at the higher "
+                        "clocks of a card that was idle before, the pair at the lower ones of "
+                        "a card under sustained load)")
     p.add_argument("--fp32-matmul", default="ieee", choices=("ieee", "split_tf32", "tf32"),
                    help="AttentionOptions::fp32_matmul of kfa's fp32 forward and backward")
     p.add_argument("--fwd-variants", default="",
