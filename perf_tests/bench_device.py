@@ -65,10 +65,6 @@ def configs(which):
     return out
 
 
-def cuda_time_ms(fn, warmup=3, iters=10):
-    return cuda_times_ms([fn], warmup, iters)[0]
-
-
 def cuda_times_ms(fns, warmup=3, iters=10, interleaved=False):
     """Median ms of each of fns, timed with CUDA events: iters of the first,
     then of the second, ... or, interleaved, one of each in turn (so that a

@@ -8,22 +8,14 @@
 //   bench_fp64_pipes
 //
 // (RESULTS.md, "The fp64 datapath": on the H200 they share it.)
+#include "bench_cuda_check.hpp"
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
-
-#define KFA_CHECK_CUDA(x)                                                            \
-  do {                                                                               \
-    cudaError_t e_ = (x);                                                            \
-    if (e_ != cudaSuccess) {                                                         \
-      std::fprintf(stderr, "bench_fp64_pipes: %s at line %d\n", cudaGetErrorString(e_), \
-                   __LINE__);                                                        \
-      std::exit(1);                                                                  \
-    }                                                                                \
-  } while (0)
 
 namespace {
 

@@ -16,6 +16,8 @@
 // at the clock it reports (4096 flop per SM per cycle).
 #include <impl/backend/kfa_cuda_wgmma.hpp>
 
+#include "bench_cuda_check.hpp"
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -25,23 +27,11 @@
 #include <string>
 #include <vector>
 
-#define KFA_CHECK_CUDA(x)                                                                \
-  do {                                                                                   \
-    cudaError_t e_ = (x);                                                                \
-    if (e_ != cudaSuccess) {                                                             \
-      std::fprintf(stderr, "bench_wgmma_shapes: %s at line %d\n", cudaGetErrorString(e_), \
-                   __LINE__);                                                            \
-      std::exit(1);                                                                      \
-    }                                                                                    \
-  } while (0)
-
 namespace {
 
 using kfa::Impl::cuda_mma::Bf16;
 
 constexpr int kK = 128;                      // reduction length of one product
-constexpr int kABytes = 64 * kK * 2;         // A: 64 rows x 128, K-major
-constexpr int kBBytes = 256 * kK * 2;        // B: up to 256 x 128
 constexpr int kScratch = 160 * 1024;         // one team per SM
 
 /// `iters` rounds of `Chains` products m64nNk128 per warpgroup; RS: A from
@@ -59,6 +49,8 @@ __global__ void __launch_bounds__(128 * max_warpgroups<N, Chains>(), 1)
     shapes(int iters, float* sink, int write) {
 #if KFA_CUDA_WGMMA_DEVICE
   using namespace kfa::Impl::cuda_mma;
+  constexpr int kABytes = 64 * kK * 2;   // A: 64 rows x 128, K-major
+  constexpr int kBBytes = 256 * kK * 2;  // B: up to 256 x 128
   extern __shared__ __align__(1024) unsigned char raw[];
   const std::uint32_t base = (smem_address(raw) + 1023) & ~std::uint32_t(1023);
   unsigned char* const tile = raw + (base - smem_address(raw));
