@@ -609,16 +609,15 @@ std::function<void()> backward_variant(const Args& a, View4 q, View4 k, View4 v,
     return wgmma(WgmmaBwdPick<false, true, false, true>());
   if (a.bwd_variant == "wgmma_pipelined")
     return wgmma(WgmmaBwdPick<false, true, false, true, true>());
-  if (a.bwd_variant == "wgmma256") return wgmma(Wgmma256BwdPick<false, false>());
-  if (a.bwd_variant == "wgmma256_overlap") return wgmma(Wgmma256BwdPick<true, false>());
+  if (a.bwd_variant == "wgmma256") return wgmma(Wgmma256BwdPick<false>());
+  if (a.bwd_variant == "wgmma256_overlap") return wgmma(Wgmma256BwdPick<true>());
   if (a.bwd_variant == "wgmma256_direct") return wgmma(Wgmma256BwdPick<false, false>());
 #endif
   (void)q, (void)k, (void)v, (void)o, (void)lse, (void)d_o, (void)dq, (void)dk, (void)dv;
   throw std::invalid_argument(
       "--bwd-variant needs fp32 or fp64, or wgmma, wgmma_dqfirst, wgmma_dqtma, "
       "wgmma_dqfirst_tma, wgmma_dqlag, wgmma_early_dv, wgmma_pipelined, wgmma256, "
-      "wgmma256_overlap or "
-      "wgmma256_direct (bf16, fp16 on CUDA)");
+      "wgmma256_overlap or wgmma256_direct (bf16, fp16 on CUDA)");
 }
 
 /// 16-bit types: "policy": the shape that fits Kokkos' TeamPolicy scratch
