@@ -466,7 +466,8 @@ std::function<void()> simt_backward_at(const Args& a, View4 q, View4 k, View4 v,
 /// DqFirst, DqTma and DqLag (head_dim 64 or 128), and
 /// FlashBackwardWgmma256Kernel with DqOverlap and DqStaged
 /// (head_dim 256).
-template <bool DqFirst, bool DqTma, bool DqLag, bool EarlyDv = false, bool Pipelined = false>
+template <bool DqFirst, bool DqTma, bool DqLag, bool EarlyDv = false, bool Pipelined = false,
+          bool DqWide = false>
 struct WgmmaBwdPick {
   static constexpr bool kD256 = false;
   static constexpr bool kD64 = !Pipelined;  // Pipelined runs head_dim 128 only
@@ -474,7 +475,7 @@ struct WgmmaBwdPick {
   using kernel = kfa::Impl::FlashBackwardWgmmaKernel<Kokkos::DefaultExecutionSpace, D, Format,
                                                      View4, View4, View4, View4, View3, View3,
                                                      Acc, View4, View4, DqFirst, DqTma, DqLag,
-                                                     EarlyDv, Pipelined>;
+                                                     EarlyDv, Pipelined, false, DqWide>;
 };
 template <bool DqOverlap, bool DqStaged = true>
 struct Wgmma256BwdPick {
@@ -554,7 +555,9 @@ std::function<void()> wgmma_backward(const Args& a, View4 q, View4 k, View4 v, V
 /// block late, v43), "wgmma_early_dv" (Pᵀ while dPᵀ's products run, dV's
 /// products before dSᵀ, v46), "wgmma_pipelined" (early_dv with one team
 /// barrier a block, the next block's products issued behind dQ's stores,
-/// head_dim 128: the library's there, v47); at head_dim 256 "wgmma256" (the library's Hopper
+/// head_dim 128: the library's there, v47), "wgmma_pipelined_wide" and
+/// "wgmma_dqtma_wide" (those two with dQ's tensor reductions in boxes of 32
+/// fp32 a row, v49); at head_dim 256 "wgmma256" (the library's Hopper
 /// kernel there, v44), "wgmma256_overlap" (its dQ products issued behind
 /// dV's and dK's) and "wgmma256_direct" (dQ's reductions straight from
 /// the fragments, not staged in whole rows). ("wgmma256_split", each
@@ -609,6 +612,10 @@ std::function<void()> backward_variant(const Args& a, View4 q, View4 k, View4 v,
     return wgmma(WgmmaBwdPick<false, true, false, true>());
   if (a.bwd_variant == "wgmma_pipelined")
     return wgmma(WgmmaBwdPick<false, true, false, true, true>());
+  if (a.bwd_variant == "wgmma_pipelined_wide")
+    return wgmma(WgmmaBwdPick<false, true, false, true, true, true>());
+  if (a.bwd_variant == "wgmma_dqtma_wide")
+    return wgmma(WgmmaBwdPick<false, true, false, false, false, true>());
   if (a.bwd_variant == "wgmma256") return wgmma(Wgmma256BwdPick<false>());
   if (a.bwd_variant == "wgmma256_overlap") return wgmma(Wgmma256BwdPick<true>());
   if (a.bwd_variant == "wgmma256_direct") return wgmma(Wgmma256BwdPick<false, false>());
@@ -616,7 +623,8 @@ std::function<void()> backward_variant(const Args& a, View4 q, View4 k, View4 v,
   (void)q, (void)k, (void)v, (void)o, (void)lse, (void)d_o, (void)dq, (void)dk, (void)dv;
   throw std::invalid_argument(
       "--bwd-variant needs fp32 or fp64, or wgmma, wgmma_dqfirst, wgmma_dqtma, "
-      "wgmma_dqfirst_tma, wgmma_dqlag, wgmma_early_dv, wgmma_pipelined, wgmma256, "
+      "wgmma_dqfirst_tma, wgmma_dqlag, wgmma_early_dv, wgmma_pipelined, wgmma_pipelined_wide, "
+      "wgmma_dqtma_wide, wgmma256, "
       "wgmma256_overlap or wgmma256_direct (bf16, fp16 on CUDA)");
 }
 

@@ -24,7 +24,10 @@
 // barrier a block (before dQ's products), the next block's Sᵀ and dPᵀ
 // issued right behind the dQ tile's stores, Q/dO in three stages and two
 // dSᵀ tiles (226.5 KB of scratch), Pᵀ computed while dPᵀ's products run
-// and dV's products issued before dSᵀ (EarlyDv).
+// and dV's products issued before dSᵀ (EarlyDv); its tensor reductions go
+// in boxes of 32 fp32 a row, 128-byte swizzled (DqWide, v49: with boxes
+// of 8 a row thread 0 waited ~1350 cycles a block for the copy engine's
+// queue, RESULTS run 95).
 // Scratch at head_dim 128: K, V 2 x 32 KB, 2 x (Q, dO 2 x 16 KB, lse, D),
 // the dSᵀ tile 16 KB, the dQ tile 32 KB (34 KB with padded rows for the
 // per-row reductions): 177 KB; at 64: K, V 2 x 16 KB, 2 x (Q, dO 2 x 16 KB),
@@ -52,6 +55,29 @@ struct WgmmaBwdMaps {};
 template <>
 struct WgmmaBwdMaps<true> {
   TmaMap m_map_dq;
+};
+
+/// The phase trace of a pipelined backward (FlashBackwardWgmmaKernel's
+/// Trace, perf_tests/bench_bwd_trace): the SM clock (clock64) at
+/// kWgmmaBwdTraceEvents points of each query block, taken by the first
+/// thread of each warpgroup of the first `teams` teams, for their first
+/// `blocks` query blocks, at trace[((team · 2 + warpgroup) · blocks +
+/// block) · kWgmmaBwdTraceEvents + event]. None without Trace.
+constexpr int kWgmmaBwdTraceEvents = 10;
+template <bool Trace>
+struct WgmmaBwdTrace {
+  static constexpr bool kTrace = false;
+};
+template <>
+struct WgmmaBwdTrace<true> {
+  static constexpr bool kTrace = true;
+  long long* m_trace = nullptr;
+  int m_trace_teams = 0, m_trace_blocks = 0;
+  void set_trace(long long* trace, int teams, int blocks) {
+    m_trace = trace;
+    m_trace_teams = teams;
+    m_trace_blocks = blocks;
+  }
 };
 
 /// The copies of the wgmma backwards (FlashBackwardWgmmaKernel,
@@ -143,8 +169,11 @@ KOKKOS_FORCEINLINE_FUNCTION void wgmma_bwd_probabilities(float (&s)[Tiles][4], c
 template <class ExecSpace, int HeadDim, class Format, class QView, class KView, class VView,
           class DOView, class LseView, class DeltaView, class DQAccView, class DKView,
           class DVView, bool DqFirst = false, bool DqTma = true, bool DqLag = false,
-          bool EarlyDv = false, bool Pipelined = false>
-class FlashBackwardWgmmaKernel : public Fused16Backward, public WgmmaBwdMaps<DqTma> {
+          bool EarlyDv = false, bool Pipelined = false, bool Trace = false,
+          bool DqWide = false>
+class FlashBackwardWgmmaKernel : public Fused16Backward,
+                                 public WgmmaBwdMaps<DqTma>,
+                                 public WgmmaBwdTrace<Trace> {
  public:
   static constexpr int kHeadDim = HeadDim;
   static constexpr int kWarps = 8;     // 2 warpgroups
@@ -191,6 +220,21 @@ class FlashBackwardWgmmaKernel : public Fused16Backward, public WgmmaBwdMaps<DqT
   static constexpr bool kPipelined = Pipelined;
   static_assert(!Pipelined || (EarlyDv && DqTma && HeadDim == 128),
                 "kfa: the pipelined backward runs head_dim 128 with EarlyDv and DqTma");
+  /// Trace (Pipelined, for perf_tests/bench_bwd_trace only): the clock at
+  /// the phases of each query block (WgmmaBwdTrace): 0 the block's top,
+  /// 1 Sᵀ and dPᵀ issued and the previous dQ tile handed over, 2 Sᵀ done,
+  /// 3 Pᵀ computed and dV's products issued, 4 dPᵀ done, 5 dSᵀ computed
+  /// and dK's products issued, 6 dSᵀ stored and the copies waited for, 7 past the team barrier (dQ's
+  /// products issued), 8 dV, dK and dQ done, 9 the dQ tile stored.
+  static_assert(!Trace || Pipelined, "kfa: the phase trace is of the pipelined backward");
+  /// DqWide (with DqTma): the tensor reductions in boxes of 32 fp32 a row
+  /// (128 bytes, 128-byte swizzled in scratch), kHeadDim / 32 a tile,
+  /// instead of 8 a row: a quarter of the copy engine's row requests. The
+  /// library's at head_dim 128 (RESULTS v49); at 64 the boxes of 8 were
+  /// faster.
+  static constexpr bool kDqWide = DqWide;
+  static_assert(!DqWide || DqTma, "kfa: the wide dQ boxes are tensor reductions (DqTma)");
+  static constexpr int kDqBoxCols = DqWide ? 32 : 8;
   static constexpr int kDqTiles = DqLag ? 2 : 1;
   static constexpr int kDsTiles = DqLag || Pipelined ? 2 : 1;
   static_assert(kHeadDim == 64 || kHeadDim == 128,
@@ -207,6 +251,9 @@ class FlashBackwardWgmmaKernel : public Fused16Backward, public WgmmaBwdMaps<DqT
   /// 16-byte aligned for the bulk copy).
   static constexpr int kDqPitch = kHeadDim + 8;
   static constexpr int kTileDQ = DqTma ? kBlockM * kHeadDim : kBlockM * kDqPitch;
+  static_assert(!DqWide || (2 * (2 * kTileKV + 2 * kStages * kTileQ + kDsTiles * kTileDS)) %
+                                   1024 == 0,
+                "kfa: the wide dQ boxes' swizzle needs the dQ tile 1024-byte aligned");
   using policy_t = Kokkos::TeamPolicy<ExecSpace>;
 
   FlashBackwardWgmmaKernel(const QView& q, const KView& k, const VView& v, const DOView& d_o,
@@ -219,7 +266,7 @@ class FlashBackwardWgmmaKernel : public Fused16Backward, public WgmmaBwdMaps<DqT
     if constexpr (kDqTma)
       if (m_p.batch > 0 && m_p.heads > 0 && m_p.seqlen_q > 0)
         this->m_map_dq = make_tma_map_f32(m_dq_acc, m_p.batch, m_p.seqlen_q, m_p.heads,
-                                          kHeadDim, kBlockM, "kfa::bwd::wgmma_dk_dv");
+                                          kHeadDim, kBlockM, "kfa::bwd::wgmma_dk_dv", kDqWide);
 #endif
   }
 
@@ -305,6 +352,15 @@ class FlashBackwardWgmmaKernel : public Fused16Backward, public WgmmaBwdMaps<DqT
     const int key0 = key_begin + warp * 16 + lane / 4, key1 = key0 + 8;
     const int first_q_block = m_p.mask.row_begin(key_begin) / kBlockM;
     const int num_q_blocks = (m_p.seqlen_q + kBlockM - 1) / kBlockM;
+    // Trace: the clock at `event` of query block q_block.
+    auto mark = [&](int q_block, int event) {
+      if constexpr (Trace) {
+        const int blk = q_block - first_q_block;
+        if (tid % 128 == 0 && league < this->m_trace_teams && blk < this->m_trace_blocks)
+          this->m_trace[((league * 2 + wg) * this->m_trace_blocks + blk) * kWgmmaBwdTraceEvents +
+                        event] = clock64();
+      }
+    };
     const std::uint32_t k_addr = addr(sK) + wg * 64 * 128;  // this warpgroup's 64 keys
     const std::uint32_t v_addr = addr(sV) + wg * 64 * 128;
     // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ of a query block's stage, issued (reduction
@@ -355,9 +411,9 @@ class FlashBackwardWgmmaKernel : public Fused16Backward, public WgmmaBwdMaps<DqT
       if constexpr (kDqTma) {
         if (!dq_issuer) return;
 #pragma unroll
-        for (int box = 0; box < kHeadDim / 8; ++box)
-          tma_reduce_add_box(this->m_map_dq, box * 8, h, dq_row_begin, b,
-                             addr(tile + box * kBlockM * 8));
+        for (int box = 0; box < kHeadDim / kDqBoxCols; ++box)
+          tma_reduce_add_box(this->m_map_dq, box * kDqBoxCols, h, dq_row_begin, b,
+                             addr(tile + box * kBlockM * kDqBoxCols));
       } else {
         if (!dq_issuer || dq_row_begin + dq_row >= m_p.seqlen_q) return;
         bulk_reduce_add_f32(m_dq_acc + q_offset + long(dq_row_begin + dq_row) * row_stride,
@@ -409,7 +465,17 @@ class FlashBackwardWgmmaKernel : public Fused16Backward, public WgmmaBwdMaps<DqT
         for (int n = 0; n < kDqN / 8; ++n) {
           const float2 value =
               make_float2(dq[n][2 * half] * m_scale, dq[n][2 * half + 1] * m_scale);
-          if constexpr (kDqTma) {
+          if constexpr (kDqWide) {
+            // Row dq_row0 + r of box (dq_col0 + 8n) / 32, its 16-byte chunk
+            // 2·(n % 4) + (lane % 4) / 2 XOR the row's r % 8 = lane / 4
+            // (bit 0 and bits 1-2 apart): a warp's 8 rows x 32 bytes in 2
+            // wavefronts.
+            const int chunk_lo = ((lane % 4) / 2) ^ ((lane / 4) & 1);
+            const int chunk_hi = (n % 4) ^ (lane / 8);
+            *reinterpret_cast<float2*>(tile + (dq_col0 / 32 + n / 4) * (kBlockM * 32) +
+                                       (dq_row0 + r) * 32 + (2 * chunk_hi + chunk_lo) * 4 +
+                                       (lane % 2) * 2) = value;
+          } else if constexpr (kDqTma) {
             *reinterpret_cast<float2*>(tile + (dq_col0 / 8 + n) * (kBlockM * 8) +
                                        (dq_row0 + r) * 8 + (lane % 4) * 2) = value;
           } else {
@@ -442,6 +508,7 @@ class FlashBackwardWgmmaKernel : public Fused16Backward, public WgmmaBwdMaps<DqT
         // previous block's dQ stores, in the same iteration as its wait
         // (products in flight across the loop's back edge: ptxas
         // serializes the pipeline, C7514).
+        mark(q_block, 0);
         issue_scores(stage);
         // The previous block's dQ tile, once every thread has stored its
         // part, to the accumulator while this block's products and softmax
@@ -452,6 +519,7 @@ class FlashBackwardWgmmaKernel : public Fused16Backward, public WgmmaBwdMaps<DqT
           named_barrier_sync(1, kWarps * 32);
           add_dq(row_begin - kBlockM, sdQ);
         }
+        mark(q_block, 1);
       } else {
         cp_async_wait<0>();
         fence_proxy_async();
@@ -484,6 +552,7 @@ class FlashBackwardWgmmaKernel : public Fused16Backward, public WgmmaBwdMaps<DqT
         fence_operands(dpt_flat);
       }
       fence_operands(st_flat);
+      mark(q_block, 2);
 
       // dV += Pᵀ·dO, dK += dSᵀ·Q (reduction over the queries: dO and Q
       // N-major, 16 query rows per k-step, column blocks of 64 head dims):
@@ -539,8 +608,10 @@ class FlashBackwardWgmmaKernel : public Fused16Backward, public WgmmaBwdMaps<DqT
       if constexpr (kEarlyDv) {
         pack_frags(true, false);
         issue_dv_dk(true, false);
+        mark(q_block, 3);
         wgmma_wait<1>();  // dPᵀ; dV runs on
         fence_operands(dpt_flat);
+        mark(q_block, 4);
 #pragma unroll
         for (int n = 0; n < kTilesS; ++n)
 #pragma unroll
@@ -555,6 +626,7 @@ class FlashBackwardWgmmaKernel : public Fused16Backward, public WgmmaBwdMaps<DqT
       // EarlyDv: dK's products too before dSᵀ's stores (which read its
       // register operands).
       if constexpr (kEarlyDv) issue_dv_dk(false, true);
+      mark(q_block, 5);
       if constexpr (kDqLag) {
         // The previous block's dQ (its dSᵀ complete since the barrier),
         // then this block's dV and dK; dQ to its tile (last read by the
@@ -608,8 +680,10 @@ class FlashBackwardWgmmaKernel : public Fused16Backward, public WgmmaBwdMaps<DqT
         cp_async_wait<0>();
         fence_proxy_async();
         if (dq_issuer) bulk_wait_read();
+        mark(q_block, 6);
         team.team_barrier();
         issue_dq(ds_tile(q_block));
+        mark(q_block, 7);
         // While the tensor cores run: the block after next into the stage
         // of the block before, whose products every warpgroup waited for
         // before the barrier.
@@ -619,7 +693,9 @@ class FlashBackwardWgmmaKernel : public Fused16Backward, public WgmmaBwdMaps<DqT
         fence_operands(dv_flat);
         fence_operands(dk_flat);
         fence_operands(dq_flat);
+        mark(q_block, 8);
         store_dq(sdQ);
+        mark(q_block, 9);
         continue;
       }
       if constexpr (!kEarlyDv) issue_dv_dk(true, !kDqFirst);

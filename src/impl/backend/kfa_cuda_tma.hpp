@@ -104,11 +104,14 @@ inline TmaMap make_tma_map_16(const void* data, bool bf16, int batch, int rows, 
 }
 
 /// make_tma_map of an fp32 tensor: boxes of 8 values (32 bytes a row, rows
-/// one after another in scratch).
+/// one after another in scratch), or with `wide` of 32 values (128 bytes a
+/// row, 128-byte swizzled: the 16-byte chunk c of row r at chunk c ^ (r %
+/// 8), the box 1024-byte aligned in scratch).
 inline TmaMap make_tma_map_f32(const float* data, int batch, int rows, int heads, int head_dim,
-                               int box_rows, const char* what) {
-  return make_tma_map(data, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, batch, rows, heads, head_dim, 8,
-                      box_rows, CU_TENSOR_MAP_SWIZZLE_NONE, what);
+                               int box_rows, const char* what, bool wide = false) {
+  return make_tma_map(data, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, batch, rows, heads, head_dim,
+                      wide ? 32 : 8, box_rows,
+                      wide ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE, what);
 }
 #endif
 
