@@ -9,10 +9,13 @@
 // with KFA_CUDA_SM90A only:
 //
 //   bench_bwd_trace [--batch 2] [--seqlen 8192] [--heads 16] [--causal]
-//                   [--teams 16] [--blocks 64] [--narrow]
+//                   [--teams 16] [--blocks 64] [--narrow | --late | --pingpong]
 //
 // --narrow traces the kernel with dQ's tensor reductions in boxes of 8
-// fp32 a row (the library's before RESULTS v49) instead of 32.
+// fp32 a row (the library's before RESULTS v49) instead of 32; --late the
+// kernel with DqStoreLate (each block's dQ stored behind the next block's
+// issue, v50); --pingpong the kernel with PingPong (the warpgroups' Sᵀ and
+// dPᵀ issued in turns, v50).
 // The inputs are random (q, k, v, dO in [-1, 1]); O and lse come from the
 // library's forward. The library's backward runs 3 times first (warm-up),
 // then the traced kernel once, then the traced kernel's backward time is
@@ -37,7 +40,7 @@ namespace {
 
 struct Args {
   int batch = 2, seqlen = 8192, heads = 16, teams = 16, blocks = 64;
-  bool causal = false, narrow = false;
+  bool causal = false, narrow = false, late = false, pingpong = false;
 };
 
 Args parse(int argc, char* argv[]) {
@@ -58,10 +61,12 @@ Args parse(int argc, char* argv[]) {
     else if (s == "--blocks") a.blocks = next();
     else if (s == "--causal") a.causal = true;
     else if (s == "--narrow") a.narrow = true;
+    else if (s == "--late") a.late = true;
+    else if (s == "--pingpong") a.pingpong = true;
     else {
       std::fprintf(stderr,
                    "usage: bench_bwd_trace [--batch B] [--seqlen N] [--heads H] [--causal] "
-                   "[--teams T] [--blocks M] [--narrow]\n");
+                   "[--teams T] [--blocks M] [--narrow | --late | --pingpong]\n");
       std::exit(1);
     }
   }
@@ -78,7 +83,7 @@ double median(std::vector<double> x) {
   return x[x.size() / 2];
 }
 
-template <bool DqWide>
+template <bool DqWide, bool DqStoreLate = false, bool PingPong = false>
 void run(const Args& a) {
   using Space = Kokkos::Cuda;
   using T = kfa::bfloat16;
@@ -89,7 +94,8 @@ void run(const Args& a) {
   constexpr int kD = 128;
   using Kernel = kfa::Impl::FlashBackwardWgmmaKernel<Space, kD, Format, View4, View4, View4, View4,
                                                      View3, View3, Acc, View4, View4, false, true,
-                                                     false, true, true, true, DqWide>;
+                                                     false, true, true, true, DqWide,
+                                                     DqStoreLate, PingPong>;
   constexpr int kEvents = kfa::Impl::kWgmmaBwdTraceEvents;
   const Space space;
   if (!kfa::Impl::wgmma_available(space) || !Kernel::fits(space)) {
@@ -130,7 +136,9 @@ void run(const Args& a) {
     KFA_CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
     return double(ms);
   };
-  auto library = [&] { kfa::flash_attention_backward(space, q, k, v, o, lse, d_o, dq, dk, dv, opt); };
+  auto library = [&] {
+    kfa::flash_attention_backward(space, q, k, v, o, lse, d_o, dq, dk, dv, opt);
+  };
   std::vector<double> lib_ms;
   for (int i = 0; i < 3; ++i) library();
   for (int i = 0; i < 5; ++i) lib_ms.push_back(time_ms(library));
@@ -183,7 +191,8 @@ void run(const Args& a) {
     for (int blk = 2; blk + 1 < n; ++blk) {
       for (int wg = 0; wg < 2; ++wg) {
         for (int e = 0; e < kEvents; ++e) {
-          const long long end = e + 1 < kEvents ? at(team, wg, blk, e + 1) : at(team, wg, blk + 1, 0);
+          const long long end =
+              e + 1 < kEvents ? at(team, wg, blk, e + 1) : at(team, wg, blk + 1, 0);
           dur[wg][e].push_back(double(end - at(team, wg, blk, e)));
         }
         period[wg].push_back(double(at(team, wg, blk + 1, 0) - at(team, wg, blk, 0)));
@@ -193,7 +202,9 @@ void run(const Args& a) {
   }
   const double lib = median(lib_ms), trc = median(traced_ms);
   const double flops = 2.5 * 4.0 * B * H * double(N) * N * kD / (a.causal ? 2 : 1);
-  std::printf("# dQ reductions in boxes of %d fp32 a row\n", DqWide ? 32 : 8);
+  std::printf("# dQ reductions in boxes of %d fp32 a row%s%s\n", DqWide ? 32 : 8,
+              DqStoreLate ? ", dQ stored behind the next block's issue" : "",
+              PingPong ? ", the warpgroups' products issued in turns" : "");
   std::printf("# bf16 B %d N %d H %d d %d%s: library backward %.3f ms (%.1f TFLOP/s), traced "
               "kernel + prep %.3f ms\n",
               B, N, H, kD, a.causal ? " causal" : "", lib, flops / (lib * 1e-3) / 1e12, trc);
@@ -204,7 +215,8 @@ void run(const Args& a) {
     std::printf("%-48s %10.0f %10.0f\n", kPhase[e], median(dur[0][e]), median(dur[1][e]));
   std::printf("%-48s %10.0f %10.0f\n", "block period", median(period[0]), median(period[1]));
   std::printf("%-48s %10.0f\n", "wg 1 minus wg 0 past the team barrier", median(skew));
-  std::printf("# the products of a block at the tensor cores' peak: 2560 cycles (10 of m64n64k128)\n");
+  std::printf(
+      "# the products of a block at the tensor cores' peak: 2560 cycles (10 of m64n64k128)\n");
 }
 
 }  // namespace
@@ -214,6 +226,10 @@ int main(int argc, char* argv[]) {
   Kokkos::ScopeGuard guard(argc, argv);
   if (a.narrow)
     run<false>(a);
+  else if (a.late)
+    run<true, true>(a);
+  else if (a.pingpong)
+    run<true, false, true>(a);
   else
     run<true>(a);
   return 0;
