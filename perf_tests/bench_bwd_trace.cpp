@@ -9,13 +9,10 @@
 // with KFA_CUDA_SM90A only:
 //
 //   bench_bwd_trace [--batch 2] [--seqlen 8192] [--heads 16] [--causal]
-//                   [--teams 16] [--blocks 64] [--narrow | --late | --pingpong]
+//                   [--teams 16] [--blocks 64] [--narrow]
 //
 // --narrow traces the kernel with dQ's tensor reductions in boxes of 8
-// fp32 a row (the library's before RESULTS v49) instead of 32; --late the
-// kernel with DqStoreLate (each block's dQ stored behind the next block's
-// issue, v50); --pingpong the kernel with PingPong (the warpgroups' Sᵀ and
-// dPᵀ issued in turns, v50).
+// fp32 a row (the library's before RESULTS v49) instead of 32.
 // The inputs are random (q, k, v, dO in [-1, 1]); O and lse come from the
 // library's forward. The library's backward runs 3 times first (warm-up),
 // then the traced kernel once, then the traced kernel's backward time is
@@ -40,7 +37,7 @@ namespace {
 
 struct Args {
   int batch = 2, seqlen = 8192, heads = 16, teams = 16, blocks = 64;
-  bool causal = false, narrow = false, late = false, pingpong = false;
+  bool causal = false, narrow = false;
 };
 
 Args parse(int argc, char* argv[]) {
@@ -61,12 +58,10 @@ Args parse(int argc, char* argv[]) {
     else if (s == "--blocks") a.blocks = next();
     else if (s == "--causal") a.causal = true;
     else if (s == "--narrow") a.narrow = true;
-    else if (s == "--late") a.late = true;
-    else if (s == "--pingpong") a.pingpong = true;
     else {
       std::fprintf(stderr,
                    "usage: bench_bwd_trace [--batch B] [--seqlen N] [--heads H] [--causal] "
-                   "[--teams T] [--blocks M] [--narrow | --late | --pingpong]\n");
+                   "[--teams T] [--blocks M] [--narrow]\n");
       std::exit(1);
     }
   }
@@ -83,7 +78,7 @@ double median(std::vector<double> x) {
   return x[x.size() / 2];
 }
 
-template <bool DqWide, bool DqStoreLate = false, bool PingPong = false>
+template <bool DqWide>
 void run(const Args& a) {
   using Space = Kokkos::Cuda;
   using T = kfa::bfloat16;
@@ -94,8 +89,7 @@ void run(const Args& a) {
   constexpr int kD = 128;
   using Kernel = kfa::Impl::FlashBackwardWgmmaKernel<Space, kD, Format, View4, View4, View4, View4,
                                                      View3, View3, Acc, View4, View4, false, true,
-                                                     false, true, true, true, DqWide,
-                                                     DqStoreLate, PingPong>;
+                                                     false, true, true, true, DqWide>;
   constexpr int kEvents = kfa::Impl::kWgmmaBwdTraceEvents;
   const Space space;
   if (!kfa::Impl::wgmma_available(space) || !Kernel::fits(space)) {
@@ -202,9 +196,7 @@ void run(const Args& a) {
   }
   const double lib = median(lib_ms), trc = median(traced_ms);
   const double flops = 2.5 * 4.0 * B * H * double(N) * N * kD / (a.causal ? 2 : 1);
-  std::printf("# dQ reductions in boxes of %d fp32 a row%s%s\n", DqWide ? 32 : 8,
-              DqStoreLate ? ", dQ stored behind the next block's issue" : "",
-              PingPong ? ", the warpgroups' products issued in turns" : "");
+  std::printf("# dQ reductions in boxes of %d fp32 a row\n", DqWide ? 32 : 8);
   std::printf("# bf16 B %d N %d H %d d %d%s: library backward %.3f ms (%.1f TFLOP/s), traced "
               "kernel + prep %.3f ms\n",
               B, N, H, kD, a.causal ? " causal" : "", lib, flops / (lib * 1e-3) / 1e12, trc);
@@ -226,10 +218,6 @@ int main(int argc, char* argv[]) {
   Kokkos::ScopeGuard guard(argc, argv);
   if (a.narrow)
     run<false>(a);
-  else if (a.late)
-    run<true, true>(a);
-  else if (a.pingpong)
-    run<true, false, true>(a);
   else
     run<true>(a);
   return 0;

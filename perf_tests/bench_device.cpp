@@ -467,7 +467,7 @@ std::function<void()> simt_backward_at(const Args& a, View4 q, View4 k, View4 v,
 /// FlashBackwardWgmma256Kernel with DqOverlap and DqStaged
 /// (head_dim 256).
 template <bool DqFirst, bool DqTma, bool DqLag, bool EarlyDv = false, bool Pipelined = false,
-          bool DqWide = false, bool DqStoreLate = false, bool PingPong = false>
+          bool DqWide = false>
 struct WgmmaBwdPick {
   static constexpr bool kD256 = false;
   static constexpr bool kD64 = !Pipelined;  // Pipelined runs head_dim 128 only
@@ -475,8 +475,7 @@ struct WgmmaBwdPick {
   using kernel = kfa::Impl::FlashBackwardWgmmaKernel<Kokkos::DefaultExecutionSpace, D, Format,
                                                      View4, View4, View4, View4, View3, View3,
                                                      Acc, View4, View4, DqFirst, DqTma, DqLag,
-                                                     EarlyDv, Pipelined, false, DqWide,
-                                                     DqStoreLate, PingPong>;
+                                                     EarlyDv, Pipelined, false, DqWide>;
 };
 template <bool DqOverlap, bool DqStaged = true>
 struct Wgmma256BwdPick {
@@ -558,12 +557,9 @@ std::function<void()> wgmma_backward(const Args& a, View4 q, View4 k, View4 v, V
 /// barrier a block, the next block's products issued behind dQ's stores,
 /// head_dim 128: the library's there, v47), "wgmma_pipelined_wide" and
 /// "wgmma_dqtma_wide" (those two with dQ's tensor reductions in boxes of 32
-/// fp32 a row, v49), "wgmma_pipelined_wide_late" (pipelined_wide with
-/// each block's dQ stored to its tile behind the next block's issue, v50),
-/// "wgmma_pipelined_wide_pp" (pipelined_wide with the warpgroups' products
-/// issued in turns, v50);
-/// at head_dim 256 "wgmma256" (the library's Hopper
-/// kernel there, v44), "wgmma256_overlap" (its dQ products issued behind
+/// fp32 a row, v49: "wgmma_pipelined_wide" is the library's at head_dim
+/// 128 since); at head_dim 256 "wgmma256" (the library's Hopper kernel
+/// there, v44), "wgmma256_overlap" (its dQ products issued behind
 /// dV's and dK's) and "wgmma256_direct" (dQ's reductions straight from
 /// the fragments, not staged in whole rows). ("wgmma256_split", each
 /// warpgroup half the softmax, measured ±1% in RESULTS v44 and removed.)
@@ -621,10 +617,6 @@ std::function<void()> backward_variant(const Args& a, View4 q, View4 k, View4 v,
     return wgmma(WgmmaBwdPick<false, true, false, true, true, true>());
   if (a.bwd_variant == "wgmma_dqtma_wide")
     return wgmma(WgmmaBwdPick<false, true, false, false, false, true>());
-  if (a.bwd_variant == "wgmma_pipelined_wide_late")
-    return wgmma(WgmmaBwdPick<false, true, false, true, true, true, true>());
-  if (a.bwd_variant == "wgmma_pipelined_wide_pp")
-    return wgmma(WgmmaBwdPick<false, true, false, true, true, true, false, true>());
   if (a.bwd_variant == "wgmma256") return wgmma(Wgmma256BwdPick<false>());
   if (a.bwd_variant == "wgmma256_overlap") return wgmma(Wgmma256BwdPick<true>());
   if (a.bwd_variant == "wgmma256_direct") return wgmma(Wgmma256BwdPick<false, false>());
@@ -633,7 +625,7 @@ std::function<void()> backward_variant(const Args& a, View4 q, View4 k, View4 v,
   throw std::invalid_argument(
       "--bwd-variant needs fp32 or fp64, or wgmma, wgmma_dqfirst, wgmma_dqtma, "
       "wgmma_dqfirst_tma, wgmma_dqlag, wgmma_early_dv, wgmma_pipelined, wgmma_pipelined_wide, "
-      "wgmma_dqtma_wide, wgmma_pipelined_wide_late, wgmma_pipelined_wide_pp, wgmma256, "
+      "wgmma_dqtma_wide, wgmma256, "
       "wgmma256_overlap or wgmma256_direct (bf16, fp16 on CUDA)");
 }
 

@@ -334,18 +334,15 @@ void check_backward_kernel(const Shape& s, bool causal, const std::string& shape
 // The Hopper backward kernel with its options (bench_device's
 // wgmma_dqfirst, wgmma_dqtma, wgmma_dqfirst_tma, wgmma_dqlag,
 // wgmma_early_dv, wgmma_pipelined, wgmma_pipelined_wide, wgmma_dqtma_wide,
-// wgmma_pipelined_wide_late, wgmma_pipelined_wide_pp, and the per-row dQ
-// reductions; the dispatch takes DqTma, with EarlyDv, Pipelined and DqWide
-// at head_dim 128): dK's products after dQ's (DqFirst), the dQ tile added
-// by bulk tensor reductions (DqTma), dQ one block late (DqLag), dV's
-// products issued before dSᵀ is computed (EarlyDv), one team barrier a
-// block (Pipelined), the tensor reductions in boxes of 32 fp32 a row
-// (DqWide), dQ stored behind the next block's issue (DqStoreLate), the
-// warpgroups' products issued in turns (PingPong). dQ is read from the
-// fp32 accumulator, dK and dV from the 16-bit outputs.
+// and the per-row dQ reductions; the dispatch takes DqTma, with EarlyDv,
+// Pipelined and DqWide at head_dim 128): dK's products after dQ's
+// (DqFirst), the dQ tile added by bulk tensor reductions (DqTma), dQ one
+// block late (DqLag), dV's products issued before dSᵀ is computed
+// (EarlyDv), one team barrier a block (Pipelined), the tensor reductions
+// in boxes of 32 fp32 a row (DqWide). dQ is read from the fp32
+// accumulator, dK and dV from the 16-bit outputs.
 template <class T, int HeadDim, bool DqFirst, bool DqTma, bool DqLag = false,
-          bool EarlyDv = false, bool Pipelined = false, bool DqWide = false,
-          bool DqStoreLate = false, bool PingPong = false>
+          bool EarlyDv = false, bool Pipelined = false, bool DqWide = false>
 void check_wgmma_backward(const Shape& s, bool causal) {
   using Space = Kokkos::Cuda;
   using View4 = DeviceView4<T, Space>;
@@ -355,15 +352,14 @@ void check_wgmma_backward(const Shape& s, bool causal) {
   using Kernel = kfa::Impl::FlashBackwardWgmmaKernel<Space, HeadDim, Format, View4, View4, View4,
                                                      View4, View3, View3, Acc, View4, View4,
                                                      DqFirst, DqTma, DqLag, EarlyDv, Pipelined,
-                                                     false, DqWide, DqStoreLate, PingPong>;
+                                                     false, DqWide>;
   ASSERT_EQ(s.head_dim, HeadDim);
   check_backward_kernel<T, Kernel, float>(
       s, causal,
       std::string(DqFirst ? "dq first, " : "") +
           (DqTma ? "dq by tensor reductions" : "dq by row reductions") +
           (DqLag ? ", dq one block late" : "") + (EarlyDv ? ", dv before ds" : "") +
-          (Pipelined ? ", pipelined" : "") + (DqWide ? ", wide dq boxes" : "") +
-          (DqStoreLate ? ", dq stored late" : "") + (PingPong ? ", ping-pong" : ""));
+          (Pipelined ? ", pipelined" : "") + (DqWide ? ", wide dq boxes" : ""));
 }
 
 // Query blocks partial and whole (the tensor reductions drop rows past the
@@ -385,9 +381,6 @@ TEST(FlashBackwardCuda, HopperWgmmaOptions) {
       check_wgmma_backward<kfa::bfloat16, 128, false, true, false, true, true>(s, causal);
       check_wgmma_backward<kfa::bfloat16, 128, false, true, false, true, true, true>(s, causal);
       check_wgmma_backward<kfa::half, 128, false, true, false, false, false, true>(s, causal);
-      check_wgmma_backward<kfa::half, 128, false, true, false, true, true, true, true>(s, causal);
-      check_wgmma_backward<kfa::bfloat16, 128, false, true, false, true, true, true, false, true>(
-          s, causal);
     }
     for (const Shape& s : {Shape{1, 520, 515, 2, 64}, Shape{2, 333, 190, 2, 64}}) {
       check_wgmma_backward<kfa::bfloat16, 64, false, false>(s, causal);
@@ -409,10 +402,6 @@ TEST(FlashBackwardCuda, HopperWgmmaOptions) {
     check_wgmma_backward<kfa::half, 128, false, true, false, true, true>({1, n, 128, 2, 128},
                                                                         false);
     check_wgmma_backward<kfa::bfloat16, 128, false, true, false, true, true, true>(
-        {1, n, 128, 2, 128}, false);
-    check_wgmma_backward<kfa::bfloat16, 128, false, true, false, true, true, true, true>(
-        {1, n, 128, 2, 128}, false);
-    check_wgmma_backward<kfa::half, 128, false, true, false, true, true, true, false, true>(
         {1, n, 128, 2, 128}, false);
   }
   // One query block (the lagged dQ only in the epilogue).

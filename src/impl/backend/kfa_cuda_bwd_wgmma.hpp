@@ -170,7 +170,7 @@ template <class ExecSpace, int HeadDim, class Format, class QView, class KView, 
           class DOView, class LseView, class DeltaView, class DQAccView, class DKView,
           class DVView, bool DqFirst = false, bool DqTma = true, bool DqLag = false,
           bool EarlyDv = false, bool Pipelined = false, bool Trace = false,
-          bool DqWide = false, bool DqStoreLate = false, bool PingPong = false>
+          bool DqWide = false>
 class FlashBackwardWgmmaKernel : public Fused16Backward,
                                  public WgmmaBwdMaps<DqTma>,
                                  public WgmmaBwdTrace<Trace> {
@@ -236,23 +236,6 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
   static constexpr bool kDqWide = DqWide;
   static_assert(!DqWide || DqTma, "kfa: the wide dQ boxes are tensor reductions (DqTma)");
   static constexpr int kDqBoxCols = DqWide ? 32 : 8;
-  /// DqStoreLate (Pipelined): a block's dQ stays in registers past the end
-  /// of its step and goes to the tile right behind the next block's Sᵀ and
-  /// dPᵀ issue, so that the tensor cores get those products one tile
-  /// store earlier (RESULTS run 96: from dQ done to the next block's issue
-  /// they idle ~400-580 cycles a block).
-  static constexpr bool kDqStoreLate = DqStoreLate;
-  static_assert(!DqStoreLate || Pipelined, "kfa: the late dQ store is of the pipelined backward");
-  /// PingPong (Pipelined): warpgroup 1 issues a block's Sᵀ and dPᵀ only
-  /// once warpgroup 0 has issued its own (named barrier 2), so that one
-  /// warpgroup's softmax runs while the other's products do; the dQ tile's
-  /// hand-over is an arrive for warpgroup 1 (it never waits there). Run 96:
-  /// a warpgroup's issue of its products returns only when the tensor
-  /// cores have taken nearly all of them, so two warpgroups that issue
-  /// together also compute their softmax together, beside idle tensor
-  /// cores.
-  static constexpr bool kPingPong = PingPong;
-  static_assert(!PingPong || Pipelined, "kfa: the ping-pong order is of the pipelined backward");
   static constexpr int kDqTiles = DqLag ? 2 : 1;
   static constexpr int kDsTiles = DqLag || Pipelined ? 2 : 1;
   static_assert(kHeadDim == 64 || kHeadDim == 128,
@@ -527,27 +510,13 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
         // (products in flight across the loop's back edge: ptxas
         // serializes the pipeline, C7514).
         mark(q_block, 0);
-        if constexpr (kPingPong) {
-          // Warpgroup 1: its part of the previous dQ tile stored (arrive),
-          // then its products once warpgroup 0 has issued its own.
-          if (wg == 1) {
-            if (q_block > first_q_block) {
-              if constexpr (kDqStoreLate) store_dq(sdQ);
-              named_barrier_arrive(1, kWarps * 32);
-            }
-            named_barrier_sync(2, kWarps * 32);
-          }
-        }
         issue_scores(stage);
-        if constexpr (kPingPong)
-          if (wg == 0) named_barrier_arrive(2, kWarps * 32);
         // The previous block's dQ tile, once every thread has stored its
         // part, to the accumulator while this block's products and softmax
         // run (its reads waited for before this block's barrier; issued
         // behind that barrier instead, they held up the next stores: run
         // 86).
-        if (q_block > first_q_block && (!kPingPong || wg == 0)) {
-          if constexpr (kDqStoreLate) store_dq(sdQ);  // the previous block's
+        if (q_block > first_q_block) {
           named_barrier_sync(1, kWarps * 32);
           add_dq(row_begin - kBlockM, sdQ);
         }
@@ -726,7 +695,7 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
         fence_operands(dk_flat);
         fence_operands(dq_flat);
         mark(q_block, 8);
-        if constexpr (!kDqStoreLate) store_dq(sdQ);
+        store_dq(sdQ);
         mark(q_block, 9);
         continue;
       }
@@ -753,7 +722,6 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
     }
     if (first_q_block < num_q_blocks) {
       const int last = num_q_blocks - 1;
-      if constexpr (kDqStoreLate) store_dq(dq_tile(last));  // still in registers
       team.team_barrier();
       if constexpr (kDqLag) {
         // The last block's dQ, and the tile before it.
