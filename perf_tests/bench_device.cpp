@@ -555,7 +555,7 @@ std::function<void()> wgmma_backward(const Args& a, View4 q, View4 k, View4 v, V
 /// block late, v43), "wgmma_early_dv" (Pᵀ while dPᵀ's products run, dV's
 /// products before dSᵀ, v46), "wgmma_pipelined" (early_dv with one team
 /// barrier a block, the next block's products issued behind dQ's stores,
-/// head_dim 128: the library's there, v47), "wgmma_pipelined_wide" and
+/// head_dim 128: the library's there from v47 to v49), "wgmma_pipelined_wide" and
 /// "wgmma_dqtma_wide" (those two with dQ's tensor reductions in boxes of 32
 /// fp32 a row, v49: "wgmma_pipelined_wide" is the library's at head_dim
 /// 128 since); at head_dim 256 "wgmma256" (the library's Hopper kernel

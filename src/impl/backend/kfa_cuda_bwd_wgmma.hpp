@@ -65,12 +65,9 @@ struct WgmmaBwdMaps<true> {
 /// block) · kWgmmaBwdTraceEvents + event]. None without Trace.
 constexpr int kWgmmaBwdTraceEvents = 10;
 template <bool Trace>
-struct WgmmaBwdTrace {
-  static constexpr bool kTrace = false;
-};
+struct WgmmaBwdTrace {};
 template <>
 struct WgmmaBwdTrace<true> {
-  static constexpr bool kTrace = true;
   long long* m_trace = nullptr;
   int m_trace_teams = 0, m_trace_blocks = 0;
   void set_trace(long long* trace, int teams, int blocks) {
