@@ -20,9 +20,9 @@
 #include <kfa/kfa.hpp>
 
 #include "bench_cuda_check.hpp"
+#include "bench_fill.hpp"
 
 #include <Kokkos_Core.hpp>
-#include <Kokkos_Random.hpp>
 
 #include <cuda_runtime.h>
 
@@ -101,17 +101,7 @@ void run(const Args& a) {
       o("o", B, N, H, kD), dq("dq", B, N, H, kD), dk("dk", B, N, H, kD), dv("dv", B, N, H, kD);
   View3 lse("lse", B, H, N), delta("delta", B, H, N);
   Acc acc("dq_acc", B, N, H, kD);
-  {
-    Kokkos::Random_XorShift64_Pool<Space> pool(1234);
-    Kokkos::View<float*, Space::memory_space> draw("draw", q.size());
-    for (const View4& x : {q, k, v, d_o}) {
-      Kokkos::fill_random(draw, pool, -1.0f, 1.0f);
-      T* dst = x.data();
-      Kokkos::parallel_for(
-          "bench_bwd_trace::round", Kokkos::RangePolicy<Space>(0, x.size()),
-          KOKKOS_LAMBDA(const std::size_t i) { dst[i] = T(draw(i)); });
-    }
-  }
+  fill_uniform<Space>({q, k, v, d_o});
   kfa::AttentionOptions opt;
   opt.causal = a.causal;
   kfa::flash_attention_forward(space, q, k, v, o, lse, opt);

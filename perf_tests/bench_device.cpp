@@ -22,8 +22,9 @@
 
 #include <kfa/kfa.hpp>
 
+#include "bench_fill.hpp"
+
 #include <Kokkos_Core.hpp>
-#include <Kokkos_Random.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -800,16 +801,7 @@ void run(const Args& a) {
       o("o", B, N, H, D), dq("dq", B, N, H, D), dk("dk", B, N, Hkv, D), dv("dv", B, N, Hkv, D);
   View3 lse("lse", B, H, N);
   if (a.random) {
-    // Drawn in float and rounded: Kokkos' generators do not cover every T.
-    Kokkos::Random_XorShift64_Pool<Space> pool(1234);
-    Kokkos::View<float*, Space::memory_space> draw("draw", q.size());
-    for (const View4& x : {q, k, v, d_o}) {
-      Kokkos::fill_random(draw, pool, -1.0f, 1.0f);
-      T* dst = x.data();
-      Kokkos::parallel_for(
-          "bench_device::round", Kokkos::RangePolicy<Space>(0, x.size()),
-          KOKKOS_LAMBDA(const std::size_t i) { dst[i] = T(draw(i)); });
-    }
+    fill_uniform<Space>({q, k, v, d_o});
   } else {
     read_into(q, a.dir + "/q.bin");
     read_into(k, a.dir + "/k.bin");
