@@ -13,10 +13,12 @@
 //
 // --narrow traces the kernel with dQ's tensor reductions in boxes of 8
 // fp32 a row (the library's before RESULTS v49) instead of 32.
+//
 // The inputs are random (q, k, v, dO in [-1, 1]); O and lse come from the
 // library's forward. The library's backward runs 3 times first (warm-up),
 // then the traced kernel once, then the traced kernel's backward time is
-// compared with the library's (its clock reads and stores cost a little).
+// compared with the library's (its clock reads and stores cost a little;
+// both as GPU time, gpu_time_ms).
 #include <kfa/kfa.hpp>
 
 #include "bench_cuda_check.hpp"
@@ -107,19 +109,8 @@ void run(const Args& a) {
   kfa::flash_attention_forward(space, q, k, v, o, lse, opt);
   const float scale = 1.0f / std::sqrt(float(kD));
 
-  cudaEvent_t start, stop;
-  KFA_CHECK_CUDA(cudaEventCreate(&start));
-  KFA_CHECK_CUDA(cudaEventCreate(&stop));
   const cudaStream_t stream = space.cuda_stream();
-  auto time_ms = [&](auto&& fn) {
-    KFA_CHECK_CUDA(cudaEventRecord(start, stream));
-    fn();
-    KFA_CHECK_CUDA(cudaEventRecord(stop, stream));
-    KFA_CHECK_CUDA(cudaEventSynchronize(stop));
-    float ms = 0;
-    KFA_CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
-    return double(ms);
-  };
+  auto time_ms = [&](auto&& fn) { return gpu_time_ms(stream, fn); };
   auto library = [&] {
     kfa::flash_attention_backward(space, q, k, v, o, lse, d_o, dq, dk, dv, opt);
   };
@@ -142,8 +133,6 @@ void run(const Args& a) {
   std::vector<double> traced_ms;
   for (int i = 0; i < 5; ++i) traced_ms.push_back(time_ms(traced));
   KFA_CHECK_CUDA(cudaGetLastError());
-  KFA_CHECK_CUDA(cudaEventDestroy(start));
-  KFA_CHECK_CUDA(cudaEventDestroy(stop));
   const auto t = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), trace);
 
   static const char* const kPhase[kEvents] = {

@@ -23,6 +23,9 @@
 #include <kfa/kfa.hpp>
 
 #include "bench_fill.hpp"
+#if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
+#include "bench_cuda_check.hpp"
+#endif
 
 #include <Kokkos_Core.hpp>
 
@@ -120,46 +123,14 @@ void write_from(const View& view, const std::string& path) {
   if (!out) throw std::runtime_error("cannot write " + path);
 }
 
-#if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
-/// Keeps the GPU busy for `cycles` clock cycles (time_ms).
-__global__ void bench_spin(long long cycles) {
-  const long long t0 = clock64();
-  while (clock64() - t0 < cycles) {
-  }
-}
-
-void check_cuda(cudaError_t e, const char* what) {
-  if (e != cudaSuccess)
-    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-#endif
-
-/// Milliseconds of one call of f. On CUDA: GPU time between two events on
-/// the default instance's stream, recorded behind a kernel that spins for
-/// ~1 ms, so that the GPU is still busy while the host enqueues f's work
-/// and host-side costs that the GPU does not wait for are not counted (as
-/// in bench_device.py's timings of PyTorch). Elsewhere: a host clock around
-/// f and a fence.
+/// Milliseconds of one call of f. On CUDA: GPU time on the default
+/// instance's stream (gpu_time_ms, behind ~1 ms of a spinning kernel).
+/// Elsewhere: a host clock around f and a fence.
 template <class F>
 double time_ms(F&& f) {
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
-  if constexpr (std::is_same<Kokkos::DefaultExecutionSpace, Kokkos::Cuda>::value) {
-    static cudaEvent_t start = nullptr, stop = nullptr;
-    if (!start) {
-      check_cuda(cudaEventCreate(&start), "cudaEventCreate");
-      check_cuda(cudaEventCreate(&stop), "cudaEventCreate");
-    }
-    const cudaStream_t stream = Kokkos::Cuda().cuda_stream();
-    bench_spin<<<1, 1, 0, stream>>>(2000000);
-    check_cuda(cudaGetLastError(), "bench_spin");
-    check_cuda(cudaEventRecord(start, stream), "cudaEventRecord");
-    f();
-    check_cuda(cudaEventRecord(stop, stream), "cudaEventRecord");
-    check_cuda(cudaEventSynchronize(stop), "cudaEventSynchronize");
-    float ms = 0;
-    check_cuda(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-    return ms;
-  }
+  if constexpr (std::is_same<Kokkos::DefaultExecutionSpace, Kokkos::Cuda>::value)
+    return gpu_time_ms(Kokkos::Cuda().cuda_stream(), f);
 #endif
   const auto t0 = std::chrono::steady_clock::now();
   f();
@@ -556,10 +527,10 @@ std::function<void()> wgmma_backward(const Args& a, View4 q, View4 k, View4 v, V
 /// block late, v43), "wgmma_early_dv" (Pᵀ while dPᵀ's products run, dV's
 /// products before dSᵀ, v46), "wgmma_pipelined" (early_dv with one team
 /// barrier a block, the next block's products issued behind dQ's stores,
-/// head_dim 128: the library's there from v47 to v49), "wgmma_pipelined_wide" and
-/// "wgmma_dqtma_wide" (those two with dQ's tensor reductions in boxes of 32
-/// fp32 a row, v49: "wgmma_pipelined_wide" is the library's at head_dim
-/// 128 since); at head_dim 256 "wgmma256" (the library's Hopper kernel
+/// head_dim 128: the library's there from v47 to v49),
+/// "wgmma_pipelined_wide" and "wgmma_dqtma_wide" (those two with dQ's
+/// tensor reductions in boxes of 32 fp32 a row, v49: "wgmma_pipelined_wide"
+/// is the library's at head_dim 128 since); at head_dim 256 "wgmma256" (the library's Hopper kernel
 /// there, v44), "wgmma256_overlap" (its dQ products issued behind
 /// dV's and dK's) and "wgmma256_direct" (dQ's reductions straight from
 /// the fragments, not staged in whole rows). ("wgmma256_split", each
@@ -626,8 +597,7 @@ std::function<void()> backward_variant(const Args& a, View4 q, View4 k, View4 v,
   throw std::invalid_argument(
       "--bwd-variant needs fp32 or fp64, or wgmma, wgmma_dqfirst, wgmma_dqtma, "
       "wgmma_dqfirst_tma, wgmma_dqlag, wgmma_early_dv, wgmma_pipelined, wgmma_pipelined_wide, "
-      "wgmma_dqtma_wide, wgmma256, "
-      "wgmma256_overlap or wgmma256_direct (bf16, fp16 on CUDA)");
+      "wgmma_dqtma_wide, wgmma256, wgmma256_overlap or wgmma256_direct (bf16, fp16 on CUDA)");
 }
 
 /// 16-bit types: "policy": the shape that fits Kokkos' TeamPolicy scratch
