@@ -35,6 +35,32 @@ struct AttentionMask {
            (m_left >= 0 && j < i + m_offset - m_left);
   }
 
+  /// The keys query i sees, [first, last]: masked(i, j) iff j < first or
+  /// j > last (last < first where it sees none). The tensor-core kernels
+  /// take these once per row and test each score's column against them (a
+  /// compare and a select) instead of calling masked per score.
+  KOKKOS_INLINE_FUNCTION void visible_keys(int i, int& first, int& last) const {
+    first = m_left < 0 ? 0 : i + m_offset - m_left;
+    last = m_right < 0 ? m_seqlen_k - 1 : (i + m_offset + m_right < m_seqlen_k - 1
+                                               ? i + m_offset + m_right
+                                               : m_seqlen_k - 1);
+    if (i >= m_seqlen_q) last = -1;
+  }
+
+  /// The queries that see key j, [first, last]: masked(i, j) iff i < first
+  /// or i > last (last < first where none does).
+  KOKKOS_INLINE_FUNCTION void visible_rows(int j, int& first, int& last) const {
+    first = m_right < 0 ? 0 : j - m_offset - m_right;
+    last = m_left < 0 ? m_seqlen_q - 1 : (j - m_offset + m_left < m_seqlen_q - 1
+                                              ? j - m_offset + m_left
+                                              : m_seqlen_q - 1);
+    if (j >= m_seqlen_k) last = -1;
+  }
+
+  /// Whether a window bounds the keys a row sees on the left (else `first`
+  /// of visible_keys is 0, and a kernel may test only `last`).
+  KOKKOS_INLINE_FUNCTION bool has_left() const { return m_left >= 0; }
+
   /// First key any row of a block starting at `row_begin` sees.
   KOKKOS_INLINE_FUNCTION int key_begin(int row_begin) const {
     return m_left < 0 ? 0 : iclamp(row_begin + m_offset - m_left, 0, m_seqlen_k);

@@ -53,7 +53,8 @@ TEST(FusedProblem, LeagueOwnsEveryBlockOnceGroupedByHead) {
       }
 }
 
-// The tile queries of the mask agree with the element mask: every visible
+// The tile queries of the mask agree with the element mask (and so do the
+// visible key range of a row and row range of a key): every visible
 // element lies inside the key range of its row block and the row range of
 // its key block, and a tile said not to need the element mask has no masked
 // element. Windows also skip the tiles before them, not only after.
@@ -82,6 +83,17 @@ TEST(AttentionMask, TileQueriesMatchBruteForce) {
         for (int i = 0; i < sq; ++i)
           for (int j = 0; j < sk; ++j)
             ASSERT_EQ(mask.masked(i, j), ref_masked(opt, i, j, sq, sk)) << what;
+        // The per-row and per-key ranges of the tensor-core kernels, also
+        // over the padding rows and keys past the ends (all masked).
+        for (int i = 0; i < sq + 3; ++i)
+          for (int j = 0; j < sk + 5; ++j) {
+            int first = 0, last = 0;
+            mask.visible_keys(i, first, last);
+            ASSERT_EQ(mask.masked(i, j), j < first || j > last) << what << " row " << i;
+            ASSERT_TRUE(mask.has_left() || first == 0) << what;
+            mask.visible_rows(j, first, last);
+            ASSERT_EQ(mask.masked(i, j), i < first || i > last) << what << " key " << j;
+          }
         int visited = 0, needed = 0;
         for (int r0 = 0; r0 < sq; r0 += bm) {
           const int r1 = std::min(sq, r0 + bm);

@@ -149,14 +149,29 @@ KOKKOS_FORCEINLINE_FUNCTION void wgmma_bwd_probabilities(float (&s)[Tiles][4], c
       mask.tile_needs_mask(row_begin, row_begin + 8 * Tiles, key_begin, key_end);
   const float scale_log2 = scale * kLog2e;
   cuda_mma::unswitch_mask(needs_mask, [&](auto masked) {
+    // Where masked: the queries that see each of the lane's two keys
+    // (AttentionMask::visible_rows), moved to its columns, so that a value
+    // costs two compares of constants and a select.
+    int first[2] = {0, 0}, last[2] = {0, 0};
+    if constexpr (decltype(masked)::value) {
+      const int row_of_lane = row_begin + (lane % 4) * 2;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        mask.visible_rows(key0 + 8 * r, first[r], last[r]);
+        first[r] -= row_of_lane;
+        last[r] -= row_of_lane;
+      }
+    }
 #pragma unroll
     for (int n = 0; n < Tiles; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int col = n * 8 + (lane % 4) * 2 + (e & 1);
-        const int key = e < 2 ? key0 : key0 + 8;
         float p = cuda_mma::exp2_fast(fmaf(s[n][e], scale_log2, -s_lse[col] * kLog2e));
-        if (decltype(masked)::value && mask.masked(row_begin + col, key)) p = 0.f;
+        if constexpr (decltype(masked)::value) {
+          const int c = n * 8 + (e & 1), r = e / 2;
+          if (c < first[r] || c > last[r]) p = 0.f;
+        }
         s[n][e] = p;
         then(n, e, col);
       }

@@ -31,17 +31,33 @@ KOKKOS_FORCEINLINE_FUNCTION void for_each_score(F&& f) {
 /// under one test of the tile's needs_mask, so that a tile with no masked
 /// element runs no per-element test: a test inside the elements' loop
 /// became a branch (and a convergence barrier) per element where registers
-/// were short (RESULTS v36).
+/// were short (RESULTS v36). Each row's visible keys are taken once
+/// (AttentionMask::visible_keys) and moved to this lane's columns, so that
+/// a score costs a compare of its column (a constant of the unrolled loop)
+/// and a select, two where a left window bounds the keys too.
 template <int MTiles, int TilesS>
 KOKKOS_FORCEINLINE_FUNCTION void fwd_mask_scores(float (&s)[MTiles][TilesS][4],
                                                  const AttentionMask& mask, int row0,
                                                  int key_begin, float value) {
   const int lane = cuda_mma::lane_id();
-  for_each_score<MTiles, TilesS>([&](int mt, int n, int e) {
-    const int row = row0 + mt * 16 + (e / 2) * 8;
-    const int col = key_begin + n * 8 + (lane % 4) * 2 + (e & 1);
-    if (mask.masked(row, col)) s[mt][n][e] = value;
-  });
+  const int col0 = key_begin + (lane % 4) * 2;
+  int first[2 * MTiles], last[2 * MTiles];
+#pragma unroll
+  for (int r = 0; r < 2 * MTiles; ++r) {
+    mask.visible_keys(row0 + (r / 2) * 16 + (r % 2) * 8, first[r], last[r]);
+    first[r] -= col0;
+    last[r] -= col0;
+  }
+  if (mask.has_left()) {
+    for_each_score<MTiles, TilesS>([&](int mt, int n, int e) {
+      const int c = n * 8 + (e & 1), r = 2 * mt + e / 2;
+      if (c < first[r] || c > last[r]) s[mt][n][e] = value;
+    });
+  } else {
+    for_each_score<MTiles, TilesS>([&](int mt, int n, int e) {
+      if (n * 8 + (e & 1) > last[2 * mt + e / 2]) s[mt][n][e] = value;
+    });
+  }
 }
 
 /// Scale (base 2), mask, online softmax in registers: S becomes P and the
