@@ -348,7 +348,7 @@ void launch_forward_mma_heads(const ExecSpace& space, const Q& q, const K& k, co
   if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
     using wgmma_t = FlashForwardWgmmaKernel<ExecSpace, HeadDim, Format, Q, K, V, O, Lse>;
     if (use_opt_in_shared_memory() && use_wgmma_kernels() && wgmma_available(space)) {
-      if constexpr (HeadDim <= 128) {
+      if constexpr (HeadDim == 64) {
         using short_t = FlashForwardWgmmaKernelIn<WgmmaFwdShortCausalShape<HeadDim>, ExecSpace,
                                                   HeadDim, Format, Q, K, V, O, Lse>;
         if (wgmma_fwd_short_causal<HeadDim>(causal, long(k.extent(1))) && short_t::fits(space)) {
@@ -370,7 +370,8 @@ void launch_forward_mma_heads(const ExecSpace& space, const Q& q, const K& k, co
 }
 
 /// The tensor-core forward: on Hopper with sm_90a device code the wgmma
-/// kernel (in WgmmaFwdShortCausalShape for short causal sequences, else in
+/// kernel (in WgmmaFwdShortCausalShape for short causal sequences at
+/// head_dim 64, else in
 /// WgmmaFwdShape), else mma.sync in its large shape (opt-in shared memory) where the
 /// GPU grants it, else in the shape that fits Kokkos' TeamPolicy (its
 /// Grouped instantiation where k and v have fewer heads than q).

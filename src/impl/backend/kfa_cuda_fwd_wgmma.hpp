@@ -34,7 +34,7 @@
 //   64 keys: 193 KB; at 64, 192 rows: 89 KB.
 // - Else every thread copies its share by cp.async and the team meets at a
 //   barrier every block (WgmmaFwdShortCausalShape: 64 rows, 64 keys, 41 KB
-//   at head_dim 64, 81 KB at 128).
+//   at head_dim 64).
 // PingPong (bench_device's wgmma_*_pp, not the library's): the two
 // warpgroups issue their products in turns.
 
@@ -77,13 +77,10 @@ struct WgmmaFwdShape {
   static constexpr bool kPersistent = HeadDim != 256;
 };
 
-/// The shape for short sequences under the causal mask (head_dim 64 and
-/// 128; wgmma_fwd_short_causal): teams of one warpgroup (64 query rows)
-/// with 64-key blocks by cp.async, four per SM at 64 and two at 128, whose
-/// tiles of few key blocks overlap on an SM (the library's shape before
-/// v38). RESULTS run 67, bf16 causal: d 64 N 2048 316 TFLOP/s against 245
-/// for WgmmaFwdShape, d 128 N 512 220 against 183, N 1024 303 against 299;
-/// from d 128 N 2048 and d 64 N 8192 WgmmaFwdShape is faster.
+/// The shape for short sequences under the causal mask (head_dim 64;
+/// wgmma_fwd_short_causal): teams of one warpgroup (64 query rows) with
+/// 64-key blocks by cp.async, four per SM at 64 (two at 128), whose tiles
+/// of few key blocks overlap on an SM (the library's shape before v38).
 template <int HeadDim>
 struct WgmmaFwdShortCausalShape {
   static constexpr int kBlockN = 64;
@@ -97,12 +94,16 @@ struct WgmmaFwdShortCausalShape {
 };
 
 /// Whether a forward at HeadDim over seqlen_k keys takes
-/// WgmmaFwdShortCausalShape: causal, and at most 4096 keys at head_dim 64
-/// (between run 67's 2048, 29% faster, and 8192, 6% slower) or 1024 at
-/// 128.
+/// WgmmaFwdShortCausalShape: causal, head_dim 64 and at most 1024 keys.
+/// RESULTS run 102, bf16 causal, TFLOP/s of the short shape against
+/// WgmmaFwdShape's, both with v52's mask: d 64 N 512 224 against 194,
+/// N 1024 285 against 261, N 2048 333 against 355, N 4096 363 against
+/// 413; d 128 N 512 232 against 267, N 1024 314 against 410. (Run 67 had
+/// set 4096 keys at d 64 and 1024 at 128: the masked blocks, which the
+/// short shape has fewer of, cost more then.)
 template <int HeadDim>
 inline bool wgmma_fwd_short_causal(bool causal, long seqlen_k) {
-  return causal && HeadDim <= 128 && seqlen_k <= (HeadDim == 64 ? 4096 : 1024);
+  return causal && HeadDim == 64 && seqlen_k <= 1024;
 }
 
 /// The tensor maps of q, k and v of a forward whose copies are bulk tensor
