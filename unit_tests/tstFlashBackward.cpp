@@ -211,7 +211,7 @@ TEST(FlashBackwardCuda, MmaSyncKernelsWithoutWgmma) {
 
 // The Hopper backward on more shapes than the typed tests: query and key
 // blocks partial and whole, more keys than queries and fewer, several
-// heads and batches.
+// heads and batches, leagues of more teams than an H200 has SMs.
 TEST(FlashBackwardCuda, HopperWgmma) {
   if (!kfa::Impl::wgmma_available(Kokkos::Cuda())) {
     GTEST_SKIP() << "no sm_90 GPU, or this build has no sm_90a device code (KFA_CUDA_SM90A)";
@@ -224,6 +224,12 @@ TEST(FlashBackwardCuda, HopperWgmma) {
     check_backward<C16>({1, 64, 128, 3, 64}, causal, false);
     check_backward<C16h>({2, 333, 190, 2, 64}, causal, false);
     check_backward<C16>({1, 520, 515, 2, 64}, causal, false);  // 5 x 5 blocks of 128
+    // More teams than an H200 has SMs (a head's teams in several waves, its
+    // dQ rows summed by teams that do not run at once), and rows that see
+    // no key.
+    check_backward<C16>({1, 300, 1000, 48, 64}, causal, false);
+    check_backward<C16h>({2, 190, 520, 36, 128}, causal, false);
+    check_backward<C16>({1, 600, 130, 40, 128}, causal, false);
   }
 }
 
