@@ -371,10 +371,10 @@ void launch_forward_mma_heads(const ExecSpace& space, const Q& q, const K& k, co
 
 /// The tensor-core forward: on Hopper with sm_90a device code the wgmma
 /// kernel (in WgmmaFwdShortCausalShape for short causal sequences at
-/// head_dim 64, else in
-/// WgmmaFwdShape), else mma.sync in its large shape (opt-in shared memory) where the
-/// GPU grants it, else in the shape that fits Kokkos' TeamPolicy (its
-/// Grouped instantiation where k and v have fewer heads than q).
+/// head_dim 64, else in WgmmaFwdShape), else mma.sync in its large shape
+/// (opt-in shared memory) where the GPU grants it, else in the shape that
+/// fits Kokkos' TeamPolicy (its Grouped instantiation where k and v have
+/// fewer heads than q).
 template <class ExecSpace, int HeadDim, class Format, class Q, class K, class V, class O,
           class Lse>
 void launch_forward_mma(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,

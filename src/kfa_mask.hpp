@@ -41,9 +41,7 @@ struct AttentionMask {
   /// compare and a select) instead of calling masked per score.
   KOKKOS_INLINE_FUNCTION void visible_keys(int i, int& first, int& last) const {
     first = m_left < 0 ? 0 : i + m_offset - m_left;
-    last = m_right < 0 ? m_seqlen_k - 1 : (i + m_offset + m_right < m_seqlen_k - 1
-                                               ? i + m_offset + m_right
-                                               : m_seqlen_k - 1);
+    last = m_right < 0 ? m_seqlen_k - 1 : imin(i + m_offset + m_right, m_seqlen_k - 1);
     if (i >= m_seqlen_q) last = -1;
   }
 
@@ -51,9 +49,7 @@ struct AttentionMask {
   /// or i > last (last < first where none does).
   KOKKOS_INLINE_FUNCTION void visible_rows(int j, int& first, int& last) const {
     first = m_right < 0 ? 0 : j - m_offset - m_right;
-    last = m_left < 0 ? m_seqlen_q - 1 : (j - m_offset + m_left < m_seqlen_q - 1
-                                              ? j - m_offset + m_left
-                                              : m_seqlen_q - 1);
+    last = m_left < 0 ? m_seqlen_q - 1 : imin(j - m_offset + m_left, m_seqlen_q - 1);
     if (j >= m_seqlen_k) last = -1;
   }
 
