@@ -83,54 +83,17 @@ struct WgmmaBwdTrace<true> {
 /// and per query block Q, dO (BlockM rows) with their lse and D. Rows past
 /// the end read 0: a query row past seqlen_q has S = dP = D = 0 and dO =
 /// 0, so nothing of it reaches dK or dV, and its dQ is not added.
-/// Lean: only the batch and head are kept, and the offsets of Q, dO, lse
-/// and D are computed again for each query block from the kernel's
-/// parameters (a few integer products), instead of four 64-bit values
-/// held in registers through the whole kernel: the d 128 backward then
-/// runs without spills (RESULTS v54); at d 256 the lean form spilled.
-template <int HeadDim, bool Lean>
-struct WgmmaBwdRows {
-  long m_q_offset, m_row_stride;
-  const float* m_lse;
-  const float* m_delta;
-  KOKKOS_FORCEINLINE_FUNCTION WgmmaBwdRows(const Fused16Backward& p, int b, int h)
-      : m_q_offset(p.m_p.offset(b, h, p.m_p.seqlen_q, HeadDim)),
-        m_row_stride(long(p.m_p.heads) * HeadDim),
-        m_lse(p.m_lse + p.m_p.lse_offset(b, h)),
-        m_delta(p.m_delta + p.m_p.lse_offset(b, h)) {}
-  KOKKOS_FORCEINLINE_FUNCTION long q_offset(const Fused16Backward&) const { return m_q_offset; }
-  KOKKOS_FORCEINLINE_FUNCTION long row_stride(const Fused16Backward&) const {
-    return m_row_stride;
-  }
-  KOKKOS_FORCEINLINE_FUNCTION const float* lse(const Fused16Backward&) const { return m_lse; }
-  KOKKOS_FORCEINLINE_FUNCTION const float* delta(const Fused16Backward&) const {
-    return m_delta;
-  }
-};
-template <int HeadDim>
-struct WgmmaBwdRows<HeadDim, true> {
-  int m_b, m_h;
-  KOKKOS_FORCEINLINE_FUNCTION WgmmaBwdRows(const Fused16Backward&, int b, int h)
-      : m_b(b), m_h(h) {}
-  KOKKOS_FORCEINLINE_FUNCTION long q_offset(const Fused16Backward& p) const {
-    return p.m_p.offset(m_b, m_h, p.m_p.seqlen_q, HeadDim);
-  }
-  KOKKOS_FORCEINLINE_FUNCTION long row_stride(const Fused16Backward& p) const {
-    return long(p.m_p.heads) * HeadDim;
-  }
-  KOKKOS_FORCEINLINE_FUNCTION const float* lse(const Fused16Backward& p) const {
-    return p.m_lse + p.m_p.lse_offset(m_b, m_h);
-  }
-  KOKKOS_FORCEINLINE_FUNCTION const float* delta(const Fused16Backward& p) const {
-    return p.m_delta + p.m_p.lse_offset(m_b, m_h);
-  }
-};
-
-template <int HeadDim, int BlockN, int BlockM, int Threads, bool Lean = false>
+template <int HeadDim, int BlockN, int BlockM, int Threads>
 class WgmmaBwdLoads {
  public:
   KOKKOS_FORCEINLINE_FUNCTION WgmmaBwdLoads(const Fused16Backward& kernel, int tid, int b, int h)
-      : m_kernel(kernel), m_tid(tid), m_q_loader(tid), m_rows(kernel, b, h) {}
+      : m_kernel(kernel),
+        m_tid(tid),
+        m_q_loader(tid),
+        m_q_offset(kernel.m_p.offset(b, h, kernel.m_p.seqlen_q, HeadDim)),
+        m_row_stride(long(kernel.m_p.heads) * HeadDim),
+        m_lse(kernel.m_lse + kernel.m_p.lse_offset(b, h)),
+        m_delta(kernel.m_delta + kernel.m_p.lse_offset(b, h)) {}
 
   /// K and V rows key_begin.. of query head h's k/v head.
   KOKKOS_FORCEINLINE_FUNCTION void kv(int b, int h, int key_begin, std::uint32_t k_addr,
@@ -149,15 +112,13 @@ class WgmmaBwdLoads {
                                            std::uint32_t do_addr, float* stats) const {
     const Fused16Backward& p = m_kernel;
     const int row_begin = q_block * BlockM;
-    const long q_offset = m_rows.q_offset(p), row_stride = m_rows.row_stride(p);
-    m_q_loader.load(q_addr, p.m_q + q_offset, row_stride, row_begin, p.m_p.seqlen_q);
-    m_q_loader.load(do_addr, p.m_do + q_offset, row_stride, row_begin, p.m_p.seqlen_q);
+    m_q_loader.load(q_addr, p.m_q + m_q_offset, m_row_stride, row_begin, p.m_p.seqlen_q);
+    m_q_loader.load(do_addr, p.m_do + m_q_offset, m_row_stride, row_begin, p.m_p.seqlen_q);
     if (m_tid < BlockM) {
       const int row = row_begin + m_tid;
       const bool ok = row < p.m_p.seqlen_q;
-      cuda_mma::cp_async_small<4>(stats + m_tid, m_rows.lse(p) + (ok ? row : 0), ok ? 4 : 0);
-      cuda_mma::cp_async_small<4>(stats + BlockM + m_tid, m_rows.delta(p) + (ok ? row : 0),
-                                  ok ? 4 : 0);
+      cuda_mma::cp_async_small<4>(stats + m_tid, m_lse + (ok ? row : 0), ok ? 4 : 0);
+      cuda_mma::cp_async_small<4>(stats + BlockM + m_tid, m_delta + (ok ? row : 0), ok ? 4 : 0);
     }
   }
 
@@ -165,7 +126,9 @@ class WgmmaBwdLoads {
   const Fused16Backward& m_kernel;
   int m_tid;
   cuda_mma::Sw128TileLoader<HeadDim, BlockM, Threads> m_q_loader;
-  WgmmaBwdRows<HeadDim, Lean> m_rows;
+  long m_q_offset, m_row_stride;
+  const float* m_lse;
+  const float* m_delta;
 };
 
 /// Pᵀ = exp2(Sᵀ·scale·log2e - lse·log2e) in place in a wgmma backward's
@@ -359,6 +322,7 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
     const int key_begin = kv_block * kBlockN;
     const long row_stride = long(m_p.heads) * kHeadDim;
     const long q_offset = m_p.offset(b, h, m_p.seqlen_q, kHeadDim);
+    const long k_offset = m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
 
     const std::uint32_t raw_addr = smem_address(raw);
     const std::uint32_t base_addr = (raw_addr + 1023) & ~std::uint32_t(1023);
@@ -376,8 +340,7 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
                                        reinterpret_cast<const unsigned char*>(sK));
     };
 
-    const WgmmaBwdLoads<kHeadDim, kBlockN, kBlockM, kWarps * 32, kHeadDim == 128> loads(
-        *this, tid, b, h);
+    const WgmmaBwdLoads<kHeadDim, kBlockN, kBlockM, kWarps * 32> loads(*this, tid, b, h);
     loads.kv(b, h, key_begin, addr(sK), addr(sV));
     // Q, dO, lse and D of a query block into a stage.
     auto load_q_block = [&](int q_block, int stage) {
@@ -788,8 +751,6 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
     cp_async_wait<0>();
     if (dq_issuer) bulk_wait();
 
-    // dK and dV (k_offset taken here, not held through the kernel).
-    const long k_offset = m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int key = half == 0 ? key0 : key1;
