@@ -5,8 +5,12 @@
 // option, WgmmaBwdTrace). Prints, per phase, the median cycles a block
 // spends in it over the traced blocks (the first two and the last of each
 // team left out), for each warpgroup, beside the block's whole period, and
-// how far apart the two warpgroups are at the team barrier. CUDA builds
-// with KFA_CUDA_SM90A only:
+// how far apart the two warpgroups are at the team barrier. Then, from every
+// team of the same launch, where a team's time goes outside its query
+// blocks (start to the first block, the last dQ tile and the dK/dV stores,
+// the wait at the end), the cycles between one team's end and the next
+// one's start on an SM, and how long SMs sit idle at the kernel's start and
+// end. CUDA builds with KFA_CUDA_SM90A only:
 //
 //   bench_bwd_trace [--batch 2] [--seqlen 8192] [--heads 16] [--causal]
 //                   [--teams 16] [--blocks 64] [--narrow]
@@ -80,6 +84,85 @@ double median(std::vector<double> x) {
   return x[x.size() / 2];
 }
 
+/// Where the teams' time goes (the last run of the traced kernel, every
+/// team; WgmmaBwdTrace's team events): per team, the cycles from its start
+/// to its first query block's top (prologue: K, V and the first stages
+/// loaded), through its blocks, to its last dQ tile handed over and its dK
+/// and dV stored, to its end; per SM, the cycles between one team's end and
+/// the next one's start; and over the kernel (global timer), how long the
+/// SMs sat idle before their first team and after their last.
+template <class TeamTrace>
+void team_report(const TeamTrace& tt, int league, int seqlen, bool causal) {
+  constexpr int kE = kfa::Impl::kWgmmaBwdTeamEvents;
+  auto ev = [&](int team, int e) { return tt(std::size_t(team) * kE + e); };
+  std::vector<double> prologue, loop, per_block, last_dq_stores, final_wait, total;
+  std::vector<std::vector<int>> by_sm;
+  long long t_begin = 0, t_end = 0;
+  int traced = 0;
+  for (int team = 0; team < league; ++team) {
+    if (ev(team, 5) == 0 || ev(team, 7) == 0) continue;
+    ++traced;
+    const int blocks_of_team = causal ? 0 : (seqlen + 63) / 64;
+    if (ev(team, 2) != 0) {
+      prologue.push_back(double(ev(team, 2) - ev(team, 1)));
+      loop.push_back(double(ev(team, 3) - ev(team, 2)));
+      if (blocks_of_team > 0) per_block.push_back(loop.back() / blocks_of_team);
+    }
+    last_dq_stores.push_back(double(ev(team, 4) - ev(team, 3)));
+    final_wait.push_back(double(ev(team, 5) - ev(team, 4)));
+    total.push_back(double(ev(team, 5) - ev(team, 1)));
+    const int sm = int(ev(team, 0));
+    if (sm >= int(by_sm.size())) by_sm.resize(sm + 1);
+    by_sm[sm].push_back(team);
+    t_begin = traced == 1 ? ev(team, 6) : std::min(t_begin, ev(team, 6));
+    t_end = std::max(t_end, ev(team, 7));
+  }
+  if (traced == 0) return;
+  std::vector<double> gap, idle_before, idle_after, busy;
+  int sms = 0;
+  for (auto& teams : by_sm) {
+    if (teams.empty()) continue;
+    ++sms;
+    std::sort(teams.begin(), teams.end(), [&](int x, int y) { return ev(x, 1) < ev(y, 1); });
+    double team_cycles = 0;
+    for (std::size_t i = 0; i < teams.size(); ++i) {
+      team_cycles += double(ev(teams[i], 5) - ev(teams[i], 1));
+      if (i > 0) gap.push_back(double(ev(teams[i], 1) - ev(teams[i - 1], 5)));
+    }
+    busy.push_back(team_cycles / double(ev(teams.back(), 5) - ev(teams.front(), 1)));
+    idle_before.push_back(double(ev(teams.front(), 6) - t_begin) * 1e-3);
+    idle_after.push_back(double(t_end - ev(teams.back(), 7)) * 1e-3);
+  }
+  auto mean = [](const std::vector<double>& x) {
+    double s = 0;
+    for (double v : x) s += v;
+    return x.empty() ? 0.0 : s / x.size();
+  };
+  std::printf("# every team of the traced kernel: %d teams on %d SMs, %.1f us from the first "
+              "start to the last end (global timer)\n",
+              traced, sms, double(t_end - t_begin) * 1e-3);
+  std::printf("%-48s %10s %10s\n", "per team (SM clock cycles)", "median", "mean");
+  std::printf("%-48s %10.0f %10.0f\n", "start to the first block's top", median(prologue),
+              mean(prologue));
+  std::printf("%-48s %10.0f %10.0f\n", "query blocks", median(loop), mean(loop));
+  if (!per_block.empty())
+    std::printf("%-48s %10.0f %10.0f\n", "  per query block", median(per_block),
+                mean(per_block));
+  std::printf("%-48s %10.0f %10.0f\n", "last dQ tile handed over, dK and dV stored",
+              median(last_dq_stores), mean(last_dq_stores));
+  std::printf("%-48s %10.0f %10.0f\n", "copies waited for, to the end", median(final_wait),
+              mean(final_wait));
+  std::printf("%-48s %10.0f %10.0f\n", "team total", median(total), mean(total));
+  std::printf("%-48s %10.0f %10.0f\n", "one team's end to the next's start, same SM",
+              median(gap), mean(gap));
+  std::printf("%-48s %10.3f %10.3f\n", "SM busy (teams / first start to last end)",
+              median(busy), mean(busy));
+  std::printf("%-48s %10.2f %10.2f\n", "us idle before the SM's first team", median(idle_before),
+              mean(idle_before));
+  std::printf("%-48s %10.2f %10.2f\n", "us idle after the SM's last team", median(idle_after),
+              mean(idle_after));
+}
+
 template <bool DqWide>
 void run(const Args& a) {
   using Space = Kokkos::Cuda;
@@ -120,8 +203,13 @@ void run(const Args& a) {
 
   Kokkos::View<long long*, Space::memory_space> trace("trace", std::size_t(a.teams) * 2 *
                                                                    a.blocks * kEvents);
+  const int league = B * H * ((N + Kernel::kBlockN - 1) / Kernel::kBlockN);
+  constexpr int kTeamEvents = kfa::Impl::kWgmmaBwdTeamEvents;
+  Kokkos::View<long long*, Space::memory_space> team_trace("team_trace",
+                                                           std::size_t(league) * kTeamEvents);
   Kernel kernel(q, k, v, d_o, lse, delta, acc, dk, dv, scale, a.causal);
   kernel.set_trace(trace.data(), a.teams, a.blocks);
+  kernel.set_team_trace(team_trace.data(), league);
   auto traced = [&] {
     kfa::Impl::BackwardPrep16Kernel<Format, kD>(
         reinterpret_cast<const std::uint16_t*>(o.data()),
@@ -134,6 +222,7 @@ void run(const Args& a) {
   for (int i = 0; i < 5; ++i) traced_ms.push_back(time_ms(traced));
   KFA_CHECK_CUDA(cudaGetLastError());
   const auto t = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), trace);
+  const auto tt = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), team_trace);
 
   static const char* const kPhase[kEvents] = {
       "Sᵀ, dPᵀ issued; previous dQ tile handed over",
@@ -188,6 +277,7 @@ void run(const Args& a) {
   std::printf("%-48s %10.0f\n", "wg 1 minus wg 0 past the team barrier", median(skew));
   std::printf(
       "# the products of a block at the tensor cores' peak: 2560 cycles (10 of m64n64k128)\n");
+  team_report(tt, league, N, a.causal);
 }
 
 }  // namespace

@@ -62,18 +62,30 @@ struct WgmmaBwdMaps<true> {
 /// kWgmmaBwdTraceEvents points of each query block, taken by the first
 /// thread of each warpgroup of the first `teams` teams, for their first
 /// `blocks` query blocks, at trace[((team · 2 + warpgroup) · blocks +
-/// block) · kWgmmaBwdTraceEvents + event]. None without Trace.
+/// block) · kWgmmaBwdTraceEvents + event]. And for each of the first
+/// `team_count` teams, by its first thread, at team_trace[team ·
+/// kWgmmaBwdTeamEvents + event]: 0 the SM's index, then the SM clock at
+/// 1 the team's start, 2 its first query block's top, 3 the end of its
+/// last block, 4 its dK and dV stores issued, 5 its end; 6 and 7 the
+/// global timer (ns) at its start and end. None without Trace.
 constexpr int kWgmmaBwdTraceEvents = 10;
+constexpr int kWgmmaBwdTeamEvents = 8;
 template <bool Trace>
 struct WgmmaBwdTrace {};
 template <>
 struct WgmmaBwdTrace<true> {
   long long* m_trace = nullptr;
   int m_trace_teams = 0, m_trace_blocks = 0;
+  long long* m_team_trace = nullptr;
+  int m_team_trace_count = 0;
   void set_trace(long long* trace, int teams, int blocks) {
     m_trace = trace;
     m_trace_teams = teams;
     m_trace_blocks = blocks;
+  }
+  void set_team_trace(long long* team_trace, int team_count) {
+    m_team_trace = team_trace;
+    m_team_trace_count = team_count;
   }
 };
 
@@ -323,6 +335,26 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
     const long row_stride = long(m_p.heads) * kHeadDim;
     const long q_offset = m_p.offset(b, h, m_p.seqlen_q, kHeadDim);
     const long k_offset = m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
+    // Trace: the team's events (WgmmaBwdTrace).
+    auto mark_team = [&](int event) {
+      if constexpr (Trace) {
+        if (tid == 0 && league < this->m_team_trace_count) {
+          long long* const t = this->m_team_trace + long(league) * kWgmmaBwdTeamEvents;
+          long long now;
+          if (event == 1 || event == 5) {
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+            t[event == 1 ? 6 : 7] = now;
+          }
+          if (event == 1) {
+            unsigned sm;
+            asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+            t[0] = sm;
+          }
+          t[event] = clock64();
+        }
+      }
+    };
+    mark_team(1);
 
     const std::uint32_t raw_addr = smem_address(raw);
     const std::uint32_t base_addr = (raw_addr + 1023) & ~std::uint32_t(1023);
@@ -362,7 +394,7 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
     auto& dq_flat = reinterpret_cast<float(&)[kDqN / 2]>(dq);
 
     // This thread's keys (rows of Sᵀ): warp = 4·wg + warp in group.
-    const int key0 = key_begin + warp * 16 + lane / 4, key1 = key0 + 8;
+    const int key0 = key_begin + warp * 16 + lane / 4;
     const int first_q_block = m_p.mask.row_begin(key_begin) / kBlockM;
     const int num_q_blocks = (m_p.seqlen_q + kBlockM - 1) / kBlockM;
     // Trace: the clock at `event` of query block q_block.
@@ -515,6 +547,8 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
     for (int q_block = first_q_block; q_block < num_q_blocks; ++q_block) {
       const int row_begin = q_block * kBlockM;
       const int stage = stage_of(q_block);
+      if constexpr (Trace)
+        if (q_block == first_q_block) mark_team(2);
       if constexpr (kPipelined) {
         // This block's stage complete and visible since the previous
         // block's barrier (or the one above); issued right behind the
@@ -732,6 +766,7 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
       if constexpr (kDqFirst) wgmma_wait<0>();  // dK (its operand ds_frag)
       fence_operands(dk_flat);
     }
+    mark_team(3);
     if (first_q_block < num_q_blocks) {
       const int last = num_q_blocks - 1;
       team.team_barrier();
@@ -746,28 +781,94 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
       }
       add_dq(last * kBlockM, dq_tile(last));
     }
-    // No copy may still be in flight when the team ends (K and V, where no
-    // query block sees these keys; the last dQ).
+    // dK and dV to memory through scratch while the copy engine adds the
+    // last dQ tile (K's and V's tiles and the stages are free once every
+    // product and copy is done): each thread puts its values, rounded (fp32
+    // with grouped-query heads), into rows of head_dim values with 16-byte
+    // chunk c of row r at chunk c ^ (r % 8), so that a warp's 8 rows of a
+    // chunk fall in distinct banks; then each warp stores 512 contiguous
+    // bytes at a time. Stored from the fragments, each warp store wrote 8
+    // rows x 16 bytes, and a team took ~10,000 cycles from its last block
+    // to its end (RESULTS run 106).
     cp_async_wait<0>();
-    if (dq_issuer) bulk_wait();
-
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int key = half == 0 ? key0 : key1;
-      if (key >= m_p.seqlen_k) continue;
-      const long at = k_offset + long(key) * row_stride + (lane % 4) * 2;
-#pragma unroll
-      for (int n = 0; n < kTilesD; ++n)
-        store_dk_dv<Format>(at + n * 8, acc_dk[0][n][2 * half] * m_scale,
-                            acc_dk[0][n][2 * half + 1] * m_scale, acc_dv[0][n][2 * half],
-                            acc_dv[0][n][2 * half + 1]);
-    }
+    team.team_barrier();
+    if (m_kv.group > 1)
+      store_dk_dv_staged(float(), sK, acc_dk, acc_dv, key_begin, k_offset, row_stride, team);
+    else
+      store_dk_dv_staged(std::uint16_t(), sK, acc_dk, acc_dv, key_begin, k_offset, row_stride,
+                         team);
+    mark_team(4);
+    // The last dQ tile read by the copy engine before the team ends. The
+    // reductions themselves need not be complete: the copy engine finishes
+    // them before the kernel is (FlashAttention-3's and CUTLASS' epilogues
+    // end the same way), and only a later kernel (convert_dq) reads the
+    // accumulator.
+    if (dq_issuer) bulk_wait_read();
+    mark_team(5);
 #else
     (void)team;
     (void)raw;
     cuda_mma::trap_without_wgmma();  // not sm_90a
 #endif
   }
+
+#if KFA_CUDA_WGMMA_DEVICE
+  /// The team's dK (times the scale) and dV, from the accumulators' layout
+  /// (thread: keys warp·16 + lane / 4 and + 8, head dims 8n + 2·(lane % 4)
+  /// and + 1) to the rows key_begin.. of m_dk and m_dv, through scratch at
+  /// `tile` (Elem: the 16-bit format's bits, or float with grouped-query
+  /// heads); keys past seqlen_k are not stored. Every thread calls it,
+  /// after a team barrier that follows the last product and copy.
+  template <class Elem, class Team>
+  KOKKOS_FORCEINLINE_FUNCTION void store_dk_dv_staged(Elem, std::uint16_t* tile,
+                                                      const float (&acc_dk)[1][kHeadDim / 8][4],
+                                                      const float (&acc_dv)[1][kHeadDim / 8][4],
+                                                      int key_begin, long k_offset,
+                                                      long row_stride, const Team& team) const {
+    constexpr int kRowBytes = kHeadDim * int(sizeof(Elem));
+    constexpr int kChunks = kRowBytes / 16;  // per row
+    static_assert(2 * kBlockN * kRowBytes <=
+                      int(sizeof(std::uint16_t)) * (2 * kTileKV + 2 * kStages * kTileQ),
+                  "kfa: dK and dV fit in K's and V's tiles and the stages");
+    const int lane = threadIdx.x, warp = threadIdx.y;
+    const int tid = warp * 32 + lane;
+    unsigned char* const tile_k = reinterpret_cast<unsigned char*>(tile);
+    unsigned char* const tile_v = tile_k + kBlockN * kRowBytes;
+    auto at = [](int r, int byte) { return r * kRowBytes + ((byte / 16) ^ (r % 8)) * 16 + byte % 16; };
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = warp * 16 + lane / 4 + half * 8;
+#pragma unroll
+      for (int n = 0; n < kHeadDim / 8; ++n) {
+        const int byte = (n * 8 + (lane % 4) * 2) * int(sizeof(Elem));
+        const float k0 = acc_dk[0][n][2 * half] * m_scale, k1 = acc_dk[0][n][2 * half + 1] * m_scale;
+        const float v0 = acc_dv[0][n][2 * half], v1 = acc_dv[0][n][2 * half + 1];
+        if constexpr (std::is_same<Elem, float>::value) {
+          *reinterpret_cast<float2*>(tile_k + at(r, byte)) = make_float2(k0, k1);
+          *reinterpret_cast<float2*>(tile_v + at(r, byte)) = make_float2(v0, v1);
+        } else {
+          *reinterpret_cast<std::uint32_t*>(tile_k + at(r, byte)) = cuda_mma::pack2<Format>(k0, k1);
+          *reinterpret_cast<std::uint32_t*>(tile_v + at(r, byte)) = cuda_mma::pack2<Format>(v0, v1);
+        }
+      }
+    }
+    team.team_barrier();
+    Elem* const dk = reinterpret_cast<Elem*>(m_dk);
+    Elem* const dv = reinterpret_cast<Elem*>(m_dv);
+    constexpr int kPerThread = kBlockN * kChunks / (kWarps * 32);
+    static_assert(kBlockN * kChunks % (kWarps * 32) == 0, "kfa: whole chunks per thread");
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      const int i = j * kWarps * 32 + tid;
+      const int r = i / kChunks, c = i % kChunks;
+      if (key_begin + r >= m_p.seqlen_k) continue;
+      const long g = k_offset + long(key_begin + r) * row_stride + c * (16 / int(sizeof(Elem)));
+      const int s = at(r, c * 16);
+      *reinterpret_cast<uint4*>(dk + g) = *reinterpret_cast<const uint4*>(tile_k + s);
+      *reinterpret_cast<uint4*>(dv + g) = *reinterpret_cast<const uint4*>(tile_v + s);
+    }
+  }
+#endif
 
  private:
   int m_num_kv_blocks;
