@@ -425,9 +425,8 @@ class FlashBackwardMmaKernel : public Fused16Backward {
       add_dq((num_q_blocks - 1) * kBlockM);
     }
     // No copy may still be in flight when the team ends (K and V, where no
-    // query block sees these keys; the last dQ rows).
+    // query block sees these keys).
     cp_async_wait<0>();
-    if (dq_issuer) bulk_wait();
 
     for (int half = 0; half < 2; ++half) {
       const int key = (half == 0 ? key0 : key1);
@@ -438,6 +437,10 @@ class FlashBackwardMmaKernel : public Fused16Backward {
                             acc_dk[n][2 * half + 1] * m_scale, acc_dv[n][2 * half],
                             acc_dv[n][2 * half + 1]);
     }
+    // The last dQ tile read by the copy engine before the team ends (its
+    // reductions complete before the kernel does, as in the wgmma
+    // backward).
+    if (dq_issuer) bulk_wait_read();
 #else
     (void)member;
     (void)raw;

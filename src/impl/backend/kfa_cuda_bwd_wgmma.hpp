@@ -43,6 +43,7 @@
 #include <impl/backend/kfa_cuda_wgmma.hpp>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace kfa {
 namespace Impl {
@@ -189,6 +190,65 @@ KOKKOS_FORCEINLINE_FUNCTION void wgmma_bwd_probabilities(float (&s)[Tiles][4], c
       }
   });
 }
+
+/// A team's dK or dV rows on their way from a wgmma backward's m64nHeadDim
+/// accumulators to memory through scratch (Elem: the 16-bit format's bits,
+/// or float for the per-query-head buffers of grouped-query heads). put:
+/// each thread its rows, rounded; store: after a team barrier, the rows
+/// copied out 16 bytes a thread, 512 contiguous bytes a warp. A row holds
+/// HeadDim values with its 16-byte chunk c at chunk c ^ (row % 8), so the
+/// 8 rows of a warp's puts of one chunk fall in distinct banks. Stored
+/// from the fragments instead, each warp store wrote 8 rows x 16 bytes
+/// and a head_dim 128 team took ~10,000 cycles from its last block to its
+/// end (RESULTS run 106).
+template <class Elem, int HeadDim>
+struct StagedRows {
+  static constexpr int kRowBytes = HeadDim * int(sizeof(Elem));
+  static constexpr int kChunks = kRowBytes / 16;  // per row
+
+  KOKKOS_FORCEINLINE_FUNCTION static int at(int row, int byte) {
+    return row * kRowBytes + ((byte / 16) ^ (row % 8)) * 16 + byte % 16;
+  }
+
+  /// This thread's rows row0 and row0 + 8 of an accumulator (n-tile n:
+  /// columns 8n + 2·(lane % 4) and + 1), times scale, into tile.
+  template <class Format>
+  KOKKOS_FORCEINLINE_FUNCTION static void put(unsigned char* tile, int row0, int lane,
+                                              const float (&acc)[HeadDim / 8][4], float scale) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = row0 + 8 * half;
+#pragma unroll
+      for (int n = 0; n < HeadDim / 8; ++n) {
+        const int byte = (n * 8 + (lane % 4) * 2) * int(sizeof(Elem));
+        const float x0 = acc[n][2 * half] * scale, x1 = acc[n][2 * half + 1] * scale;
+        if constexpr (std::is_same<Elem, float>::value)
+          *reinterpret_cast<float2*>(tile + at(row, byte)) = make_float2(x0, x1);
+        else
+          *reinterpret_cast<std::uint32_t*>(tile + at(row, byte)) = cuda_mma::pack2<Format>(x0, x1);
+      }
+    }
+  }
+
+  /// Rows [0, Rows) of tile to dst[offset + row·row_stride ..), by the
+  /// Threads threads of a team (this one: tid); rows from `rows` on (past
+  /// seqlen_k) are not stored.
+  template <int Rows, int Threads>
+  KOKKOS_FORCEINLINE_FUNCTION static void store(const unsigned char* tile, std::uint16_t* dst,
+                                                long offset, long row_stride, int rows,
+                                                int tid) {
+    static_assert(Rows * kChunks % Threads == 0, "kfa: whole chunks per thread");
+    Elem* const out = reinterpret_cast<Elem*>(dst) + offset;
+#pragma unroll
+    for (int j = 0; j < Rows * kChunks / Threads; ++j) {
+      const int i = j * Threads + tid;
+      const int row = i / kChunks, c = i % kChunks;
+      if (row >= rows) continue;
+      *reinterpret_cast<uint4*>(out + long(row) * row_stride + c * (16 / int(sizeof(Elem)))) =
+          *reinterpret_cast<const uint4*>(tile + at(row, c * 16));
+    }
+  }
+};
 
 template <class ExecSpace, int HeadDim, class Format, class QView, class KView, class VView,
           class DOView, class LseView, class DeltaView, class DQAccView, class DKView,
@@ -781,15 +841,9 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
       }
       add_dq(last * kBlockM, dq_tile(last));
     }
-    // dK and dV to memory through scratch while the copy engine adds the
-    // last dQ tile (K's and V's tiles and the stages are free once every
-    // product and copy is done): each thread puts its values, rounded (fp32
-    // with grouped-query heads), into rows of head_dim values with 16-byte
-    // chunk c of row r at chunk c ^ (r % 8), so that a warp's 8 rows of a
-    // chunk fall in distinct banks; then each warp stores 512 contiguous
-    // bytes at a time. Stored from the fragments, each warp store wrote 8
-    // rows x 16 bytes, and a team took ~10,000 cycles from its last block
-    // to its end (RESULTS run 106).
+    // dK and dV to memory through scratch (StagedRows) while the copy
+    // engine adds the last dQ tile: K's and V's tiles and the stages are
+    // free once every product and copy is done.
     cp_async_wait<0>();
     team.team_barrier();
     if (m_kv.group > 1)
@@ -813,11 +867,10 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
   }
 
 #if KFA_CUDA_WGMMA_DEVICE
-  /// The team's dK (times the scale) and dV, from the accumulators' layout
-  /// (thread: keys warp·16 + lane / 4 and + 8, head dims 8n + 2·(lane % 4)
-  /// and + 1) to the rows key_begin.. of m_dk and m_dv, through scratch at
-  /// `tile` (Elem: the 16-bit format's bits, or float with grouped-query
-  /// heads); keys past seqlen_k are not stored. Every thread calls it,
+  /// The team's dK (times the scale) and dV, from the accumulators (thread:
+  /// keys warp·16 + lane / 4 and + 8) to the rows key_begin.. of m_dk and
+  /// m_dv through scratch at `tile` (StagedRows: Elem the 16-bit format's
+  /// bits, or float with grouped-query heads). Every thread calls it,
   /// after a team barrier that follows the last product and copy.
   template <class Elem, class Team>
   KOKKOS_FORCEINLINE_FUNCTION void store_dk_dv_staged(Elem, std::uint16_t* tile,
@@ -825,48 +878,22 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
                                                       const float (&acc_dv)[1][kHeadDim / 8][4],
                                                       int key_begin, long k_offset,
                                                       long row_stride, const Team& team) const {
-    constexpr int kRowBytes = kHeadDim * int(sizeof(Elem));
-    constexpr int kChunks = kRowBytes / 16;  // per row
-    static_assert(2 * kBlockN * kRowBytes <=
+    using Rows = StagedRows<Elem, kHeadDim>;
+    static_assert(2 * kBlockN * Rows::kRowBytes <=
                       int(sizeof(std::uint16_t)) * (2 * kTileKV + 2 * kStages * kTileQ),
                   "kfa: dK and dV fit in K's and V's tiles and the stages");
     const int lane = threadIdx.x, warp = threadIdx.y;
-    const int tid = warp * 32 + lane;
     unsigned char* const tile_k = reinterpret_cast<unsigned char*>(tile);
-    unsigned char* const tile_v = tile_k + kBlockN * kRowBytes;
-    auto at = [](int r, int byte) { return r * kRowBytes + ((byte / 16) ^ (r % 8)) * 16 + byte % 16; };
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = warp * 16 + lane / 4 + half * 8;
-#pragma unroll
-      for (int n = 0; n < kHeadDim / 8; ++n) {
-        const int byte = (n * 8 + (lane % 4) * 2) * int(sizeof(Elem));
-        const float k0 = acc_dk[0][n][2 * half] * m_scale, k1 = acc_dk[0][n][2 * half + 1] * m_scale;
-        const float v0 = acc_dv[0][n][2 * half], v1 = acc_dv[0][n][2 * half + 1];
-        if constexpr (std::is_same<Elem, float>::value) {
-          *reinterpret_cast<float2*>(tile_k + at(r, byte)) = make_float2(k0, k1);
-          *reinterpret_cast<float2*>(tile_v + at(r, byte)) = make_float2(v0, v1);
-        } else {
-          *reinterpret_cast<std::uint32_t*>(tile_k + at(r, byte)) = cuda_mma::pack2<Format>(k0, k1);
-          *reinterpret_cast<std::uint32_t*>(tile_v + at(r, byte)) = cuda_mma::pack2<Format>(v0, v1);
-        }
-      }
-    }
+    unsigned char* const tile_v = tile_k + kBlockN * Rows::kRowBytes;
+    const int row0 = warp * 16 + lane / 4;
+    Rows::template put<Format>(tile_k, row0, lane, acc_dk[0], m_scale);
+    Rows::template put<Format>(tile_v, row0, lane, acc_dv[0], 1.f);
     team.team_barrier();
-    Elem* const dk = reinterpret_cast<Elem*>(m_dk);
-    Elem* const dv = reinterpret_cast<Elem*>(m_dv);
-    constexpr int kPerThread = kBlockN * kChunks / (kWarps * 32);
-    static_assert(kBlockN * kChunks % (kWarps * 32) == 0, "kfa: whole chunks per thread");
-#pragma unroll
-    for (int j = 0; j < kPerThread; ++j) {
-      const int i = j * kWarps * 32 + tid;
-      const int r = i / kChunks, c = i % kChunks;
-      if (key_begin + r >= m_p.seqlen_k) continue;
-      const long g = k_offset + long(key_begin + r) * row_stride + c * (16 / int(sizeof(Elem)));
-      const int s = at(r, c * 16);
-      *reinterpret_cast<uint4*>(dk + g) = *reinterpret_cast<const uint4*>(tile_k + s);
-      *reinterpret_cast<uint4*>(dv + g) = *reinterpret_cast<const uint4*>(tile_v + s);
-    }
+    const long offset = k_offset + long(key_begin) * row_stride;
+    const int rows = m_p.seqlen_k - key_begin;
+    const int tid = warp * 32 + lane;
+    Rows::template store<kBlockN, kWarps * 32>(tile_k, m_dk, offset, row_stride, rows, tid);
+    Rows::template store<kBlockN, kWarps * 32>(tile_v, m_dv, offset, row_stride, rows, tid);
   }
 #endif
 

@@ -151,7 +151,7 @@ class FlashBackwardWgmma256Kernel : public Fused16Backward {
 
     // This thread's keys (rows of Sᵀ and dPᵀ), the same in both warpgroups.
     const int key_row0 = (warp % 4) * 16 + lane / 4;
-    const int key0 = key_begin + key_row0, key1 = key0 + 8;
+    const int key0 = key_begin + key_row0;
     const int first_q_block = m_p.mask.row_begin(key_begin) / kBlockM;
     const int num_q_blocks = (m_p.seqlen_q + kBlockM - 1) / kBlockM;
     // Sᵀ = K·Qᵀ (warpgroup 0) or dPᵀ = V·dOᵀ (1) of a stage, issued
@@ -366,29 +366,52 @@ class FlashBackwardWgmma256Kernel : public Fused16Backward {
       fence_operands(dq_flat);
       add_dq(row_begin);
     }
-    // No copy may still be in flight when the team ends (K and V, where no
-    // query block sees these keys).
+    // dV (warpgroup 0) and dK (1, times the scale) to memory through
+    // scratch (StagedRows; K's and V's tiles and the stages are free once
+    // every product and copy is done: the barrier after the last cp.async
+    // also covers K and V where no query block sees these keys).
     cp_async_wait<0>();
-
-    // dV (warpgroup 0) or dK (1, times the scale).
-    std::uint16_t* const out = wg == 0 ? m_dv : m_dk;
-    const float out_scale = wg == 0 ? 1.f : m_scale;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int key = half == 0 ? key0 : key1;
-      if (key >= m_p.seqlen_k) continue;
-      const long at = k_offset + long(key) * row_stride + (lane % 4) * 2;
-#pragma unroll
-      for (int n = 0; n < kHeadDim / 8; ++n)
-        store_pair<Format>(out, at + n * 8, acc[n][2 * half] * out_scale,
-                           acc[n][2 * half + 1] * out_scale);
-    }
+    team.team_barrier();
+    if (m_kv.group > 1)
+      store_dk_dv_staged(float(), sK, acc, key_row0, key_begin, k_offset, row_stride, tid, team);
+    else
+      store_dk_dv_staged(std::uint16_t(), sK, acc, key_row0, key_begin, k_offset, row_stride, tid,
+                         team);
 #else
     (void)team;
     (void)raw;
     cuda_mma::trap_without_wgmma();  // not sm_90a
 #endif
   }
+
+#if KFA_CUDA_WGMMA_DEVICE
+  /// This warpgroup's accumulator (dV in warpgroup 0, dK in 1; thread: keys
+  /// row0 and row0 + 8) to the rows key_begin.. of m_dv and m_dk through
+  /// scratch at `tile` (StagedRows, Elem as in FlashBackwardWgmmaKernel's
+  /// store_dk_dv_staged). Every thread calls it, after a team barrier that
+  /// follows the last product and copy.
+  template <class Elem, class Team>
+  KOKKOS_FORCEINLINE_FUNCTION void store_dk_dv_staged(Elem, std::uint16_t* tile,
+                                                      const float (&acc)[kHeadDim / 8][4],
+                                                      int row0, int key_begin, long k_offset,
+                                                      long row_stride, int tid,
+                                                      const Team& team) const {
+    using Rows = StagedRows<Elem, kHeadDim>;
+    static_assert(2 * kBlockN * Rows::kRowBytes <=
+                      int(sizeof(std::uint16_t)) * (2 * kTileKV + 2 * kStages * kTileQ),
+                  "kfa: dK and dV fit in K's and V's tiles and the stages");
+    const int wg = tid / 128;
+    unsigned char* const tile_v = reinterpret_cast<unsigned char*>(tile);
+    unsigned char* const tile_k = tile_v + kBlockN * Rows::kRowBytes;
+    Rows::template put<Format>(wg == 0 ? tile_v : tile_k, row0, tid % 32, acc,
+                               wg == 0 ? 1.f : m_scale);
+    team.team_barrier();
+    const long offset = k_offset + long(key_begin) * row_stride;
+    const int rows = m_p.seqlen_k - key_begin;
+    Rows::template store<kBlockN, kWarps * 32>(tile_v, m_dv, offset, row_stride, rows, tid);
+    Rows::template store<kBlockN, kWarps * 32>(tile_k, m_dk, offset, row_stride, rows, tid);
+  }
+#endif
 
  private:
   int m_num_kv_blocks;
