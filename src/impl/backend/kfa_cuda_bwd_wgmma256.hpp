@@ -25,7 +25,8 @@
 // dSᵀ tile 8 KB and the fp32 dPᵀ exchange 16 KB: 218 KB (no room for
 // FlashAttention-3's fp32 dQ tile of 64 KB and its bulk reductions, hence
 // red.global, staged 2 KB a warp in the exchange). Tiles are 128-byte
-// swizzled (kfa_cuda_wgmma.hpp).
+// swizzled (kfa_cuda_wgmma.hpp). At the end dV and dK go to memory
+// through K's and V's tiles, 16 bytes a thread (StagedRows).
 
 #include <kfa_mask.hpp>
 
