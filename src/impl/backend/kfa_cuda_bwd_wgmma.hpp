@@ -191,6 +191,7 @@ KOKKOS_FORCEINLINE_FUNCTION void wgmma_bwd_probabilities(float (&s)[Tiles][4], c
   });
 }
 
+#if KFA_CUDA_WGMMA_DEVICE  // sm_90a device code only (float2, uint4: CUDA types)
 /// A team's dK or dV rows on their way from a wgmma backward's m64nHeadDim
 /// accumulators to memory through scratch (Elem: the 16-bit format's bits,
 /// or float for the per-query-head buffers of grouped-query heads). put:
@@ -249,6 +250,7 @@ struct StagedRows {
     }
   }
 };
+#endif
 
 template <class ExecSpace, int HeadDim, class Format, class QView, class KView, class VView,
           class DOView, class LseView, class DeltaView, class DQAccView, class DKView,
