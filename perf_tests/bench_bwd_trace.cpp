@@ -92,7 +92,7 @@ double median(std::vector<double> x) {
 /// the next one's start; and over the kernel (global timer), how long the
 /// SMs sat idle before their first team and after their last.
 template <class TeamTrace>
-void team_report(const TeamTrace& tt, int league, int seqlen, bool causal) {
+void team_report(const TeamTrace& tt, int league, int seqlen, int block_m, bool causal) {
   constexpr int kE = kfa::Impl::kWgmmaBwdTeamEvents;
   auto ev = [&](int team, int e) { return tt(std::size_t(team) * kE + e); };
   std::vector<double> prologue, loop, per_block, last_dq_stores, final_wait, total;
@@ -102,7 +102,7 @@ void team_report(const TeamTrace& tt, int league, int seqlen, bool causal) {
   for (int team = 0; team < league; ++team) {
     if (ev(team, 5) == 0 || ev(team, 7) == 0) continue;
     ++traced;
-    const int blocks_of_team = causal ? 0 : (seqlen + 63) / 64;
+    const int blocks_of_team = causal ? 0 : (seqlen + block_m - 1) / block_m;
     if (ev(team, 2) != 0) {
       prologue.push_back(double(ev(team, 2) - ev(team, 1)));
       loop.push_back(double(ev(team, 3) - ev(team, 2)));
@@ -277,7 +277,7 @@ void run(const Args& a) {
   std::printf("%-48s %10.0f\n", "wg 1 minus wg 0 past the team barrier", median(skew));
   std::printf(
       "# the products of a block at the tensor cores' peak: 2560 cycles (10 of m64n64k128)\n");
-  team_report(tt, league, N, a.causal);
+  team_report(tt, league, N, Kernel::kBlockM, a.causal);
 }
 
 }  // namespace
