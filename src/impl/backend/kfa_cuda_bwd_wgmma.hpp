@@ -250,6 +250,38 @@ struct StagedRows {
     }
   }
 };
+
+/// A wgmma backward's dK and dV for its BlockN keys from key_begin on, to
+/// the kernel's m_dk and m_dv through `tile` (ScratchBytes free bytes of
+/// scratch: dK's rows, then dV's). Each thread puts its values with
+/// put(StagedRows<Elem, HeadDim>(), tile_k, tile_v) (Elem: the 16-bit
+/// format's bits, or float for the per-query-head buffers of grouped-query
+/// heads); after a team barrier the Threads threads (this one: tid) store
+/// the rows below seqlen_k. Every thread calls it, after a team barrier
+/// that follows the last product and copy.
+template <int HeadDim, int BlockN, int Threads, std::size_t ScratchBytes, class Team, class Put>
+KOKKOS_FORCEINLINE_FUNCTION void store_dk_dv_staged(const Fused16Backward& kernel, void* tile,
+                                                    int key_begin, long k_offset,
+                                                    long row_stride, int tid, const Team& team,
+                                                    Put&& put) {
+  static_assert(2 * BlockN * StagedRows<float, HeadDim>::kRowBytes <= ScratchBytes,
+                "kfa: dK and dV fit in the free scratch");
+  auto staged = [&](auto elem) {
+    using Rows = StagedRows<decltype(elem), HeadDim>;
+    unsigned char* const tile_k = static_cast<unsigned char*>(tile);
+    unsigned char* const tile_v = tile_k + BlockN * Rows::kRowBytes;
+    put(Rows(), tile_k, tile_v);
+    team.team_barrier();
+    const long offset = k_offset + long(key_begin) * row_stride;
+    const int rows = kernel.m_p.seqlen_k - key_begin;
+    Rows::template store<BlockN, Threads>(tile_k, kernel.m_dk, offset, row_stride, rows, tid);
+    Rows::template store<BlockN, Threads>(tile_v, kernel.m_dv, offset, row_stride, rows, tid);
+  };
+  if (kernel.m_kv.group > 1)
+    staged(float());
+  else
+    staged(std::uint16_t());
+}
 #endif
 
 template <class ExecSpace, int HeadDim, class Format, class QView, class KView, class VView,
@@ -378,6 +410,11 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
                                     kDsTiles * std::size_t(kTileDS)) +
            sizeof(float) * (kDqTiles * std::size_t(kTileDQ) + 2 * kStages * kBlockM) + 1024;
   }
+
+  /// Scratch free once every product and copy is done, from K's tile on:
+  /// K's and V's tiles and the stages (dK's and dV's rows on their way out).
+  static constexpr std::size_t kFreeScratchBytes =
+      sizeof(std::uint16_t) * (2 * std::size_t(kTileKV) + 2 * kStages * std::size_t(kTileQ));
 
   template <class Team>
   KOKKOS_INLINE_FUNCTION void body(const Team& team, void* raw) const {
@@ -851,11 +888,14 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
     // free once every product and copy is done.
     cp_async_wait<0>();
     team.team_barrier();
-    if (m_kv.group > 1)
-      store_dk_dv_staged(float(), sK, acc_dk, acc_dv, key_begin, k_offset, row_stride, team);
-    else
-      store_dk_dv_staged(std::uint16_t(), sK, acc_dk, acc_dv, key_begin, k_offset, row_stride,
-                         team);
+    store_dk_dv_staged<kHeadDim, kBlockN, kWarps * 32, kFreeScratchBytes>(
+        *this, sK, key_begin, k_offset, row_stride, tid, team,
+        [&](auto rows, unsigned char* tile_k, unsigned char* tile_v) {
+          using Rows = decltype(rows);
+          const int row0 = warp * 16 + lane / 4;  // this thread's keys: row0, row0 + 8
+          Rows::template put<Format>(tile_k, row0, lane, acc_dk[0], m_scale);
+          Rows::template put<Format>(tile_v, row0, lane, acc_dv[0], 1.f);
+        });
     mark_team(4);
     // The last dQ tile read by the copy engine before the team ends. The
     // reductions themselves need not be complete: the copy engine finishes
@@ -870,37 +910,6 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
     cuda_mma::trap_without_wgmma();  // not sm_90a
 #endif
   }
-
-#if KFA_CUDA_WGMMA_DEVICE
-  /// The team's dK (times the scale) and dV, from the accumulators (thread:
-  /// keys warp·16 + lane / 4 and + 8) to the rows key_begin.. of m_dk and
-  /// m_dv through scratch at `tile` (StagedRows: Elem the 16-bit format's
-  /// bits, or float with grouped-query heads). Every thread calls it,
-  /// after a team barrier that follows the last product and copy.
-  template <class Elem, class Team>
-  KOKKOS_FORCEINLINE_FUNCTION void store_dk_dv_staged(Elem, std::uint16_t* tile,
-                                                      const float (&acc_dk)[1][kHeadDim / 8][4],
-                                                      const float (&acc_dv)[1][kHeadDim / 8][4],
-                                                      int key_begin, long k_offset,
-                                                      long row_stride, const Team& team) const {
-    using Rows = StagedRows<Elem, kHeadDim>;
-    static_assert(2 * kBlockN * Rows::kRowBytes <=
-                      int(sizeof(std::uint16_t)) * (2 * kTileKV + 2 * kStages * kTileQ),
-                  "kfa: dK and dV fit in K's and V's tiles and the stages");
-    const int lane = threadIdx.x, warp = threadIdx.y;
-    unsigned char* const tile_k = reinterpret_cast<unsigned char*>(tile);
-    unsigned char* const tile_v = tile_k + kBlockN * Rows::kRowBytes;
-    const int row0 = warp * 16 + lane / 4;
-    Rows::template put<Format>(tile_k, row0, lane, acc_dk[0], m_scale);
-    Rows::template put<Format>(tile_v, row0, lane, acc_dv[0], 1.f);
-    team.team_barrier();
-    const long offset = k_offset + long(key_begin) * row_stride;
-    const int rows = m_p.seqlen_k - key_begin;
-    const int tid = warp * 32 + lane;
-    Rows::template store<kBlockN, kWarps * 32>(tile_k, m_dk, offset, row_stride, rows, tid);
-    Rows::template store<kBlockN, kWarps * 32>(tile_v, m_dv, offset, row_stride, rows, tid);
-  }
-#endif
 
  private:
   int m_num_kv_blocks;

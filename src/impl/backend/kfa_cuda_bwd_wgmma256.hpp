@@ -94,6 +94,11 @@ class FlashBackwardWgmma256Kernel : public Fused16Backward {
                 "kfa: the head_dim 256 wgmma backward's tiles exceed Hopper's 227 KB of "
                 "shared memory a block");
 
+  /// Scratch free once every product and copy is done, from K's tile on:
+  /// K's and V's tiles and the stages (dK's and dV's rows on their way out).
+  static constexpr std::size_t kFreeScratchBytes =
+      sizeof(std::uint16_t) * (2 * std::size_t(kTileKV) + 2 * kStages * std::size_t(kTileQ));
+
   template <class Team>
   KOKKOS_INLINE_FUNCTION void body(const Team& team, void* raw) const {
 #if KFA_CUDA_WGMMA_DEVICE
@@ -373,46 +378,19 @@ class FlashBackwardWgmma256Kernel : public Fused16Backward {
     // also covers K and V where no query block sees these keys).
     cp_async_wait<0>();
     team.team_barrier();
-    if (m_kv.group > 1)
-      store_dk_dv_staged(float(), sK, acc, key_row0, key_begin, k_offset, row_stride, tid, team);
-    else
-      store_dk_dv_staged(std::uint16_t(), sK, acc, key_row0, key_begin, k_offset, row_stride, tid,
-                         team);
+    store_dk_dv_staged<kHeadDim, kBlockN, kWarps * 32, kFreeScratchBytes>(
+        *this, sK, key_begin, k_offset, row_stride, tid, team,
+        [&](auto rows, unsigned char* tile_k, unsigned char* tile_v) {
+          using Rows = decltype(rows);
+          Rows::template put<Format>(wg == 0 ? tile_v : tile_k, key_row0, lane, acc,
+                                     wg == 0 ? 1.f : m_scale);
+        });
 #else
     (void)team;
     (void)raw;
     cuda_mma::trap_without_wgmma();  // not sm_90a
 #endif
   }
-
-#if KFA_CUDA_WGMMA_DEVICE
-  /// This warpgroup's accumulator (dV in warpgroup 0, dK in 1; thread: keys
-  /// row0 and row0 + 8) to the rows key_begin.. of m_dv and m_dk through
-  /// scratch at `tile` (StagedRows, Elem as in FlashBackwardWgmmaKernel's
-  /// store_dk_dv_staged). Every thread calls it, after a team barrier that
-  /// follows the last product and copy.
-  template <class Elem, class Team>
-  KOKKOS_FORCEINLINE_FUNCTION void store_dk_dv_staged(Elem, std::uint16_t* tile,
-                                                      const float (&acc)[kHeadDim / 8][4],
-                                                      int row0, int key_begin, long k_offset,
-                                                      long row_stride, int tid,
-                                                      const Team& team) const {
-    using Rows = StagedRows<Elem, kHeadDim>;
-    static_assert(2 * kBlockN * Rows::kRowBytes <=
-                      int(sizeof(std::uint16_t)) * (2 * kTileKV + 2 * kStages * kTileQ),
-                  "kfa: dK and dV fit in K's and V's tiles and the stages");
-    const int wg = tid / 128;
-    unsigned char* const tile_v = reinterpret_cast<unsigned char*>(tile);
-    unsigned char* const tile_k = tile_v + kBlockN * Rows::kRowBytes;
-    Rows::template put<Format>(wg == 0 ? tile_v : tile_k, row0, tid % 32, acc,
-                               wg == 0 ? 1.f : m_scale);
-    team.team_barrier();
-    const long offset = k_offset + long(key_begin) * row_stride;
-    const int rows = m_p.seqlen_k - key_begin;
-    Rows::template store<kBlockN, kWarps * 32>(tile_v, m_dv, offset, row_stride, rows, tid);
-    Rows::template store<kBlockN, kWarps * 32>(tile_k, m_dk, offset, row_stride, rows, tid);
-  }
-#endif
 
  private:
   int m_num_kv_blocks;
