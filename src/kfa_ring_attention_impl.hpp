@@ -14,6 +14,9 @@
 // and every pair's gradients are exact parts of the total: dQ accumulates
 // locally, dK/dV accumulate in buffers that travel with the blocks and are
 // back on their owner after P steps. The forward pass is never recomputed.
+// Every buffer of a call is a part of one workspace (kfa_workspace.hpp): on
+// CUDA it is cached per stream between calls, so a call allocates nothing
+// once the sizes have been seen.
 
 #include <kfa/flash_attention.hpp>
 #include <kfa/merge_attention.hpp>
@@ -22,6 +25,7 @@
 
 #include <comm/kfa_ring_transport.hpp>
 #include <impl/backend/kfa_backend_comm.hpp>
+#include <impl/backend/kfa_workspace.hpp>
 #include <kfa_ring_kernels.hpp>
 #include <kfa_ring_layout.hpp>
 
@@ -59,18 +63,12 @@ struct RingViews {
   using memory_space = typename ExecSpace::memory_space;
   using unmanaged = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
   template <class V>
-  using Flat = Kokkos::View<V*, Kokkos::LayoutRight, memory_space>;
-  template <class V>
   using Span = Kokkos::View<V*, Kokkos::LayoutRight, memory_space, unmanaged>;
   template <class V>
   using Chunk = Kokkos::View<V****, Kokkos::LayoutRight, memory_space, unmanaged>;
   template <class V>
   using LseChunk = Kokkos::View<V***, Kokkos::LayoutRight, memory_space, unmanaged>;
 
-  template <class V>
-  static Flat<V> allocate(const ExecSpace& space, const char* label, std::size_t n) {
-    return Flat<V>(Kokkos::view_alloc(space, Kokkos::WithoutInitializing, std::string(label)), n);
-  }
   template <class V>
   static Span<V> span(V* base, std::size_t n) {
     return Span<V>(base, n);
@@ -87,28 +85,31 @@ struct RingViews {
   }
 };
 
-/// A rank-local input in chunk-major layout: the caller's memory itself when
-/// it already is (one chunk, contiguous span), otherwise a packed copy.
-template <class ExecSpace, class T>
-struct ChunkMajor {
-  typename RingViews<ExecSpace>::template Flat<T> storage;
-  const T* data;
-};
-
-template <class ExecSpace, class UserView>
-ChunkMajor<ExecSpace, typename UserView::non_const_value_type> chunk_major(const ExecSpace& space,
-                                                                           const UserView& user,
-                                                                           std::size_t len0,
-                                                                           const char* label) {
-  using T = typename UserView::non_const_value_type;
-  using views = RingViews<ExecSpace>;
+/// Whether a rank-local input already is chunk-major (one chunk, a
+/// contiguous span), so that the ring reads the caller's memory itself.
+template <class UserView>
+bool is_chunk_major(const UserView& user, std::size_t len0) {
   const int seq_dim = view_rank<UserView>() == 4 ? 1 : 2;
-  if (len0 == user.extent(seq_dim) && user.span_is_contiguous()) {
-    return {typename views::template Flat<T>(), user.data()};
-  }
-  auto storage = views::template allocate<T>(space, label, user.size());
-  ChunkCopy<ExecSpace, UserView, decltype(storage), true>(user, storage, len0).launch(space);
-  return {storage, storage.data()};
+  return len0 == user.extent(seq_dim) && user.span_is_contiguous();
+}
+
+/// A rank-local input in chunk-major layout: the caller's memory itself
+/// where it already is, else a packed copy in `storage` (user.size()
+/// elements, a workspace part reserved where !is_chunk_major).
+template <class ExecSpace, class UserView, class T>
+const T* chunk_major(const ExecSpace& space, const UserView& user, std::size_t len0, T* storage) {
+  if (is_chunk_major(user, len0)) return user.data();
+  using Span = typename RingViews<ExecSpace>::template Span<T>;
+  ChunkCopy<ExecSpace, UserView, Span, true>(user, Span(storage, user.size()), len0).launch(space);
+  return storage;
+}
+
+/// Reserves the part of a chunk-major copy of `user` (none where the
+/// caller's memory is used as it is).
+template <class UserView>
+std::size_t add_chunk_major(WorkspaceParts& parts, const UserView& user, std::size_t len0) {
+  return parts.add<typename UserView::non_const_value_type>(
+      is_chunk_major(user, len0) ? 0 : user.size());
 }
 
 /// Per-step timings (RingOptions::profile): the time blocked waiting for
@@ -180,23 +181,29 @@ void ring_forward(const ExecSpace& space, const RingCommunicator& comm, const Ri
   const std::vector<RingChunk>& mine = layout.chunks(rank);
   const std::size_t seqlen = layout.seqlen(rank), len0 = mine[0].length;
 
-  const auto q_chunks = chunk_major(space, q, len0, "kfa::ring::fwd::q_chunks");
-  // The K/V block held now and the one arriving.
+  // The workspace: q chunk-major (where the caller's is not), the K/V
+  // block held now and the one arriving, the accumulators (o_acc, lse_acc)
+  // and one pair's output (o_step, lse_step).
   const std::size_t block_capacity = 2 * dims.row() * layout.max_seqlen();
-  typename views::template Flat<T> kv[2] = {
-      views::template allocate<T>(space, "kfa::ring::fwd::kv_block_0", block_capacity),
-      views::template allocate<T>(space, "kfa::ring::fwd::kv_block_1", block_capacity)};
-  pack_kv_block(space, k, v, kv[0].data(), dims, seqlen, len0);
+  WorkspaceParts parts;
+  const std::size_t at_q = add_chunk_major(parts, q, len0);
+  const std::size_t at_kv[2] = {parts.add<T>(block_capacity), parts.add<T>(block_capacity)};
+  const std::size_t at_o_acc = parts.add<acc_t>(dims.row() * seqlen);
+  const std::size_t at_lse_acc = parts.add<acc_t>(dims.lse_row() * seqlen);
+  const std::size_t at_o_step = parts.add<T>(dims.row() * layout.max_chunk());
+  const std::size_t at_lse_step = parts.add<acc_t>(dims.lse_row() * layout.max_chunk());
+  const auto ws =
+      workspace(space, WorkspaceSlot::ring_forward, parts.bytes(), "kfa::ring::fwd::workspace");
+  T* const kv[2] = {parts.part<T>(ws, at_kv[0]), parts.part<T>(ws, at_kv[1])};
+  const auto o_acc = views::span(parts.part<acc_t>(ws, at_o_acc), dims.row() * seqlen);
+  const auto lse_acc = views::span(parts.part<acc_t>(ws, at_lse_acc), dims.lse_row() * seqlen);
+  T* const o_step = parts.part<T>(ws, at_o_step);
+  acc_t* const lse_step = parts.part<acc_t>(ws, at_lse_step);
 
-  typename views::template Flat<acc_t> o_acc(
-      Kokkos::view_alloc(space, std::string("kfa::ring::fwd::o_accum")), dims.row() * seqlen);
-  auto lse_acc =
-      views::template allocate<acc_t>(space, "kfa::ring::fwd::lse_accum", dims.lse_row() * seqlen);
+  const T* const q_data = chunk_major(space, q, len0, parts.part<T>(ws, at_q));
+  pack_kv_block(space, k, v, kv[0], dims, seqlen, len0);
+  Kokkos::deep_copy(space, o_acc, acc_t(0));
   Kokkos::deep_copy(space, lse_acc, math::neg_inf<acc_t>());
-  auto o_step =
-      views::template allocate<T>(space, "kfa::ring::fwd::o_step", dims.row() * layout.max_chunk());
-  auto lse_step = views::template allocate<acc_t>(space, "kfa::ring::fwd::lse_step",
-                                                  dims.lse_row() * layout.max_chunk());
 
   const auto exchange = make_ring_exchange<ExecSpace>(comm, options.transport, kRingTagKV);
   RingStepTimer timer(options.profile, call_start, exchange->name());
@@ -204,23 +211,22 @@ void ring_forward(const ExecSpace& space, const RingCommunicator& comm, const Ri
   for (int step = 0; step < ranks; ++step) {
     const int source = (rank - step + ranks) % ranks;
     const int next_source = (source + ranks - 1) % ranks;
-    const T* k_block = kv[step % 2].data();
+    const T* k_block = kv[step % 2];
     const T* v_block = k_block + dims.row() * layout.seqlen(source);
     timer.start_step();
     if (step + 1 < ranks) {
-      exchange->start(space, {k_block, sizeof(T) * 2 * dims.row() * layout.seqlen(source),
-                              kv[(step + 1) % 2].data(),
-                              sizeof(T) * 2 * dims.row() * layout.seqlen(next_source)});
+      exchange->start(
+          space, {k_block, sizeof(T) * 2 * dims.row() * layout.seqlen(source), kv[(step + 1) % 2],
+                  sizeof(T) * 2 * dims.row() * layout.seqlen(next_source)});
     }
     for (const RingChunk& qc : mine) {
       for (const RingChunk& kc : layout.chunks(source)) {
         const BlockKind kind = classify(qc, kc, options.causal);
         if (kind == BlockKind::skip) continue;
         block_options.causal = kind == BlockKind::diagonal;
-        const auto o_block = views::chunk(o_step.data(), dims, 0, qc.length);
-        const auto lse_block = views::lse_chunk(lse_step.data(), dims, 0, qc.length);
-        flash_attention_forward(space,
-                                views::chunk(q_chunks.data, dims, qc.local_offset, qc.length),
+        const auto o_block = views::chunk(o_step, dims, 0, qc.length);
+        const auto lse_block = views::lse_chunk(lse_step, dims, 0, qc.length);
+        flash_attention_forward(space, views::chunk(q_data, dims, qc.local_offset, qc.length),
                                 views::chunk(k_block, dims, kc.local_offset, kc.length),
                                 views::chunk(v_block, dims, kc.local_offset, kc.length), o_block,
                                 lse_block, block_options);
@@ -238,10 +244,8 @@ void ring_forward(const ExecSpace& space, const RingCommunicator& comm, const Ri
   }
 
   using AccSpan = typename views::template Span<acc_t>;
-  ChunkCopy<ExecSpace, O, AccSpan, false>(o, views::span(o_acc.data(), o_acc.size()), len0)
-      .launch(space);
-  ChunkCopy<ExecSpace, Lse, AccSpan, false>(lse, views::span(lse_acc.data(), lse_acc.size()), len0)
-      .launch(space);
+  ChunkCopy<ExecSpace, O, AccSpan, false>(o, o_acc, len0).launch(space);
+  ChunkCopy<ExecSpace, Lse, AccSpan, false>(lse, lse_acc, len0).launch(space);
   timer.end_after_last_step();
 }
 
@@ -261,33 +265,43 @@ void ring_backward(const ExecSpace& space, const RingCommunicator& comm, const R
   const std::vector<RingChunk>& mine = layout.chunks(rank);
   const std::size_t seqlen = layout.seqlen(rank), len0 = mine[0].length;
 
-  const auto q_chunks = chunk_major(space, q, len0, "kfa::ring::bwd::q_chunks");
-  const auto o_chunks = chunk_major(space, o, len0, "kfa::ring::bwd::o_chunks");
-  const auto do_chunks = chunk_major(space, d_o, len0, "kfa::ring::bwd::do_chunks");
-  const auto lse_chunks = chunk_major(space, lse, len0, "kfa::ring::bwd::lse_chunks");
-
-  // K/V blocks as in the forward pass, and the dK/dV accumulators of the
-  // block held now ([dK chunks][dV chunks], accumulator type) and of the
-  // next one, which travel one step behind the K/V blocks.
+  // The workspace: q, o, dO and lse chunk-major (those of the caller's
+  // that are not); K/V blocks as in the forward pass, and the dK/dV
+  // accumulators of the block held now ([dK chunks][dV chunks], accumulator
+  // type) and of the next one, which travel one step behind the K/V blocks;
+  // this rank's contribution to the held block's dK/dV (grad_local),
+  // computed while the accumulators of the ranks before it are still on
+  // their way; dQ's accumulator, and one pair's dQ, dK and dV.
   const std::size_t block_capacity = 2 * row * layout.max_seqlen();
-  typename views::template Flat<T> kv[2] = {
-      views::template allocate<T>(space, "kfa::ring::bwd::kv_block_0", block_capacity),
-      views::template allocate<T>(space, "kfa::ring::bwd::kv_block_1", block_capacity)};
-  typename views::template Flat<acc_t> grad[2] = {
-      views::template allocate<acc_t>(space, "kfa::ring::bwd::dkv_block_0", block_capacity),
-      views::template allocate<acc_t>(space, "kfa::ring::bwd::dkv_block_1", block_capacity)};
-  // This rank's contribution to the held block's dK/dV, computed while the
-  // accumulators of the ranks before it are still on their way.
-  auto grad_local =
-      views::template allocate<acc_t>(space, "kfa::ring::bwd::dkv_local", block_capacity);
-  pack_kv_block(space, k, v, kv[0].data(), dims, seqlen, len0);
-
-  typename views::template Flat<acc_t> dq_acc(
-      Kokkos::view_alloc(space, std::string("kfa::ring::bwd::dq_accum")), row * seqlen);
   const std::size_t step_size = row * layout.max_chunk();
-  auto dq_step = views::template allocate<T>(space, "kfa::ring::bwd::dq_step", step_size);
-  auto dk_step = views::template allocate<T>(space, "kfa::ring::bwd::dk_step", step_size);
-  auto dv_step = views::template allocate<T>(space, "kfa::ring::bwd::dv_step", step_size);
+  using LseT = typename Lse::non_const_value_type;
+  WorkspaceParts parts;
+  const std::size_t at_q = add_chunk_major(parts, q, len0), at_o = add_chunk_major(parts, o, len0),
+                    at_do = add_chunk_major(parts, d_o, len0),
+                    at_lse = add_chunk_major(parts, lse, len0);
+  const std::size_t at_kv[2] = {parts.add<T>(block_capacity), parts.add<T>(block_capacity)};
+  const std::size_t at_grad[2] = {parts.add<acc_t>(block_capacity),
+                                  parts.add<acc_t>(block_capacity)};
+  const std::size_t at_grad_local = parts.add<acc_t>(block_capacity);
+  const std::size_t at_dq_acc = parts.add<acc_t>(row * seqlen);
+  const std::size_t at_steps[3] = {parts.add<T>(step_size), parts.add<T>(step_size),
+                                   parts.add<T>(step_size)};
+  const auto ws =
+      workspace(space, WorkspaceSlot::ring_backward, parts.bytes(), "kfa::ring::bwd::workspace");
+  T* const kv[2] = {parts.part<T>(ws, at_kv[0]), parts.part<T>(ws, at_kv[1])};
+  acc_t* const grad[2] = {parts.part<acc_t>(ws, at_grad[0]), parts.part<acc_t>(ws, at_grad[1])};
+  acc_t* const grad_local = parts.part<acc_t>(ws, at_grad_local);
+  const AccSpan dq_acc = views::span(parts.part<acc_t>(ws, at_dq_acc), row * seqlen);
+  T* const dq_step = parts.part<T>(ws, at_steps[0]);
+  T* const dk_step = parts.part<T>(ws, at_steps[1]);
+  T* const dv_step = parts.part<T>(ws, at_steps[2]);
+
+  const T* const q_data = chunk_major(space, q, len0, parts.part<T>(ws, at_q));
+  const T* const o_data = chunk_major(space, o, len0, parts.part<T>(ws, at_o));
+  const T* const do_data = chunk_major(space, d_o, len0, parts.part<T>(ws, at_do));
+  const LseT* const lse_data = chunk_major(space, lse, len0, parts.part<LseT>(ws, at_lse));
+  pack_kv_block(space, k, v, kv[0], dims, seqlen, len0);
+  Kokkos::deep_copy(space, dq_acc, acc_t(0));
 
   const auto kv_exchange = make_ring_exchange<ExecSpace>(comm, options.transport, kRingTagKV);
   const auto grad_exchange = make_ring_exchange<ExecSpace>(comm, options.transport, kRingTagGrad);
@@ -302,14 +316,14 @@ void ring_backward(const ExecSpace& space, const RingCommunicator& comm, const R
     const int next_source = (source + ranks - 1) % ranks;
     const std::size_t block = row * layout.seqlen(source);
     const std::size_t next_block = row * layout.seqlen(next_source);
-    const T* k_block = kv[step % 2].data();
+    const T* k_block = kv[step % 2];
     const T* v_block = k_block + block;
     timer.start_step();
     if (step + 1 < ranks) {
-      kv_exchange->start(space, {k_block, sizeof(T) * 2 * block, kv[(step + 1) % 2].data(),
-                                 sizeof(T) * 2 * next_block});
+      kv_exchange->start(
+          space, {k_block, sizeof(T) * 2 * block, kv[(step + 1) % 2], sizeof(T) * 2 * next_block});
     }
-    Kokkos::deep_copy(space, views::span(grad_local.data(), 2 * block), acc_t(0));
+    Kokkos::deep_copy(space, views::span(grad_local, 2 * block), acc_t(0));
     for (const RingChunk& qc : mine) {
       for (const RingChunk& kc : layout.chunks(source)) {
         const BlockKind kind = classify(qc, kc, options.causal);
@@ -318,23 +332,20 @@ void ring_backward(const ExecSpace& space, const RingCommunicator& comm, const R
         const std::size_t qo = qc.local_offset, ql = qc.length;
         const std::size_t ko = kc.local_offset, kl = kc.length;
         flash_attention_backward(
-            space, views::chunk(q_chunks.data, dims, qo, ql), views::chunk(k_block, dims, ko, kl),
-            views::chunk(v_block, dims, ko, kl), views::chunk(o_chunks.data, dims, qo, ql),
-            views::lse_chunk(lse_chunks.data, dims, qo, ql),
-            views::chunk(do_chunks.data, dims, qo, ql), views::chunk(dq_step.data(), dims, 0, ql),
-            views::chunk(dk_step.data(), dims, 0, kl), views::chunk(dv_step.data(), dims, 0, kl),
-            block_options);
+            space, views::chunk(q_data, dims, qo, ql), views::chunk(k_block, dims, ko, kl),
+            views::chunk(v_block, dims, ko, kl), views::chunk(o_data, dims, qo, ql),
+            views::lse_chunk(lse_data, dims, qo, ql), views::chunk(do_data, dims, qo, ql),
+            views::chunk(dq_step, dims, 0, ql), views::chunk(dk_step, dims, 0, kl),
+            views::chunk(dv_step, dims, 0, kl), block_options);
         using StepSpan = typename views::template Span<T>;
         Accumulate<ExecSpace, AccSpan, StepSpan>(views::span(dq_acc.data() + row * qo, row * ql),
-                                                 views::span(dq_step.data(), row * ql))
+                                                 views::span(dq_step, row * ql))
+            .launch(space);
+        Accumulate<ExecSpace, AccSpan, StepSpan>(views::span(grad_local + row * ko, row * kl),
+                                                 views::span(dk_step, row * kl))
             .launch(space);
         Accumulate<ExecSpace, AccSpan, StepSpan>(
-            views::span(grad_local.data() + row * ko, row * kl),
-            views::span(dk_step.data(), row * kl))
-            .launch(space);
-        Accumulate<ExecSpace, AccSpan, StepSpan>(
-            views::span(grad_local.data() + block + row * ko, row * kl),
-            views::span(dv_step.data(), row * kl))
+            views::span(grad_local + block + row * ko, row * kl), views::span(dv_step, row * kl))
             .launch(space);
         progress();
       }
@@ -345,27 +356,27 @@ void ring_backward(const ExecSpace& space, const RingCommunicator& comm, const R
     // yet); this rank's part is added and they go on to the next rank,
     // which holds the block at its next step. After P steps every block's
     // accumulators are complete and back on their owner.
-    const AccSpan grad_block = views::span(grad[step % 2].data(), 2 * block);
+    const AccSpan grad_block = views::span(grad[step % 2], 2 * block);
     if (step == 0) {
-      Kokkos::deep_copy(space, grad_block, views::span(grad_local.data(), 2 * block));
+      Kokkos::deep_copy(space, grad_block, views::span(grad_local, 2 * block));
     } else {
       timer.waiting([&] { grad_exchange->wait(space); });
-      Accumulate<ExecSpace, AccSpan, AccSpan>(grad_block, views::span(grad_local.data(), 2 * block))
+      Accumulate<ExecSpace, AccSpan, AccSpan>(grad_block, views::span(grad_local, 2 * block))
           .launch(space);
     }
     if (ranks > 1) {
       grad_exchange->start(space, {grad_block.data(), sizeof(acc_t) * 2 * block,
-                                   grad[(step + 1) % 2].data(), sizeof(acc_t) * 2 * next_block});
+                                   grad[(step + 1) % 2], sizeof(acc_t) * 2 * next_block});
     }
     timer.waiting([&] { kv_exchange->wait(space); });
     timer.end_step();
   }
   timer.waiting([&] { grad_exchange->wait(space); });
 
-  const acc_t* own_grad = grad[ranks > 1 ? ranks % 2 : 0].data();
+  const acc_t* own_grad = grad[ranks > 1 ? ranks % 2 : 0];
   const std::size_t own = row * seqlen;
   using ConstAccSpan = typename views::template Span<const acc_t>;
-  ChunkCopy<ExecSpace, DQ, AccSpan, false>(dq, views::span(dq_acc.data(), own), len0).launch(space);
+  ChunkCopy<ExecSpace, DQ, AccSpan, false>(dq, dq_acc, len0).launch(space);
   ChunkCopy<ExecSpace, DK, ConstAccSpan, false>(dk, views::span(own_grad, own), len0).launch(space);
   ChunkCopy<ExecSpace, DV, ConstAccSpan, false>(dv, views::span(own_grad + own, own), len0)
       .launch(space);

@@ -450,5 +450,52 @@ TYPED_TEST(RingAttentionChecks, DeterministicBackwardIsReproducible) {
   for (int t = 0; t < 3; ++t) EXPECT_EQ(runs[t].data, runs[t + 3].data) << "tensor " << t;
 }
 
+/// The workspace of a ring call (cached per stream on CUDA, so a call finds
+/// the buffers of the previous one, contents and all): a call after a
+/// larger one, on the buffers that call left, gives bitwise the results of
+/// the same call on fresh ones.
+TYPED_TEST(RingAttentionChecks, RepeatedCallsOnAReusedWorkspaceMatch) {
+  using Space = TypeParam;
+  const int ranks = world_size(), rank = world_rank();
+  const kfa::RingCommunicator comm(MPI_COMM_WORLD);
+  kfa::RingOptions opt;
+  opt.causal = true;
+  opt.deterministic = true;
+  opt.sharding = kfa::RingSharding::zigzag;
+  opt.team_size = test_team_size<Space>();
+  // Every output of one problem, in the order o, lse, dq, dk, dv.
+  auto run = [&](int n, int head_dim, const char* tag) {
+    const Case c = make_case<float>({1, n, n, 2, head_dim}, opt, tag);
+    const std::size_t seqlen = kfa::ring_local_seqlen(n, rank, ranks, opt.sharding);
+    const auto q = shard(comm, to_device<float, Space>(c.q, "q"), seqlen, opt.sharding, "q_l");
+    const auto k = shard(comm, to_device<float, Space>(c.k, "k"), seqlen, opt.sharding, "k_l");
+    const auto v = shard(comm, to_device<float, Space>(c.v, "v"), seqlen, opt.sharding, "v_l");
+    const auto d_o =
+        shard(comm, to_device<float, Space>(c.d_o, "d_o"), seqlen, opt.sharding, "do_l");
+    const auto o = local_like(q, seqlen, "o"), dq = local_like(q, seqlen, "dq"),
+               dk = local_like(q, seqlen, "dk"), dv = local_like(q, seqlen, "dv");
+    DeviceView3<float, Space> lse("lse", 1, 2, seqlen);
+    poison(o);
+    poison(lse);
+    poison(dq);
+    poison(dk);
+    poison(dv);
+    kfa::ring_attention_forward(Space(), comm, q, k, v, o, lse, opt);
+    kfa::ring_attention_backward(Space(), comm, q, k, v, o, lse, d_o, dq, dk, dv, opt);
+    Space().fence();
+    return std::vector<Tensor>{to_host(o), to_host(lse), to_host(dq), to_host(dk), to_host(dv)};
+  };
+  const int n = static_cast<int>(kZigzagSeqlen);
+  const std::vector<Tensor> first = run(n, 32, "ring-reuse");
+  const std::vector<Tensor> larger = run(2 * n, 64, "ring-reuse-larger");
+  const std::vector<Tensor> again = run(n, 32, "ring-reuse");
+  const char* names[5] = {"O", "lse", "dQ", "dK", "dV"};
+  for (int t = 0; t < 5; ++t) {
+    for (double x : first[t].data) ASSERT_TRUE(std::isfinite(x)) << names[t] << " not written";
+    EXPECT_EQ(first[t].data, again[t].data) << names[t] << " differs after a larger call";
+    for (double x : larger[t].data) ASSERT_TRUE(std::isfinite(x)) << names[t] << " (larger)";
+  }
+}
+
 }  // namespace
 }  // namespace kfa_test

@@ -89,8 +89,9 @@ void flash_attention_backward(const ExecSpace& space, const Q& q, const K& k, co
                            Impl::NoScoreMod{});
 }
 
-/// Frees the device memory that the backward keeps between calls (on CUDA,
-/// per stream: D and the fp32 dq accumulator, which only grow). Also done at
+/// Frees the device memory that the backward and ring attention keep
+/// between calls (on CUDA, per stream: D and the fp32 dq accumulator, the
+/// ring's blocks and accumulators, which only grow). Also done at
 /// Kokkos::finalize. Memory that a call still in flight uses is freed when
 /// that call returns; a later call allocates again.
 inline void release_workspaces() { Impl::release_workspaces(); }

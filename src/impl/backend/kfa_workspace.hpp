@@ -2,10 +2,11 @@
 #define KFA_WORKSPACE_HPP
 
 // Temporary device memory of one call (the backward's D and its fp32 dQ
-// accumulator). On CUDA a cudaMalloc and cudaFree per call cost more than
-// the O(N) kernels that use the memory (cudaFree also waits for the whole
-// device), so each slot is cached per CUDA stream and only grows; the cache
-// is emptied by kfa::release_workspaces() and at Kokkos::finalize. Work on
+// accumulator, ring attention's blocks and accumulators). On CUDA a
+// cudaMalloc and cudaFree per call cost more than the O(N) kernels that use
+// the memory (cudaFree also waits for the whole device), so each slot is
+// cached per CUDA stream and only grows; the cache is emptied by
+// kfa::release_workspaces() and at Kokkos::finalize. Work on
 // one stream runs in order, so a call may reuse the buffer of an earlier
 // call on its stream once that call has returned (its kernels, still
 // queued, run first); a call that finds the buffer held by a call still
@@ -27,8 +28,16 @@ namespace Impl {
 /// (dkv_grouped: the fp32 dK and dV per query head of a grouped-query
 /// backward on tensor cores, summed per k/v head afterwards; tile_counter:
 /// the counter from which the persistent teams of a kernel take their
-/// tiles).
-enum class WorkspaceSlot { delta, dq_accum, dkv_grouped, tile_counter };
+/// tiles; ring_forward, ring_backward: every buffer of a ring attention
+/// call, carved with WorkspaceParts).
+enum class WorkspaceSlot {
+  delta,
+  dq_accum,
+  dkv_grouped,
+  tile_counter,
+  ring_forward,
+  ring_backward
+};
 
 /// Cached buffers of MemorySpace, one per (key, slot). get() returns the
 /// cached buffer, grown if it is too small, unless a View of it is held
@@ -132,6 +141,28 @@ template <class T>
 constexpr std::size_t workspace_bytes(std::size_t values) {
   return (values * sizeof(T) + 255) / 256 * 256;
 }
+
+/// Several typed buffers in one workspace: add<T>(values) reserves a part
+/// (256-byte aligned from the workspace's start) and returns its offset;
+/// bytes() is what to ask workspace() for, and part<T>(buffer, offset) the
+/// part's first element in the workspace returned.
+class WorkspaceParts {
+ public:
+  template <class T>
+  std::size_t add(std::size_t values) {
+    const std::size_t offset = m_bytes;
+    m_bytes += workspace_bytes<T>(values);
+    return offset;
+  }
+  std::size_t bytes() const { return m_bytes; }
+  template <class T, class Bytes>
+  static T* part(const Bytes& buffer, std::size_t offset) {
+    return reinterpret_cast<T*>(buffer.data() + offset);
+  }
+
+ private:
+  std::size_t m_bytes = 0;
+};
 
 }  // namespace Impl
 }  // namespace kfa
