@@ -32,7 +32,10 @@ KOKKOS_FORCEINLINE_FUNCTION Dst convert_value(const Src& x) {
 
 /// Copies a rank-local tensor ([batch][seqlen][heads][head_dim], or lse
 /// [batch][heads][seqlen]) into (ToChunks) or out of a flat chunk-major
-/// array, converting the value type on the way.
+/// array, converting the value type on the way. One thread an element, so
+/// that neighbouring threads touch neighbouring elements on both sides (one
+/// thread a row, looping over head_dim, left neighbouring threads head_dim
+/// elements apart: on the H200 a pass took ~1 ms for 64 MB, RESULTS run 115).
 template <class ExecSpace, class UserView, class FlatView, bool ToChunks>
 class ChunkCopy {
  public:
@@ -43,26 +46,27 @@ class ChunkCopy {
       : m_user(user), m_flat(flat), m_len0(len0) {}
 
   void launch(const ExecSpace& space) const {
-    const std::size_t rows = m_user.extent(0) * m_user.extent(1) * m_user.extent(2);
-    if (rows == 0) return;
+    const std::size_t elements = m_user.size();
+    if (elements == 0) return;
     Kokkos::parallel_for(ToChunks ? "kfa::ring::pack_chunks" : "kfa::ring::unpack_chunks",
-                         Kokkos::RangePolicy<ExecSpace>(space, 0, rows), *this);
+                         Kokkos::RangePolicy<ExecSpace>(space, 0, elements), *this);
   }
 
-  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t row) const {
+  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t n) const {
     if constexpr (kRank == 4) {
       const std::size_t batch = m_user.extent(0), seqlen = m_user.extent(1),
                         heads = m_user.extent(2), head_dim = m_user.extent(3);
+      const std::size_t d = n % head_dim, row = n / head_dim;
       const std::size_t h = row % heads, i = row / heads % seqlen, b = row / heads / seqlen;
       const std::size_t chunk = i < m_len0 ? 0 : 1;
       const std::size_t len = chunk == 0 ? m_len0 : seqlen - m_len0;
       const std::size_t j = i - chunk * m_len0;
-      const std::size_t base =
-          chunk * batch * m_len0 * heads * head_dim + ((b * len + j) * heads + h) * head_dim;
-      for (std::size_t d = 0; d < head_dim; ++d) copy(m_user(b, i, h, d), m_flat(base + d));
+      copy(m_user(b, i, h, d), m_flat(chunk * batch * m_len0 * heads * head_dim +
+                                      ((b * len + j) * heads + h) * head_dim + d));
     } else {
       const std::size_t batch = m_user.extent(0), heads = m_user.extent(1),
                         seqlen = m_user.extent(2);
+      const std::size_t row = n;
       const std::size_t i = row % seqlen, h = row / seqlen % heads, b = row / seqlen / heads;
       const std::size_t chunk = i < m_len0 ? 0 : 1;
       const std::size_t len = chunk == 0 ? m_len0 : seqlen - m_len0;
@@ -113,7 +117,8 @@ class Accumulate {
 };
 
 /// local = this rank's positions of global, through a ShardMap (rank-4
-/// [batch][seqlen][heads][head_dim] or rank-3 [batch][heads][seqlen]).
+/// [batch][seqlen][heads][head_dim] or rank-3 [batch][heads][seqlen]), one
+/// thread an element as in ChunkCopy.
 template <class ExecSpace, class GlobalView, class LocalView, class Map>
 class ShardCopy {
  public:
@@ -123,20 +128,22 @@ class ShardCopy {
       : m_global(global), m_local(local), m_map(map) {}
 
   void launch(const ExecSpace& space) const {
-    const std::size_t rows = m_local.extent(0) * m_local.extent(1) * m_local.extent(2);
-    if (rows == 0) return;
-    Kokkos::parallel_for("kfa::ring::shard", Kokkos::RangePolicy<ExecSpace>(space, 0, rows), *this);
+    const std::size_t elements = m_local.size();
+    if (elements == 0) return;
+    Kokkos::parallel_for("kfa::ring::shard", Kokkos::RangePolicy<ExecSpace>(space, 0, elements),
+                         *this);
   }
 
-  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t row) const {
+  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t n) const {
     if constexpr (kRank == 4) {
       const std::size_t seqlen = m_local.extent(1), heads = m_local.extent(2),
                         head_dim = m_local.extent(3);
+      const std::size_t d = n % head_dim, row = n / head_dim;
       const std::size_t h = row % heads, i = row / heads % seqlen, b = row / heads / seqlen;
-      const std::size_t g = m_map.global(i);
-      for (std::size_t d = 0; d < head_dim; ++d) m_local(b, i, h, d) = m_global(b, g, h, d);
+      m_local(b, i, h, d) = m_global(b, m_map.global(i), h, d);
     } else {
       const std::size_t heads = m_local.extent(1), seqlen = m_local.extent(2);
+      const std::size_t row = n;
       const std::size_t i = row % seqlen, h = row / seqlen % heads, b = row / seqlen / heads;
       m_local(b, h, i) = m_global(b, h, m_map.global(i));
     }
