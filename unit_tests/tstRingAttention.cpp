@@ -10,6 +10,8 @@
 
 #include <kfa/ring_attention.hpp>
 
+#include <impl/backend/kfa_backend_comm.hpp>
+
 #include <mpi.h>
 
 namespace kfa_test {
@@ -496,6 +498,44 @@ TYPED_TEST(RingAttentionChecks, RepeatedCallsOnAReusedWorkspaceMatch) {
     for (double x : larger[t].data) ASSERT_TRUE(std::isfinite(x)) << names[t] << " (larger)";
   }
 }
+
+#ifdef KOKKOS_ENABLE_CUDA
+// The pinned staging buffers of host-staged exchanges: cached per stream
+// and message tag (a later request reuses the buffer once the earlier one
+// is released), a held buffer makes the request get a private one, another
+// tag or stream gets its own, release_workspaces() empties the cache.
+TEST(RingStagingCuda, PinnedBuffersCachedPerStreamAndTag) {
+  using kfa::Impl::staging_buffer;
+  using kfa::Impl::WorkspaceSlot;
+  kfa::release_workspaces();
+  const Kokkos::Cuda space;
+  const unsigned char* first = nullptr;
+  {
+    const auto a = staging_buffer(space, 7, WorkspaceSlot::staging_recv, 4096, "test::a");
+    first = a.data();
+    const auto held = staging_buffer(space, 7, WorkspaceSlot::staging_recv, 1024, "test::held");
+    EXPECT_NE(held.data(), first);
+  }
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  {
+    const auto b = staging_buffer(space, 7, WorkspaceSlot::staging_recv, 1024, "test::b");
+    EXPECT_EQ(b.data(), first);
+    EXPECT_EQ(b.extent(0), 4096u);
+    const auto send = staging_buffer(space, 7, WorkspaceSlot::staging_send, 1024, "test::send");
+    const auto tag = staging_buffer(space, 8, WorkspaceSlot::staging_recv, 1024, "test::tag");
+    const auto other =
+        staging_buffer(Kokkos::Cuda(stream), 7, WorkspaceSlot::staging_recv, 1024, "test::other");
+    for (const unsigned char* p : {send.data(), tag.data(), other.data()}) EXPECT_NE(p, first);
+    EXPECT_NE(send.data(), tag.data());
+    EXPECT_NE(tag.data(), other.data());
+  }
+  kfa::release_workspaces();
+  ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+  const auto c = staging_buffer(space, 7, WorkspaceSlot::staging_recv, 1024, "test::c");
+  EXPECT_EQ(c.extent(0), 1024u);  // a new buffer after the release
+}
+#endif
 
 }  // namespace
 }  // namespace kfa_test

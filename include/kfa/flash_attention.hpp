@@ -89,11 +89,11 @@ void flash_attention_backward(const ExecSpace& space, const Q& q, const K& k, co
                            Impl::NoScoreMod{});
 }
 
-/// Frees the device memory that the backward and ring attention keep
-/// between calls (on CUDA, per stream: D and the fp32 dq accumulator, the
-/// ring's blocks and accumulators, which only grow). Also done at
-/// Kokkos::finalize. Memory that a call still in flight uses is freed when
-/// that call returns; a later call allocates again.
+/// Frees the memory that the backward and ring attention keep between calls
+/// (on CUDA, per stream: D and the fp32 dq accumulator, the ring's blocks
+/// and accumulators, and its pinned host staging buffers, which only grow).
+/// Also done at Kokkos::finalize. Memory that a call still in flight uses is
+/// freed when that call returns; a later call allocates again.
 inline void release_workspaces() { Impl::release_workspaces(); }
 
 /// Fused forward over a packed batch of variable-length sequences

@@ -105,8 +105,10 @@ class MpiExchange final : public RingExchange<ExecSpace> {
       post(message.send, message.send_bytes, message.recv, message.recv_bytes);
       return;
     }
-    grow(m_send_host, message.send_bytes, "kfa::ring::staging_send");
-    grow(m_recv_host, message.recv_bytes, "kfa::ring::staging_recv");
+    take(space, m_send_host, WorkspaceSlot::staging_send, message.send_bytes,
+         "kfa::ring::staging_send");
+    take(space, m_recv_host, WorkspaceSlot::staging_recv, message.recv_bytes,
+         "kfa::ring::staging_recv");
     Kokkos::deep_copy(space, host_bytes(m_send_host, message.send_bytes),
                       device_bytes(message.send, message.send_bytes));
     // MPI reads host memory: the copy, and the copy back of the previous
@@ -140,18 +142,19 @@ class MpiExchange final : public RingExchange<ExecSpace> {
   }
 
  private:
-  using HostBytes = Kokkos::View<char*, staging_space>;
+  using HostBytes = Kokkos::View<unsigned char*, staging_space>;
 
-  static void grow(HostBytes& buffer, std::size_t bytes, const char* label) {
-    if (buffer.extent(0) < bytes) {
-      buffer = HostBytes();
-      buffer =
-          HostBytes(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), bytes);
-    }
+  /// A staging buffer of at least `bytes` (staging_buffer: cached on CUDA).
+  void take(const ExecSpace& space, HostBytes& buffer, WorkspaceSlot slot, std::size_t bytes,
+            const char* label) const {
+    if (buffer.extent(0) >= bytes) return;
+    buffer = HostBytes();  // not held while asking, so the cache grows its own
+    buffer = staging_buffer(space, m_tag, slot, bytes, label);
   }
   static Kokkos::View<char*, staging_space, unmanaged> host_bytes(const HostBytes& buffer,
                                                                   std::size_t bytes) {
-    return Kokkos::View<char*, staging_space, unmanaged>(buffer.data(), bytes);
+    return Kokkos::View<char*, staging_space, unmanaged>(reinterpret_cast<char*>(buffer.data()),
+                                                         bytes);
   }
   static Kokkos::View<char*, memory_space, unmanaged> device_bytes(void* data, std::size_t bytes) {
     return Kokkos::View<char*, memory_space, unmanaged>(static_cast<char*>(data), bytes);

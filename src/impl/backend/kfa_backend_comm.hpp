@@ -2,10 +2,17 @@
 #define KFA_BACKEND_COMM_HPP
 
 // Backend facts ring attention's transport needs: where host staging buffers
-// live (pinned memory on CUDA, so that the copies are asynchronous DMA), and
-// how to wait for an execution space while still driving MPI progress.
+// live (pinned memory on CUDA, so that the copies are asynchronous DMA, and
+// cached between calls), and how to wait for an execution space while still
+// driving MPI progress.
+
+#include <impl/backend/kfa_workspace.hpp>
 
 #include <Kokkos_Core.hpp>
+
+#include <cstddef>
+#include <string>
+#include <type_traits>
 
 namespace kfa {
 namespace Impl {
@@ -21,6 +28,32 @@ struct host_staging_space<Kokkos::CudaSpace> {
   using type = Kokkos::CudaHostPinnedSpace;
 };
 #endif
+
+/// `bytes` of host staging memory for the messages with tag `tag` that an
+/// exchange on `space` sends (slot staging_send) or receives
+/// (staging_recv). On CUDA, pinned and cached per (stream, tag) between
+/// calls like the device workspaces (kfa_workspace.hpp): a later exchange
+/// on the stream fences it before MPI writes the buffer again, so the copy
+/// that an earlier call left queued out of it is done. Elsewhere a new
+/// allocation per call.
+template <class ExecSpace>
+auto staging_buffer(const ExecSpace& space, int tag, WorkspaceSlot slot, std::size_t bytes,
+                    const char* label) {
+  using staging_space = typename host_staging_space<typename ExecSpace::memory_space>::type;
+#ifdef KOKKOS_ENABLE_CUDA
+  if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value &&
+                std::is_same<staging_space, Kokkos::CudaHostPinnedSpace>::value) {
+    return cuda_staging_cache().get({space.cuda_stream(), tag}, slot, bytes, label);
+  } else
+#endif
+  {
+    (void)space;
+    (void)tag;
+    (void)slot;
+    return Kokkos::View<unsigned char*, staging_space>(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), bytes);
+  }
+}
 
 /// Waits for everything enqueued on `space`, calling poll() until it is done.
 /// MPI implementations without a progress thread only move a large message

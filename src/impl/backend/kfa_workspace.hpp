@@ -29,14 +29,17 @@ namespace Impl {
 /// backward on tensor cores, summed per k/v head afterwards; tile_counter:
 /// the counter from which the persistent teams of a kernel take their
 /// tiles; ring_forward, ring_backward: every buffer of a ring attention
-/// call, carved with WorkspaceParts).
+/// call, carved with WorkspaceParts; staging_send, staging_recv: the pinned
+/// host buffers of a ring exchange staged through the host).
 enum class WorkspaceSlot {
   delta,
   dq_accum,
   dkv_grouped,
   tile_counter,
   ring_forward,
-  ring_backward
+  ring_backward,
+  staging_send,
+  staging_recv
 };
 
 /// Cached buffers of MemorySpace, one per (key, slot). get() returns the
@@ -120,13 +123,33 @@ inline Kokkos::View<unsigned char*, Kokkos::CudaSpace> workspace(const Kokkos::C
                                                                  const char* label) {
   return cuda_workspace_cache().get(space.cuda_stream(), slot, bytes, label);
 }
+
+/// Pinned host buffers of host-staged ring exchanges (cudaHostAlloc costs
+/// tens of milliseconds for a block), keyed by stream and message tag:
+/// kfa_backend_comm.hpp's staging_buffer.
+struct StagingKey {
+  cudaStream_t stream;
+  int tag;
+  bool operator==(const StagingKey& other) const {
+    return stream == other.stream && tag == other.tag;
+  }
+};
+inline WorkspaceCache<Kokkos::CudaHostPinnedSpace, StagingKey>& cuda_staging_cache() {
+  static WorkspaceCache<Kokkos::CudaHostPinnedSpace, StagingKey>* const cache = [] {
+    auto* c = new WorkspaceCache<Kokkos::CudaHostPinnedSpace, StagingKey>();
+    Kokkos::push_finalize_hook([c] { c->clear(); });
+    return c;
+  }();
+  return *cache;
+}
 #endif
 
-/// Frees every cached workspace (CUDA); no-op elsewhere. Buffers that a call
-/// in flight holds are freed when it returns.
+/// Frees every cached workspace and staging buffer (CUDA); no-op elsewhere.
+/// Buffers that a call in flight holds are freed when it returns.
 inline void release_workspaces() {
 #ifdef KOKKOS_ENABLE_CUDA
   cuda_workspace_cache().clear();
+  cuda_staging_cache().clear();
 #endif
 }
 
