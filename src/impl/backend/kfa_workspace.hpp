@@ -2,12 +2,13 @@
 #define KFA_WORKSPACE_HPP
 
 // Temporary device memory of one call (the backward's D and its fp32 dQ
-// accumulator, ring attention's blocks and accumulators). On CUDA a
+// accumulator, ring attention's blocks and accumulators; and the pinned
+// host buffers of ring exchanges staged through the host). On CUDA a
 // cudaMalloc and cudaFree per call cost more than the O(N) kernels that use
 // the memory (cudaFree also waits for the whole device), so each slot is
-// cached per CUDA stream and only grows; the cache is emptied by
-// kfa::release_workspaces() and at Kokkos::finalize. Work on
-// one stream runs in order, so a call may reuse the buffer of an earlier
+// cached per CUDA stream and only grows; the caches are emptied by
+// kfa::release_workspaces() and at Kokkos::finalize. Work on one stream
+// runs in order, so a call may reuse the buffer of an earlier
 // call on its stream once that call has returned (its kernels, still
 // queued, run first); a call that finds the buffer held by a call still
 // enqueueing (another host thread) gets a private one, and calls on other
@@ -104,16 +105,22 @@ Kokkos::View<unsigned char*, typename ExecSpace::memory_space> workspace(const E
       Kokkos::view_alloc(space, Kokkos::WithoutInitializing, std::string(label)), bytes);
 }
 
-#ifdef KOKKOS_ENABLE_CUDA
-/// The process' CUDA cache, keyed by stream; emptied at Kokkos::finalize
-/// (its Views must be gone before Kokkos is).
-inline WorkspaceCache<Kokkos::CudaSpace, cudaStream_t>& cuda_workspace_cache() {
-  static WorkspaceCache<Kokkos::CudaSpace, cudaStream_t>* const cache = [] {
-    auto* c = new WorkspaceCache<Kokkos::CudaSpace, cudaStream_t>();
+/// The process' cache of MemorySpace buffers by Key; emptied at
+/// Kokkos::finalize (its Views must be gone before Kokkos is).
+template <class MemorySpace, class Key>
+WorkspaceCache<MemorySpace, Key>& process_workspace_cache() {
+  static WorkspaceCache<MemorySpace, Key>* const cache = [] {
+    auto* c = new WorkspaceCache<MemorySpace, Key>();
     Kokkos::push_finalize_hook([c] { c->clear(); });
     return c;
   }();
   return *cache;
+}
+
+#ifdef KOKKOS_ENABLE_CUDA
+/// The process' CUDA device cache, keyed by stream.
+inline WorkspaceCache<Kokkos::CudaSpace, cudaStream_t>& cuda_workspace_cache() {
+  return process_workspace_cache<Kokkos::CudaSpace, cudaStream_t>();
 }
 
 /// CUDA: the buffer of `space`'s stream and this slot (see above).
@@ -135,12 +142,7 @@ struct StagingKey {
   }
 };
 inline WorkspaceCache<Kokkos::CudaHostPinnedSpace, StagingKey>& cuda_staging_cache() {
-  static WorkspaceCache<Kokkos::CudaHostPinnedSpace, StagingKey>* const cache = [] {
-    auto* c = new WorkspaceCache<Kokkos::CudaHostPinnedSpace, StagingKey>();
-    Kokkos::push_finalize_hook([c] { c->clear(); });
-    return c;
-  }();
-  return *cache;
+  return process_workspace_cache<Kokkos::CudaHostPinnedSpace, StagingKey>();
 }
 #endif
 
