@@ -85,12 +85,17 @@ struct RingViews {
   }
 };
 
-/// Whether a rank-local input already is chunk-major (one chunk, a
-/// contiguous span), so that the ring reads the caller's memory itself.
+/// Whether a rank-local input already is chunk-major, so that the ring
+/// reads the caller's memory itself: a contiguous span with one chunk, or
+/// with one index outside the sequence (batch 1; for lse [batch][heads]
+/// [seqlen], batch·heads 1), where the chunks of [outer][seqlen][inner]
+/// follow each other in the caller's own order.
 template <class UserView>
 bool is_chunk_major(const UserView& user, std::size_t len0) {
-  const int seq_dim = view_rank<UserView>() == 4 ? 1 : 2;
-  return len0 == user.extent(seq_dim) && user.span_is_contiguous();
+  constexpr bool kLse = view_rank<UserView>() == 3;
+  const std::size_t seqlen = user.extent(kLse ? 2 : 1);
+  const std::size_t outer = kLse ? user.extent(0) * user.extent(1) : user.extent(0);
+  return (len0 == seqlen || outer == 1) && user.span_is_contiguous();
 }
 
 /// A rank-local input in chunk-major layout: the caller's memory itself

@@ -15,10 +15,12 @@
 #include <kfa/types.hpp>
 
 #include <kfa_compat.hpp>
+#include <kfa_packs.hpp>
 
 #include <Kokkos_Core.hpp>
 
 #include <cstddef>
+#include <type_traits>
 
 namespace kfa {
 namespace Impl {
@@ -30,12 +32,68 @@ KOKKOS_FORCEINLINE_FUNCTION Dst convert_value(const Src& x) {
   return from_acc<Dst>(to_acc<accumulator_t<Dst>>(x));
 }
 
+/// The packed path of ChunkCopy, for a contiguous user tensor. Both sides
+/// are [outer][positions][inner] arrays (rank 4: outer = batch, inner =
+/// heads·head_dim; lse: outer = batch·heads, inner = 1), so element n of the
+/// user's span is element flat_index(n) of the flat one, and Width
+/// consecutive elements, all in one run of one chunk (the launch checks
+/// that every run's length is a multiple of Width), move as one pack.
+template <class ExecSpace, class UserValue, class FlatValue, bool ToChunks, int Width>
+class ChunkSpanCopy {
+ public:
+  using user_pointer = std::conditional_t<ToChunks, const UserValue*, UserValue*>;
+  using flat_pointer = std::conditional_t<ToChunks, FlatValue*, const FlatValue*>;
+
+  /// run = seqlen·inner elements (one outer index's positions), run0 =
+  /// len0·inner (its first chunk's).
+  ChunkSpanCopy(user_pointer user, flat_pointer flat, std::size_t outer, std::size_t run,
+                std::size_t run0)
+      : m_user(user),
+        m_flat(flat),
+        m_run(run),
+        m_run0(run0),
+        m_chunk1(outer * run0),
+        m_packs(outer * run / Width) {}
+
+  void launch(const ExecSpace& space) const {
+    Kokkos::parallel_for(ToChunks ? "kfa::ring::pack_chunks" : "kfa::ring::unpack_chunks",
+                         Kokkos::RangePolicy<ExecSpace>(space, 0, m_packs), *this);
+  }
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t pack) const {
+    const std::size_t n = pack * Width;
+    const std::size_t outer = n / m_run, at = n - outer * m_run;
+    const std::size_t f =
+        at < m_run0 ? outer * m_run0 + at : m_chunk1 + outer * (m_run - m_run0) + (at - m_run0);
+    if constexpr (ToChunks) {
+      move(m_user + n, m_flat + f);
+    } else {
+      move(m_flat + f, m_user + n);
+    }
+  }
+
+ private:
+  template <class S, class D>
+  KOKKOS_FORCEINLINE_FUNCTION static void move(const S* src, D* dst) {
+    const Pack<S, Width> in = load_pack<Width>(src);
+    Pack<D, Width> out;
+    for (int e = 0; e < Width; ++e) out.v[e] = convert_value<D>(in.v[e]);
+    store_pack<Width>(dst, out);
+  }
+
+  user_pointer m_user;
+  flat_pointer m_flat;
+  std::size_t m_run, m_run0, m_chunk1, m_packs;
+};
+
 /// Copies a rank-local tensor ([batch][seqlen][heads][head_dim], or lse
 /// [batch][heads][seqlen]) into (ToChunks) or out of a flat chunk-major
-/// array, converting the value type on the way. One thread an element, so
-/// that neighbouring threads touch neighbouring elements on both sides (one
-/// thread a row, looping over head_dim, left neighbouring threads head_dim
-/// elements apart: on the H200 a pass took ~1 ms for 64 MB, RESULTS run 115).
+/// array, converting the value type on the way. A contiguous user tensor
+/// moves in packs (ChunkSpanCopy) where the runs and both pointers allow;
+/// otherwise one thread an element, so that neighbouring threads touch
+/// neighbouring elements on both sides (one thread a row, looping over
+/// head_dim, left neighbouring threads head_dim elements apart: on the H200
+/// a pass took ~1 ms for 64 MB, RESULTS run 115).
 template <class ExecSpace, class UserView, class FlatView, bool ToChunks>
 class ChunkCopy {
  public:
@@ -48,6 +106,18 @@ class ChunkCopy {
   void launch(const ExecSpace& space) const {
     const std::size_t elements = m_user.size();
     if (elements == 0) return;
+    constexpr int kWidth = pack_width<user_value, flat_value>();
+    const std::size_t outer = kRank == 4 ? m_user.extent(0) : m_user.extent(0) * m_user.extent(1);
+    const std::size_t seqlen = m_user.extent(kRank == 4 ? 1 : 2);
+    const std::size_t inner = elements / (outer * seqlen);
+    const std::size_t run = seqlen * inner, run0 = m_len0 * inner;
+    if (kWidth > 1 && m_user.span_is_contiguous() && run % kWidth == 0 && run0 % kWidth == 0 &&
+        pack_aligned<kWidth>(m_user.data()) && pack_aligned<kWidth>(m_flat.data())) {
+      ChunkSpanCopy<ExecSpace, user_value, flat_value, ToChunks, kWidth>(
+          m_user.data(), m_flat.data(), outer, run, run0)
+          .launch(space);
+      return;
+    }
     Kokkos::parallel_for(ToChunks ? "kfa::ring::pack_chunks" : "kfa::ring::unpack_chunks",
                          Kokkos::RangePolicy<ExecSpace>(space, 0, elements), *this);
   }
@@ -93,18 +163,37 @@ class ChunkCopy {
   std::size_t m_len0;
 };
 
-/// acc(n) += src(n) in the accumulator type, over two flat ranges.
+/// acc(n) += src(n) in the accumulator type, over two flat ranges; Width
+/// elements a thread (one pack each side) where the launch allows.
 template <class ExecSpace, class AccView, class SrcView>
 class Accumulate {
  public:
   using acc_t = typename AccView::non_const_value_type;
+  using src_t = typename SrcView::non_const_value_type;
+  static constexpr int kWidth = pack_width<acc_t, src_t>();
 
   Accumulate(const AccView& acc, const SrcView& src) : m_acc(acc), m_src(src) {}
 
   void launch(const ExecSpace& space) const {
-    if (m_src.extent(0) == 0) return;
-    Kokkos::parallel_for("kfa::ring::accumulate",
-                         Kokkos::RangePolicy<ExecSpace>(space, 0, m_src.extent(0)), *this);
+    const std::size_t n = m_src.extent(0);
+    if (n == 0) return;
+    if (n % kWidth == 0 && pack_aligned<kWidth>(m_acc.data()) &&
+        pack_aligned<kWidth>(m_src.data())) {
+      Kokkos::parallel_for("kfa::ring::accumulate",
+                           Kokkos::RangePolicy<ExecSpace, Packed>(space, 0, n / kWidth), *this);
+    } else {
+      Kokkos::parallel_for("kfa::ring::accumulate", Kokkos::RangePolicy<ExecSpace>(space, 0, n),
+                           *this);
+    }
+  }
+
+  struct Packed {};
+  KOKKOS_INLINE_FUNCTION void operator()(Packed, const std::size_t pack) const {
+    const std::size_t n = pack * kWidth;
+    Pack<acc_t, kWidth> acc = load_pack<kWidth>(m_acc.data() + n);
+    const Pack<src_t, kWidth> src = load_pack<kWidth>(m_src.data() + n);
+    for (int e = 0; e < kWidth; ++e) acc.v[e] += to_acc<acc_t>(src.v[e]);
+    store_pack<kWidth>(m_acc.data() + n, acc);
   }
 
   KOKKOS_INLINE_FUNCTION void operator()(const std::size_t n) const {

@@ -221,8 +221,11 @@ TYPED_TEST(RingAttention, ContiguousMatchesSingleRank) {
 
 TYPED_TEST(RingAttention, ZigzagMatchesSingleRank) {
   if (is_duplicate_config<TypeParam>()) GTEST_SKIP() << "half is float here";
-  for (bool causal : {false, true})
+  for (bool causal : {false, true}) {
     check_ring<TypeParam>({kfa::RingSharding::zigzag, {}}, causal, 2, 24, kZigzagSeqlen);
+    // Batch 1: q, o and d_o are read in the caller's memory, not copied.
+    check_ring<TypeParam>({kfa::RingSharding::zigzag, {}}, causal, 1, 32, kZigzagSeqlen);
+  }
 }
 
 TYPED_TEST(RingAttention, HostStagedTransport) {
@@ -496,6 +499,82 @@ TYPED_TEST(RingAttentionChecks, RepeatedCallsOnAReusedWorkspaceMatch) {
     for (double x : first[t].data) ASSERT_TRUE(std::isfinite(x)) << names[t] << " not written";
     EXPECT_EQ(first[t].data, again[t].data) << names[t] << " differs after a larger call";
     for (double x : larger[t].data) ASSERT_TRUE(std::isfinite(x)) << names[t] << " (larger)";
+  }
+}
+
+/// Positions [0, len0) and [len0, seqlen) of a rank-local tensor, the
+/// extents of the chunk copies' cases.
+struct ChunkDims {
+  int batch, seqlen, heads, head_dim, len0;
+};
+
+/// The chunk-major copies into Flat's value type and back, for a rank-4
+/// tensor and an lse: every element lands where the chunk-major layout puts
+/// it (chunk 0 [batch][len0][heads][head_dim] then chunk 1; lse [batch]
+/// [heads][len]) and comes back unchanged.
+template <class Space, class FlatT>
+void check_chunk_copies(const ChunkDims& s) {
+  using Flat = Kokkos::View<FlatT*, Kokkos::LayoutRight, typename Space::memory_space>;
+  const std::string what = "chunk copy [" + std::to_string(s.batch) + "][" +
+                           std::to_string(s.seqlen) + "][" + std::to_string(s.heads) + "][" +
+                           std::to_string(s.head_dim) + "] len0 " + std::to_string(s.len0);
+  const auto chunk_of = [&](int i, int& len, int& j) {
+    const int chunk = i < s.len0 ? 0 : 1;
+    len = chunk == 0 ? s.len0 : s.seqlen - s.len0;
+    j = i - chunk * s.len0;
+    return chunk;
+  };
+  Tensor user({s.batch, s.seqlen, s.heads, s.head_dim}), lse({s.batch, s.heads, s.seqlen});
+  for (std::size_t n = 0; n < user.data.size(); ++n) user.data[n] = static_cast<double>(n);
+  for (std::size_t n = 0; n < lse.data.size(); ++n) lse.data[n] = -static_cast<double>(n);
+  const auto user_d = to_device<float, Space>(user, "user");
+  DeviceView3<float, Space> lse_d("lse", s.batch, s.heads, s.seqlen);
+  {
+    auto host = Kokkos::create_mirror_view(lse_d);
+    for (std::size_t n = 0; n < lse.data.size(); ++n) host.data()[n] = float(lse.data[n]);
+    Kokkos::deep_copy(lse_d, host);
+  }
+  const Flat flat("flat", user.data.size()), flat_lse("flat_lse", lse.data.size());
+  poison(flat);
+  poison(flat_lse);
+  using kfa::Impl::ChunkCopy;
+  ChunkCopy<Space, decltype(user_d), Flat, true>(user_d, flat, s.len0).launch(Space());
+  ChunkCopy<Space, decltype(lse_d), Flat, true>(lse_d, flat_lse, s.len0).launch(Space());
+  const Tensor got = to_host(flat), got_lse = to_host(flat_lse);
+  for (int b = 0; b < s.batch; ++b)
+    for (int i = 0; i < s.seqlen; ++i) {
+      int len, j;
+      const int chunk = chunk_of(i, len, j);
+      for (int h = 0; h < s.heads; ++h) {
+        for (int d = 0; d < s.head_dim; ++d) {
+          const std::size_t f = std::size_t(chunk) * s.batch * s.len0 * s.heads * s.head_dim +
+                                ((std::size_t(b) * len + j) * s.heads + h) * s.head_dim + d;
+          ASSERT_EQ(got.data[f], user.at(b, i, h, d)) << what << " at " << b << "," << i;
+        }
+        const std::size_t f = std::size_t(chunk) * s.batch * s.heads * s.len0 +
+                              (std::size_t(b) * s.heads + h) * len + j;
+        ASSERT_EQ(got_lse.data[f], lse.at(b, h, i)) << what << " lse at " << b << "," << i;
+      }
+    }
+  const auto back = local_like(user_d, s.seqlen, "back");
+  DeviceView3<float, Space> lse_back("lse_back", s.batch, s.heads, s.seqlen);
+  poison(back);
+  poison(lse_back);
+  ChunkCopy<Space, decltype(back), Flat, false>(back, flat, s.len0).launch(Space());
+  ChunkCopy<Space, decltype(lse_back), Flat, false>(lse_back, flat_lse, s.len0).launch(Space());
+  EXPECT_EQ(to_host(back).data, user.data) << what;
+  EXPECT_EQ(to_host(lse_back).data, lse.data) << what;
+}
+
+// Runs of a multiple of the pack width (packed copies), odd runs (one
+// element a thread), one chunk, a batch of 1; float to float (4 a pack) and
+// to double (2 a pack).
+TYPED_TEST(RingAttentionChecks, ChunkCopiesPlaceEveryElement) {
+  for (const ChunkDims& s :
+       {ChunkDims{2, 10, 3, 4, 4}, ChunkDims{2, 9, 3, 5, 3}, ChunkDims{1, 7, 1, 3, 2},
+        ChunkDims{3, 8, 2, 8, 8}, ChunkDims{2, 12, 2, 6, 5}}) {
+    check_chunk_copies<TypeParam, float>(s);
+    check_chunk_copies<TypeParam, double>(s);
   }
 }
 

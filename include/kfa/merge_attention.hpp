@@ -4,7 +4,7 @@
 #include <kfa/types.hpp>
 
 #include <kfa_checks.hpp>
-#include <kfa_online_softmax.hpp>
+#include <kfa_merge_kernels.hpp>
 
 namespace kfa {
 
@@ -44,34 +44,8 @@ void merge_attention(const ExecSpace& space, const OA& o_a, const LseA& lse_a, c
     Impl::check_extents(function, "o_b", shape_o, o_b, {batch, seqlen, heads, head_dim});
     Impl::check_extents(function, "lse_a", shape_lse, lse_a, {batch, heads, seqlen});
     Impl::check_extents(function, "lse_b", shape_lse, lse_b, {batch, heads, seqlen});
-    using softmax = Impl::OnlineSoftmax<acc_t>;
-    // Two passes, each parallel over contiguous elements (coalesced on GPUs):
-    // O first, every element recomputing its row's weights from lse_a and
-    // lse_b, which it only reads; then lse_a. (One thread per row looping
-    // over head_dim made neighbouring threads read rows head_dim apart.)
-    const std::size_t rows = batch * seqlen * heads, elements = rows * head_dim;
-    const std::size_t d_count = head_dim;
-    Kokkos::parallel_for(
-        "kfa::merge_attention::o", Kokkos::RangePolicy<ExecSpace>(space, 0, elements),
-        KOKKOS_LAMBDA(const std::size_t n) {
-          const std::size_t row = n / d_count, d = n % d_count;
-          const std::size_t h = row % heads, bi = row / heads;
-          const std::size_t i = bi % seqlen, b = bi / seqlen;
-          acc_t w_a, w_b, lse;
-          softmax::merge_weights(lse_a(b, h, i), lse_b(b, h, i), w_a, w_b, lse);
-          const acc_t x = w_a == acc_t(0) ? acc_t(0) : w_a * Impl::to_acc<acc_t>(o_a(b, i, h, d));
-          const acc_t y = w_b == acc_t(0) ? acc_t(0) : w_b * Impl::to_acc<acc_t>(o_b(b, i, h, d));
-          o_a(b, i, h, d) = Impl::from_acc<std::remove_cv_t<value_a>>(x + y);
-        });
-    Kokkos::parallel_for(
-        "kfa::merge_attention::lse", Kokkos::RangePolicy<ExecSpace>(space, 0, rows),
-        KOKKOS_LAMBDA(const std::size_t row) {
-          const std::size_t i = row % seqlen, bh = row / seqlen;
-          const std::size_t h = bh % heads, b = bh / heads;
-          acc_t w_a, w_b, lse;
-          softmax::merge_weights(lse_a(b, h, i), lse_b(b, h, i), w_a, w_b, lse);
-          lse_a(b, h, i) = lse;
-        });
+    Impl::MergeOutput<ExecSpace, OA, LseA, OB, LseB>(o_a, lse_a, o_b, lse_b).launch(space);
+    Impl::MergeLse<ExecSpace, LseA, LseB>(lse_a, lse_b).launch(space);
   }
 }
 

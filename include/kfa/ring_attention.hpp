@@ -79,7 +79,8 @@ inline std::size_t ring_local_seqlen(std::size_t global_seqlen, int rank, int ra
 ///
 /// Memory per rank, with n = batch·seqlen_local·heads·head_dim: two K/V
 /// blocks (4n values), the o accumulator (n, accumulator type), one chunk of
-/// o_step, and with zigzag sharding a packed copy of q (n); one workspace,
+/// o_step, and with zigzag sharding and batch > 1 a packed copy of q (n;
+/// a contiguous q of batch 1 is read where it is); one workspace,
 /// which on CUDA stays allocated for the next call on the same stream (see
 /// release_workspaces).
 template <class ExecSpace, class Q, class K, class V, class O, class Lse>
@@ -126,8 +127,9 @@ void ring_attention_forward(const ExecSpace& space, MPI_Comm comm, const Q& q, c
 /// Memory per rank, with n as above: two K/V blocks (4n values), two dK/dV
 /// accumulator blocks and this rank's contribution (6n, accumulator type),
 /// the dq accumulator (n, accumulator type), per-chunk dq/dk/dv temporaries,
-/// and with zigzag sharding packed copies of q, o, d_o and lse; one
-/// workspace, kept on CUDA as the forward's is.
+/// and with zigzag sharding packed copies of q, o and d_o (batch > 1) and of
+/// lse (batch·heads > 1); contiguous inputs of batch 1 are read where they
+/// are. One workspace, kept on CUDA as the forward's is.
 template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DQ,
           class DK, class DV>
 void ring_attention_backward(const ExecSpace& space, const RingCommunicator& comm, const Q& q,
