@@ -35,7 +35,7 @@ KOKKOS_FORCEINLINE_FUNCTION Dst convert_value(const Src& x) {
 /// The packed path of ChunkCopy, for a contiguous user tensor. Both sides
 /// are [outer][positions][inner] arrays (rank 4: outer = batch, inner =
 /// heads·head_dim; lse: outer = batch·heads, inner = 1), so element n of the
-/// user's span is element flat_index(n) of the flat one, and Width
+/// user's span has one flat index, found with one division, and Width
 /// consecutive elements, all in one run of one chunk (the launch checks
 /// that every run's length is a multiple of Width), move as one pack.
 template <class ExecSpace, class UserValue, class FlatValue, bool ToChunks, int Width>
