@@ -328,7 +328,12 @@ void ring_backward(const ExecSpace& space, const RingCommunicator& comm, const R
       kv_exchange->start(
           space, {k_block, sizeof(T) * 2 * block, kv[(step + 1) % 2], sizeof(T) * 2 * next_block});
     }
-    Kokkos::deep_copy(space, views::span(grad_local, 2 * block), acc_t(0));
+    // This rank's part of the held block's dK/dV: at the first step straight
+    // into the block's accumulator (the block is this rank's own, nothing
+    // has arrived for it), later into grad_local while the accumulator is
+    // on its way from the previous rank.
+    acc_t* const grad_mine = step == 0 ? grad[0] : grad_local;
+    Kokkos::deep_copy(space, views::span(grad_mine, 2 * block), acc_t(0));
     for (const RingChunk& qc : mine) {
       for (const RingChunk& kc : layout.chunks(source)) {
         const BlockKind kind = classify(qc, kc, options.causal);
@@ -346,11 +351,11 @@ void ring_backward(const ExecSpace& space, const RingCommunicator& comm, const R
         Accumulate<ExecSpace, AccSpan, StepSpan>(views::span(dq_acc.data() + row * qo, row * ql),
                                                  views::span(dq_step, row * ql))
             .launch(space);
-        Accumulate<ExecSpace, AccSpan, StepSpan>(views::span(grad_local + row * ko, row * kl),
+        Accumulate<ExecSpace, AccSpan, StepSpan>(views::span(grad_mine + row * ko, row * kl),
                                                  views::span(dk_step, row * kl))
             .launch(space);
         Accumulate<ExecSpace, AccSpan, StepSpan>(
-            views::span(grad_local + block + row * ko, row * kl), views::span(dv_step, row * kl))
+            views::span(grad_mine + block + row * ko, row * kl), views::span(dv_step, row * kl))
             .launch(space);
         progress();
       }
@@ -358,13 +363,12 @@ void ring_backward(const ExecSpace& space, const RingCommunicator& comm, const R
     fence_polling(space, progress);
     // The held block's accumulators arrive from the previous rank (none at
     // the first step: the block is this rank's own, no one has seen it
-    // yet); this rank's part is added and they go on to the next rank,
+    // yet, and grad[0] holds this rank's part already); this rank's part
+    // is added and they go on to the next rank,
     // which holds the block at its next step. After P steps every block's
     // accumulators are complete and back on their owner.
     const AccSpan grad_block = views::span(grad[step % 2], 2 * block);
-    if (step == 0) {
-      Kokkos::deep_copy(space, grad_block, views::span(grad_local, 2 * block));
-    } else {
+    if (step > 0) {
       timer.waiting([&] { grad_exchange->wait(space); });
       Accumulate<ExecSpace, AccSpan, AccSpan>(grad_block, views::span(grad_local, 2 * block))
           .launch(space);
