@@ -74,7 +74,8 @@ inline std::string extents_string(const std::uint64_t* extents, int rank) {
 }
 
 /// Local checks of ring attention beyond the single-rank ones: q, k and v
-/// are slices of one sequence, sharded alike; the transport exists here.
+/// are slices of one sequence, sharded alike; no window or dropout; the
+/// transport exists here.
 template <class ExecSpace, class Q, class K>
 void check_ring_local(const char* function, const Q& q, const K& k, const RingOptions& options) {
   if (k.extent(1) != q.extent(1)) {
@@ -82,6 +83,22 @@ void check_ring_local(const char* function, const Q& q, const K& k, const RingOp
     out << "k and v must have q's local seqlen (q, k and v are slices of one sequence, "
            "sharded alike): q is "
         << Impl::extents_string(q) << ", k is " << Impl::extents_string(k);
+    throw_invalid(function, out.str());
+  }
+  // The ring's fused calls see chunk-local positions: a sliding window or a
+  // dropout mask (drawn per (i, j)) would be applied in the wrong
+  // coordinates, so they are refused rather than computed wrongly.
+  if (options.window_left != -1 || options.window_right != -1) {
+    std::ostringstream out;
+    out << "options.window_left / window_right: ring attention does not support sliding "
+           "windows (leave both at -1); got window_left = "
+        << options.window_left << ", window_right = " << options.window_right;
+    throw_invalid(function, out.str());
+  }
+  if (options.dropout_p != 0) {
+    std::ostringstream out;
+    out << "options.dropout_p: ring attention does not support dropout (leave it at 0); got "
+        << options.dropout_p;
     throw_invalid(function, out.str());
   }
   if (!ring_transport_available<ExecSpace>(options.transport)) {

@@ -366,6 +366,20 @@ TYPED_TEST(RingAttentionChecks, BadArgumentsOnOneRankThrowEverywhere) {
     expect_invalid([&] { args.forward(opt); }, {"seqlen"}, "k shorter than q");
     args.expect_untouched("k shorter than q");
   }
+  {
+    // Positional options the ring's chunk-local calls cannot apply, on one
+    // rank (the last) or on all: refused everywhere, nothing written.
+    const RingArgs<Space> args(1, 12, 2, 16);
+    const bool here = rank == world_size() - 1;
+    kfa::RingOptions window = opt;
+    window.window_left = here ? 4 : -1;
+    expect_invalid([&] { args.forward(window); }, {"window_left", "ring attention"},
+                   "window on the last rank");
+    kfa::RingOptions dropout = opt;
+    dropout.dropout_p = 0.1;
+    expect_invalid([&] { args.backward(dropout); }, {"dropout_p", "0.1"}, "dropout");
+    args.expect_untouched("window / dropout");
+  }
   EXPECT_THROW(kfa::ring_local_seqlen(10, 0, 2, kfa::RingSharding::zigzag), std::invalid_argument);
 }
 

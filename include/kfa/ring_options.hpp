@@ -61,7 +61,9 @@ struct RingProfile {
 /// Options of ring attention: the single-rank options (applied to the
 /// global sequence: causal means global key j is visible to global query i
 /// iff j <= i), plus the sharding and the transport. Every rank must pass
-/// the same values.
+/// the same values. The sliding window (window_left, window_right) and
+/// dropout (dropout_p) are not supported and must stay off: the ring's
+/// fused calls see chunk-local positions (std::invalid_argument otherwise).
 struct RingOptions : AttentionOptions {
   RingSharding sharding = RingSharding::contiguous;
   RingTransport transport = RingTransport::mpi;
