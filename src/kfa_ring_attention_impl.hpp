@@ -48,7 +48,8 @@ namespace Impl {
 constexpr int kRingTagKV = 27510;
 constexpr int kRingTagGrad = 25703;
 
-/// Extents shared by every tensor of a ring call except the sequence.
+/// Extents shared by the tensors of one kind (q, o, dq, lse: heads; k, v,
+/// dk, dv: heads_kv, fewer with grouped-query attention) except the sequence.
 struct RingDims {
   std::size_t batch, heads, head_dim;
   /// Elements per sequence position of a [batch][seqlen][heads][head_dim]
@@ -183,13 +184,14 @@ void ring_forward(const ExecSpace& space, const RingCommunicator& comm, const Ri
   using views = RingViews<ExecSpace>;
   const int ranks = layout.ranks(), rank = comm.rank();
   const RingDims dims{q.extent(0), q.extent(2), q.extent(3)};
+  const RingDims kv_dims{k.extent(0), k.extent(2), k.extent(3)};
   const std::vector<RingChunk>& mine = layout.chunks(rank);
   const std::size_t seqlen = layout.seqlen(rank), len0 = mine[0].length;
 
   // The workspace: q chunk-major (where the caller's is not), the K/V
   // block held now and the one arriving, the accumulators (o_acc, lse_acc)
   // and one pair's output (o_step, lse_step).
-  const std::size_t block_capacity = 2 * dims.row() * layout.max_seqlen();
+  const std::size_t block_capacity = 2 * kv_dims.row() * layout.max_seqlen();
   WorkspaceParts parts;
   const std::size_t at_q = add_chunk_major(parts, q, len0);
   const std::size_t at_kv[2] = {parts.add<T>(block_capacity), parts.add<T>(block_capacity)};
@@ -206,7 +208,7 @@ void ring_forward(const ExecSpace& space, const RingCommunicator& comm, const Ri
   acc_t* const lse_step = parts.part<acc_t>(ws, at_lse_step);
 
   const T* const q_data = chunk_major(space, q, len0, parts.part<T>(ws, at_q));
-  pack_kv_block(space, k, v, kv[0], dims, seqlen, len0);
+  pack_kv_block(space, k, v, kv[0], kv_dims, seqlen, len0);
   Kokkos::deep_copy(space, o_acc, acc_t(0));
   Kokkos::deep_copy(space, lse_acc, math::neg_inf<acc_t>());
 
@@ -217,12 +219,12 @@ void ring_forward(const ExecSpace& space, const RingCommunicator& comm, const Ri
     const int source = (rank - step + ranks) % ranks;
     const int next_source = (source + ranks - 1) % ranks;
     const T* k_block = kv[step % 2];
-    const T* v_block = k_block + dims.row() * layout.seqlen(source);
+    const T* v_block = k_block + kv_dims.row() * layout.seqlen(source);
     timer.start_step();
     if (step + 1 < ranks) {
       exchange->start(
-          space, {k_block, sizeof(T) * 2 * dims.row() * layout.seqlen(source), kv[(step + 1) % 2],
-                  sizeof(T) * 2 * dims.row() * layout.seqlen(next_source)});
+          space, {k_block, sizeof(T) * 2 * kv_dims.row() * layout.seqlen(source),
+                  kv[(step + 1) % 2], sizeof(T) * 2 * kv_dims.row() * layout.seqlen(next_source)});
     }
     for (const RingChunk& qc : mine) {
       for (const RingChunk& kc : layout.chunks(source)) {
@@ -232,8 +234,8 @@ void ring_forward(const ExecSpace& space, const RingCommunicator& comm, const Ri
         const auto o_block = views::chunk(o_step, dims, 0, qc.length);
         const auto lse_block = views::lse_chunk(lse_step, dims, 0, qc.length);
         flash_attention_forward(space, views::chunk(q_data, dims, qc.local_offset, qc.length),
-                                views::chunk(k_block, dims, kc.local_offset, kc.length),
-                                views::chunk(v_block, dims, kc.local_offset, kc.length), o_block,
+                                views::chunk(k_block, kv_dims, kc.local_offset, kc.length),
+                                views::chunk(v_block, kv_dims, kc.local_offset, kc.length), o_block,
                                 lse_block, block_options);
         merge_attention(space, views::chunk(o_acc.data(), dims, qc.local_offset, qc.length),
                         views::lse_chunk(lse_acc.data(), dims, qc.local_offset, qc.length), o_block,
@@ -266,7 +268,8 @@ void ring_backward(const ExecSpace& space, const RingCommunicator& comm, const R
   using AccSpan = typename views::template Span<acc_t>;
   const int ranks = layout.ranks(), rank = comm.rank();
   const RingDims dims{q.extent(0), q.extent(2), q.extent(3)};
-  const std::size_t row = dims.row();
+  const RingDims kv_dims{k.extent(0), k.extent(2), k.extent(3)};
+  const std::size_t row = dims.row(), kv_row = kv_dims.row();
   const std::vector<RingChunk>& mine = layout.chunks(rank);
   const std::size_t seqlen = layout.seqlen(rank), len0 = mine[0].length;
 
@@ -277,8 +280,7 @@ void ring_backward(const ExecSpace& space, const RingCommunicator& comm, const R
   // this rank's contribution to the held block's dK/dV (grad_local),
   // computed while the accumulators of the ranks before it are still on
   // their way; dQ's accumulator, and one pair's dQ, dK and dV.
-  const std::size_t block_capacity = 2 * row * layout.max_seqlen();
-  const std::size_t step_size = row * layout.max_chunk();
+  const std::size_t block_capacity = 2 * kv_row * layout.max_seqlen();
   using LseT = typename Lse::non_const_value_type;
   WorkspaceParts parts;
   const std::size_t at_q = add_chunk_major(parts, q, len0), at_o = add_chunk_major(parts, o, len0),
@@ -289,8 +291,9 @@ void ring_backward(const ExecSpace& space, const RingCommunicator& comm, const R
                                   parts.add<acc_t>(block_capacity)};
   const std::size_t at_grad_local = parts.add<acc_t>(block_capacity);
   const std::size_t at_dq_acc = parts.add<acc_t>(row * seqlen);
-  const std::size_t at_steps[3] = {parts.add<T>(step_size), parts.add<T>(step_size),
-                                   parts.add<T>(step_size)};
+  const std::size_t at_steps[3] = {parts.add<T>(row * layout.max_chunk()),
+                                   parts.add<T>(kv_row * layout.max_chunk()),
+                                   parts.add<T>(kv_row * layout.max_chunk())};
   const auto ws =
       workspace(space, WorkspaceSlot::ring_backward, parts.bytes(), "kfa::ring::bwd::workspace");
   T* const kv[2] = {parts.part<T>(ws, at_kv[0]), parts.part<T>(ws, at_kv[1])};
@@ -305,7 +308,7 @@ void ring_backward(const ExecSpace& space, const RingCommunicator& comm, const R
   const T* const o_data = chunk_major(space, o, len0, parts.part<T>(ws, at_o));
   const T* const do_data = chunk_major(space, d_o, len0, parts.part<T>(ws, at_do));
   const LseT* const lse_data = chunk_major(space, lse, len0, parts.part<LseT>(ws, at_lse));
-  pack_kv_block(space, k, v, kv[0], dims, seqlen, len0);
+  pack_kv_block(space, k, v, kv[0], kv_dims, seqlen, len0);
   Kokkos::deep_copy(space, dq_acc, acc_t(0));
 
   const auto kv_exchange = make_ring_exchange<ExecSpace>(comm, options.transport, kRingTagKV);
@@ -319,8 +322,8 @@ void ring_backward(const ExecSpace& space, const RingCommunicator& comm, const R
   for (int step = 0; step < ranks; ++step) {
     const int source = (rank - step + ranks) % ranks;
     const int next_source = (source + ranks - 1) % ranks;
-    const std::size_t block = row * layout.seqlen(source);
-    const std::size_t next_block = row * layout.seqlen(next_source);
+    const std::size_t block = kv_row * layout.seqlen(source);
+    const std::size_t next_block = kv_row * layout.seqlen(next_source);
     const T* k_block = kv[step % 2];
     const T* v_block = k_block + block;
     timer.start_step();
@@ -342,20 +345,21 @@ void ring_backward(const ExecSpace& space, const RingCommunicator& comm, const R
         const std::size_t qo = qc.local_offset, ql = qc.length;
         const std::size_t ko = kc.local_offset, kl = kc.length;
         flash_attention_backward(
-            space, views::chunk(q_data, dims, qo, ql), views::chunk(k_block, dims, ko, kl),
-            views::chunk(v_block, dims, ko, kl), views::chunk(o_data, dims, qo, ql),
+            space, views::chunk(q_data, dims, qo, ql), views::chunk(k_block, kv_dims, ko, kl),
+            views::chunk(v_block, kv_dims, ko, kl), views::chunk(o_data, dims, qo, ql),
             views::lse_chunk(lse_data, dims, qo, ql), views::chunk(do_data, dims, qo, ql),
-            views::chunk(dq_step, dims, 0, ql), views::chunk(dk_step, dims, 0, kl),
-            views::chunk(dv_step, dims, 0, kl), block_options);
+            views::chunk(dq_step, dims, 0, ql), views::chunk(dk_step, kv_dims, 0, kl),
+            views::chunk(dv_step, kv_dims, 0, kl), block_options);
         using StepSpan = typename views::template Span<T>;
         Accumulate<ExecSpace, AccSpan, StepSpan>(views::span(dq_acc.data() + row * qo, row * ql),
                                                  views::span(dq_step, row * ql))
             .launch(space);
-        Accumulate<ExecSpace, AccSpan, StepSpan>(views::span(grad_mine + row * ko, row * kl),
-                                                 views::span(dk_step, row * kl))
+        Accumulate<ExecSpace, AccSpan, StepSpan>(views::span(grad_mine + kv_row * ko, kv_row * kl),
+                                                 views::span(dk_step, kv_row * kl))
             .launch(space);
         Accumulate<ExecSpace, AccSpan, StepSpan>(
-            views::span(grad_mine + block + row * ko, row * kl), views::span(dv_step, row * kl))
+            views::span(grad_mine + block + kv_row * ko, kv_row * kl),
+            views::span(dv_step, kv_row * kl))
             .launch(space);
         progress();
       }
@@ -383,7 +387,7 @@ void ring_backward(const ExecSpace& space, const RingCommunicator& comm, const R
   timer.waiting([&] { grad_exchange->wait(space); });
 
   const acc_t* own_grad = grad[ranks > 1 ? ranks % 2 : 0];
-  const std::size_t own = row * seqlen;
+  const std::size_t own = kv_row * seqlen;
   using ConstAccSpan = typename views::template Span<const acc_t>;
   ChunkCopy<ExecSpace, DQ, AccSpan, false>(dq, dq_acc, len0).launch(space);
   ChunkCopy<ExecSpace, DK, ConstAccSpan, false>(dk, views::span(own_grad, own), len0).launch(space);

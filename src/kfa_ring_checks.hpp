@@ -111,19 +111,21 @@ void check_ring_local(const char* function, const Q& q, const K& k, const RingOp
 /// What must agree across the ranks of one ring attention call.
 struct RingArgumentsRecord {
   std::uint64_t q[4];
+  std::uint64_t heads_kv;
   std::uint64_t value_bytes;
   std::uint64_t causal, sharding, transport, deterministic, fp32_matmul;
   double softmax_scale;
 };
 
-/// Checks that the ranks' slices fit together (batch, heads, head_dim and
-/// value type alike everywhere; the same options) and returns the layout of
-/// the sequence over the ranks. Collective; throws the same
+/// Checks that the ranks' slices fit together (batch, heads, heads_kv,
+/// head_dim and value type alike everywhere; the same options) and returns
+/// the layout of the sequence over the ranks. Collective; throws the same
 /// std::invalid_argument on every rank.
-template <class T, class Q>
+template <class T, class Q, class K>
 RingLayout agree_on_ring_arguments(const char* function, const RingCommunicator& comm, const Q& q,
-                                   const RingOptions& options) {
+                                   const K& k, const RingOptions& options) {
   const RingArgumentsRecord mine{{q.extent(0), q.extent(1), q.extent(2), q.extent(3)},
+                                 k.extent(2),
                                  sizeof(T),
                                  options.causal ? 1u : 0u,
                                  static_cast<std::uint64_t>(options.sharding),
@@ -143,6 +145,11 @@ RingLayout agree_on_ring_arguments(const char* function, const RingCommunicator&
           << " on rank " << r
           << ": batch, heads and head_dim of [batch][seqlen][heads][head_dim] must be the "
              "same on every rank of comm (each rank holds a slice of one sequence)";
+      throw std::invalid_argument(out.str());
+    }
+    if (other.heads_kv != root.heads_kv) {
+      out << "k and v have " << root.heads_kv << " heads (heads_kv) on rank 0 but "
+          << other.heads_kv << " on rank " << r << "; every rank must use the same heads_kv";
       throw std::invalid_argument(out.str());
     }
     if (other.value_bytes != root.value_bytes) {

@@ -88,7 +88,7 @@ double ring_allowed_error(double yardstick_error, const Tensor& ref, double part
 
 template <class C>
 void check_ring(const Split& split, bool causal, int batch, int head_dim, std::size_t global_seqlen,
-                kfa::RingTransport transport = kfa::RingTransport::mpi) {
+                kfa::RingTransport transport = kfa::RingTransport::mpi, int heads_kv = 0) {
   using Space = typename C::space;
   using T = typename C::value_type;
   using Acc = kfa::accumulator_t<T>;
@@ -103,7 +103,8 @@ void check_ring(const Split& split, bool causal, int batch, int head_dim, std::s
     for (std::size_t x : seqlens) global_seqlen += x;
   }
   const int n = static_cast<int>(global_seqlen);
-  const Shape s{batch, n, n, 2, head_dim};
+  Shape s{batch, n, n, 2, head_dim};
+  s.heads_kv = heads_kv;
   kfa::RingOptions opt;
   opt.causal = causal;
   opt.sharding = split.sharding;
@@ -127,7 +128,7 @@ void check_ring(const Split& split, bool causal, int batch, int head_dim, std::s
   const auto v_l = shard(comm, v, seqlen, split.sharding, "v_l");
   const auto do_l = shard(comm, d_o, seqlen, split.sharding, "do_l");
   const auto o_l = local_like(q, seqlen, "o_l"), dq_l = local_like(q, seqlen, "dq_l"),
-             dk_l = local_like(q, seqlen, "dk_l"), dv_l = local_like(q, seqlen, "dv_l");
+             dk_l = local_like(k, seqlen, "dk_l"), dv_l = local_like(k, seqlen, "dv_l");
   DeviceView3<Acc, Space> lse_l("lse_l", batch, 2, seqlen);
   poison(o_l);
   poison(lse_l);
@@ -151,7 +152,7 @@ void check_ring(const Split& split, bool causal, int batch, int head_dim, std::s
 
   // Single-rank flash attention and the yardsticks on the global inputs.
   DeviceView4<T, Space> o("o", batch, n, 2, head_dim), dq("dq", batch, n, 2, head_dim),
-      dk("dk", batch, n, 2, head_dim), dv("dv", batch, n, 2, head_dim);
+      dk("dk", batch, n, kv_heads(s), head_dim), dv("dv", batch, n, kv_heads(s), head_dim);
   DeviceView3<Acc, Space> lse("lse", batch, 2, n);
   const kfa::AttentionOptions single = opt;
   kfa::flash_attention_forward(Space(), q, k, v, o, lse, single);
@@ -225,6 +226,17 @@ TYPED_TEST(RingAttention, ZigzagMatchesSingleRank) {
     check_ring<TypeParam>({kfa::RingSharding::zigzag, {}}, causal, 2, 24, kZigzagSeqlen);
     // Batch 1: q, o and d_o are read in the caller's memory, not copied.
     check_ring<TypeParam>({kfa::RingSharding::zigzag, {}}, causal, 1, 32, kZigzagSeqlen);
+  }
+}
+
+TYPED_TEST(RingAttention, GroupedQueryHeads) {
+  if (is_duplicate_config<TypeParam>()) GTEST_SKIP() << "half is float here";
+  // Two query heads share one key/value head: the K/V blocks and the dK/dV
+  // accumulators that travel have heads_kv heads.
+  for (bool causal : {false, true}) {
+    check_ring<TypeParam>({kfa::RingSharding::zigzag, {}}, causal, 2, 16, kZigzagSeqlen,
+                          kfa::RingTransport::mpi, 1);
+    check_ring<TypeParam>(uneven_split(), causal, 1, 24, 0, kfa::RingTransport::mpi, 1);
   }
 }
 

@@ -60,12 +60,13 @@ inline std::size_t ring_local_seqlen(std::size_t global_seqlen, int rank, int ra
 /// computes on the block it holds with the fused kernel; partial results are
 /// merged exactly in the accumulator type (fp32, fp64 for double).
 ///
-/// q, k, v, o [batch][seqlen_local][heads][head_dim] (this rank's slice,
-/// sharded as options.sharding says: ring_shard / ring_local_seqlen),
-/// lse [batch][heads][seqlen_local]; types and layouts as in
-/// flash_attention_forward. q, k and v are slices of one sequence:
-/// seqlen_k == seqlen_q on every rank. batch, heads, head_dim, value type and
-/// options must be the same on every rank; local lengths may differ with
+/// q, o [batch][seqlen_local][heads][head_dim], k, v [batch][seqlen_local]
+/// [heads_kv][head_dim] (this rank's slice, sharded as options.sharding
+/// says: ring_shard / ring_local_seqlen; heads_kv divides heads, fewer for
+/// grouped-query attention), lse [batch][heads][seqlen_local]; types and
+/// layouts as in flash_attention_forward. q, k and v are slices of one
+/// sequence: seqlen_k == seqlen_q on every rank. batch, heads, heads_kv,
+/// head_dim, value type and options must be the same on every rank; local lengths may differ with
 /// contiguous sharding (zero included). options.causal masks by global
 /// position (key j visible to query i iff j <= i).
 ///
@@ -77,8 +78,8 @@ inline std::size_t ring_local_seqlen(std::size_t global_seqlen, int rank, int ra
 /// kernels is handed to MPI, and so that the buffer the next block lands in
 /// is free), and around host staging copies.
 ///
-/// Memory per rank, with n = batch·seqlen_local·heads·head_dim: two K/V
-/// blocks (4n values), the o accumulator (n, accumulator type), one chunk of
+/// Memory per rank, with n = batch·seqlen_local·heads·head_dim and n_kv the
+/// same with heads_kv: two K/V blocks (4n_kv values), the o accumulator (n, accumulator type), one chunk of
 /// o_step, and with zigzag sharding and batch > 1 a packed copy of q (n;
 /// a contiguous q of batch 1 is read where it is); one workspace,
 /// which on CUDA stays allocated for the next call on the same stream (see
@@ -98,7 +99,7 @@ void ring_attention_forward(const ExecSpace& space, const RingCommunicator& comm
   });
   if constexpr (Impl::forward_types_ok<ExecSpace, Q, K, V, O, Lse>()) {
     using T = typename Q::non_const_value_type;
-    const Impl::RingLayout layout = Impl::agree_on_ring_arguments<T>(function, comm, q, options);
+    const Impl::RingLayout layout = Impl::agree_on_ring_arguments<T>(function, comm, q, k, options);
     Impl::ring_forward(space, comm, layout, q, k, v, o, lse, options, call_start);
   }
 }
@@ -124,8 +125,9 @@ void ring_attention_forward(const ExecSpace& space, MPI_Comm comm, const Q& q, c
 /// options.deterministic the result is bitwise reproducible (the ring adds
 /// the per-block gradients in a fixed order).
 ///
-/// Memory per rank, with n as above: two K/V blocks (4n values), two dK/dV
-/// accumulator blocks and this rank's contribution (6n, accumulator type),
+/// Memory per rank, with n and n_kv as above: two K/V blocks (4n_kv
+/// values), two dK/dV accumulator blocks and this rank's contribution (6n_kv,
+/// accumulator type),
 /// the dq accumulator (n, accumulator type), per-chunk dq/dk/dv temporaries,
 /// and with zigzag sharding packed copies of q, o and d_o (batch > 1) and of
 /// lse (batch·heads > 1); contiguous inputs of batch 1 are read where they
@@ -147,7 +149,7 @@ void ring_attention_backward(const ExecSpace& space, const RingCommunicator& com
   });
   if constexpr (Impl::backward_types_ok<ExecSpace, Q, K, V, O, Lse, DO, DQ, DK, DV>()) {
     using T = typename Q::non_const_value_type;
-    const Impl::RingLayout layout = Impl::agree_on_ring_arguments<T>(function, comm, q, options);
+    const Impl::RingLayout layout = Impl::agree_on_ring_arguments<T>(function, comm, q, k, options);
     Impl::ring_backward(space, comm, layout, q, k, v, o, lse, d_o, dq, dk, dv, options, call_start);
   }
 }
