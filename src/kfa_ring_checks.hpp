@@ -114,7 +114,7 @@ struct RingArgumentsRecord {
   std::uint64_t heads_kv;
   std::uint64_t value_bytes;
   std::uint64_t causal, sharding, transport, deterministic, fp32_matmul;
-  double softmax_scale;
+  double softmax_scale, softcap;
 };
 
 /// Checks that the ranks' slices fit together (batch, heads, heads_kv,
@@ -132,7 +132,8 @@ RingLayout agree_on_ring_arguments(const char* function, const RingCommunicator&
                                  static_cast<std::uint64_t>(options.transport),
                                  options.deterministic ? 1u : 0u,
                                  static_cast<std::uint64_t>(options.fp32_matmul),
-                                 options.softmax_scale};
+                                 options.softmax_scale,
+                                 options.softcap};
   const std::vector<RingArgumentsRecord> all = allgather_records(comm, mine);
   std::vector<std::size_t> seqlens;
   const RingArgumentsRecord& root = all[0];
@@ -163,6 +164,7 @@ RingLayout agree_on_ring_arguments(const char* function, const RingCommunicator&
                          : other.deterministic != root.deterministic ? "deterministic"
                          : other.fp32_matmul != root.fp32_matmul     ? "fp32_matmul"
                          : other.softmax_scale != root.softmax_scale ? "softmax_scale"
+                         : other.softcap != root.softcap             ? "softcap"
                                                                      : nullptr;
     if (option != nullptr) {
       out << "options." << option << " differs between rank 0 and rank " << r

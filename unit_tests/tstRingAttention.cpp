@@ -343,6 +343,23 @@ TYPED_TEST(RingAttentionChecks, ShapeMismatchBetweenRanksThrowsEverywhere) {
     args.expect_untouched("fp32_matmul differs");
   }
   {
+    const RingArgs<Space> args(2, 12, 2, 16);
+    kfa::RingOptions other = opt;
+    other.softcap = rank == 1 ? 30.0 : 0.0;
+    expect_invalid([&] { args.backward(other); }, {"options.softcap"}, "softcap differs");
+    args.expect_untouched("softcap differs");
+  }
+  {
+    // k and v with one head on rank 1, two elsewhere (each valid locally).
+    RingArgs<Space> args(1, 12, 2, 16);
+    if (rank == 1) {
+      args.k = DeviceView4<float, Space>("k", 1, 12, 1, 16);
+      args.v = DeviceView4<float, Space>("v", 1, 12, 1, 16);
+    }
+    expect_invalid([&] { args.forward(opt); }, {"heads_kv", "rank 1"}, "heads_kv differs");
+    args.expect_untouched("heads_kv differs");
+  }
+  {
     // Zigzag needs equal local lengths.
     const RingArgs<Space> args(1, rank == 0 ? 10 : 12, 2, 16);
     kfa::RingOptions zigzag = opt;
