@@ -54,32 +54,40 @@ class MergeOutput {
   struct Packed {};
   KOKKOS_INLINE_FUNCTION void operator()(Packed, const std::size_t pack) const {
     const std::size_t n = pack * kWidth;
+    std::size_t b, i, h, d;
+    position(n, b, i, h, d);
     acc_t w_a, w_b;
-    weights(n, w_a, w_b);
-    const Pack<value_a, kWidth> a = load_pack<kWidth>(m_o_a.data() + n);
-    const Pack<value_b, kWidth> b = load_pack<kWidth>(m_o_b.data() + n);
+    weights(b, h, i, w_a, w_b);
+    const Pack<value_a, kWidth> o_a = load_pack<kWidth>(m_o_a.data() + n);
+    const Pack<value_b, kWidth> o_b = load_pack<kWidth>(m_o_b.data() + n);
     Pack<value_a, kWidth> out;
-    for (int e = 0; e < kWidth; ++e) out.v[e] = merged(w_a, a.v[e], w_b, b.v[e]);
+    for (int e = 0; e < kWidth; ++e) out.v[e] = merged(w_a, o_a.v[e], w_b, o_b.v[e]);
     store_pack<kWidth>(m_o_a.data() + n, out);
   }
 
   KOKKOS_INLINE_FUNCTION void operator()(const std::size_t n) const {
-    const std::size_t head_dim = m_o_a.extent(3), heads = m_o_a.extent(2), seqlen = m_o_a.extent(1);
-    const std::size_t row = n / head_dim, d = n % head_dim;
-    const std::size_t h = row % heads, bi = row / heads;
-    const std::size_t i = bi % seqlen, b = bi / seqlen;
+    std::size_t b, i, h, d;
+    position(n, b, i, h, d);
     acc_t w_a, w_b;
-    weights(n, w_a, w_b);
+    weights(b, h, i, w_a, w_b);
     m_o_a(b, i, h, d) = merged(w_a, m_o_a(b, i, h, d), w_b, m_o_b(b, i, h, d));
   }
 
  private:
-  /// The weights of element n's row.
-  KOKKOS_FORCEINLINE_FUNCTION void weights(std::size_t n, acc_t& w_a, acc_t& w_b) const {
-    const std::size_t heads = m_o_a.extent(2), seqlen = m_o_a.extent(1);
-    const std::size_t row = n / m_o_a.extent(3);
-    const std::size_t h = row % heads, bi = row / heads;
-    const std::size_t i = bi % seqlen, b = bi / seqlen;
+  /// (b, i, h, d) of element n of [batch][seqlen][heads][head_dim].
+  KOKKOS_FORCEINLINE_FUNCTION void position(std::size_t n, std::size_t& b, std::size_t& i,
+                                            std::size_t& h, std::size_t& d) const {
+    const std::size_t head_dim = m_o_a.extent(3), heads = m_o_a.extent(2), seqlen = m_o_a.extent(1);
+    const std::size_t row = n / head_dim, bi = row / heads;
+    d = n - row * head_dim;
+    h = row - bi * heads;
+    b = bi / seqlen;
+    i = bi - b * seqlen;
+  }
+
+  /// The merge weights of row (b, h, i).
+  KOKKOS_FORCEINLINE_FUNCTION void weights(std::size_t b, std::size_t h, std::size_t i, acc_t& w_a,
+                                           acc_t& w_b) const {
     acc_t lse;
     softmax::merge_weights(m_lse_a(b, h, i), m_lse_b(b, h, i), w_a, w_b, lse);
   }

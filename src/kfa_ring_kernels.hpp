@@ -36,7 +36,7 @@ KOKKOS_FORCEINLINE_FUNCTION Dst convert_value(const Src& x) {
 /// are [outer][positions][inner] arrays (rank 4: outer = batch, inner =
 /// heads·head_dim; lse: outer = batch·heads, inner = 1), so element n of the
 /// user's span has one flat index, found with one division, and Width
-/// consecutive elements, all in one run of one chunk (the launch checks
+/// consecutive elements, all in one run of one chunk (ChunkCopy checks
 /// that every run's length is a multiple of Width), move as one pack.
 template <class ExecSpace, class UserValue, class FlatValue, bool ToChunks, int Width>
 class ChunkSpanCopy {
@@ -89,11 +89,12 @@ class ChunkSpanCopy {
 /// Copies a rank-local tensor ([batch][seqlen][heads][head_dim], or lse
 /// [batch][heads][seqlen]) into (ToChunks) or out of a flat chunk-major
 /// array, converting the value type on the way. A contiguous user tensor
-/// moves in packs (ChunkSpanCopy) where the runs and both pointers allow;
-/// otherwise one thread an element, so that neighbouring threads touch
-/// neighbouring elements on both sides (one thread a row, looping over
-/// head_dim, left neighbouring threads head_dim elements apart: on the H200
-/// a pass took ~1 ms for 64 MB, RESULTS run 115).
+/// goes through ChunkSpanCopy, in packs where the runs and both pointers
+/// allow, else one element a thread; a padded one (a subview) one element a
+/// thread through the View, so that neighbouring threads touch neighbouring
+/// elements on both sides (one thread a row, looping over head_dim, left
+/// neighbouring threads head_dim elements apart: on the H200 a pass took
+/// ~1 ms for 64 MB, RESULTS run 115).
 template <class ExecSpace, class UserView, class FlatView, bool ToChunks>
 class ChunkCopy {
  public:
@@ -111,11 +112,17 @@ class ChunkCopy {
     const std::size_t seqlen = m_user.extent(kRank == 4 ? 1 : 2);
     const std::size_t inner = elements / (outer * seqlen);
     const std::size_t run = seqlen * inner, run0 = m_len0 * inner;
-    if (kWidth > 1 && m_user.span_is_contiguous() && run % kWidth == 0 && run0 % kWidth == 0 &&
-        pack_aligned<kWidth>(m_user.data()) && pack_aligned<kWidth>(m_flat.data())) {
-      ChunkSpanCopy<ExecSpace, user_value, flat_value, ToChunks, kWidth>(
-          m_user.data(), m_flat.data(), outer, run, run0)
-          .launch(space);
+    if (m_user.span_is_contiguous()) {
+      if (run % kWidth == 0 && run0 % kWidth == 0 && pack_aligned<kWidth>(m_user.data()) &&
+          pack_aligned<kWidth>(m_flat.data())) {
+        ChunkSpanCopy<ExecSpace, user_value, flat_value, ToChunks, kWidth>(
+            m_user.data(), m_flat.data(), outer, run, run0)
+            .launch(space);
+      } else {
+        ChunkSpanCopy<ExecSpace, user_value, flat_value, ToChunks, 1>(m_user.data(), m_flat.data(),
+                                                                      outer, run, run0)
+            .launch(space);
+      }
       return;
     }
     Kokkos::parallel_for(ToChunks ? "kfa::ring::pack_chunks" : "kfa::ring::unpack_chunks",

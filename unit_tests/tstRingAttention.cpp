@@ -571,12 +571,7 @@ void check_chunk_copies(const ChunkDims& s) {
   for (std::size_t n = 0; n < user.data.size(); ++n) user.data[n] = static_cast<double>(n);
   for (std::size_t n = 0; n < lse.data.size(); ++n) lse.data[n] = -static_cast<double>(n);
   const auto user_d = to_device<float, Space>(user, "user");
-  DeviceView3<float, Space> lse_d("lse", s.batch, s.heads, s.seqlen);
-  {
-    auto host = Kokkos::create_mirror_view(lse_d);
-    for (std::size_t n = 0; n < lse.data.size(); ++n) host.data()[n] = float(lse.data[n]);
-    Kokkos::deep_copy(lse_d, host);
-  }
+  const auto lse_d = to_device3<float, Space>(lse, "lse");
   const Flat flat("flat", user.data.size()), flat_lse("flat_lse", lse.data.size());
   poison(flat);
   poison(flat_lse);
@@ -607,11 +602,28 @@ void check_chunk_copies(const ChunkDims& s) {
   ChunkCopy<Space, decltype(lse_back), Flat, false>(lse_back, flat_lse, s.len0).launch(Space());
   EXPECT_EQ(to_host(back).data, user.data) << what;
   EXPECT_EQ(to_host(lse_back).data, lse.data) << what;
+
+  // The same tensor as a padded View (positions [0, seqlen) of a longer
+  // one, not contiguous from batch 2 on): one element a thread through the
+  // View, into the same flat array and back.
+  DeviceView4<float, Space> longer("longer", s.batch, s.seqlen + 3, s.heads, s.head_dim);
+  const auto padded =
+      Kokkos::subview(longer, Kokkos::ALL, std::make_pair(0, s.seqlen), Kokkos::ALL, Kokkos::ALL);
+  if (s.batch > 1) ASSERT_FALSE(padded.span_is_contiguous()) << what;
+  Kokkos::deep_copy(padded, user_d);
+  const Flat flat_padded("flat_padded", user.data.size());
+  poison(flat_padded);
+  ChunkCopy<Space, decltype(padded), Flat, true>(padded, flat_padded, s.len0).launch(Space());
+  EXPECT_EQ(to_host(flat_padded).data, got.data) << what << " (padded)";
+  poison(longer);
+  ChunkCopy<Space, decltype(padded), Flat, false>(padded, flat, s.len0).launch(Space());
+  Kokkos::deep_copy(back, padded);
+  EXPECT_EQ(to_host(back).data, user.data) << what << " (padded)";
 }
 
 // Runs of a multiple of the pack width (packed copies), odd runs (one
-// element a thread), one chunk, a batch of 1; float to float (4 a pack) and
-// to double (2 a pack).
+// element a thread), one chunk, a batch of 1, padded Views; float to float
+// (4 a pack) and to double (2 a pack).
 TYPED_TEST(RingAttentionChecks, ChunkCopiesPlaceEveryElement) {
   for (const ChunkDims& s :
        {ChunkDims{2, 10, 3, 4, 4}, ChunkDims{2, 9, 3, 5, 3}, ChunkDims{1, 7, 1, 3, 2},
