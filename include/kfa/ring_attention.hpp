@@ -79,11 +79,10 @@ inline std::size_t ring_local_seqlen(std::size_t global_seqlen, int rank, int ra
 /// is free), and around host staging copies.
 ///
 /// Memory per rank, with n = batch·seqlen_local·heads·head_dim and n_kv the
-/// same with heads_kv: two K/V blocks (4n_kv values), the o accumulator (n, accumulator type), one chunk of
-/// o_step, and with zigzag sharding and batch > 1 a packed copy of q (n;
-/// a contiguous q of batch 1 is read where it is); one workspace,
-/// which on CUDA stays allocated for the next call on the same stream (see
-/// release_workspaces).
+/// same with heads_kv: two K/V blocks (4n_kv values), the o accumulator (n, accumulator type), one
+/// chunk of o_step, and with zigzag sharding and batch > 1 a packed copy of q (n; a contiguous q of
+/// batch 1 is read where it is); one workspace, which on CUDA stays allocated for the next call on
+/// the same stream (see release_workspaces).
 template <class ExecSpace, class Q, class K, class V, class O, class Lse>
 void ring_attention_forward(const ExecSpace& space, const RingCommunicator& comm, const Q& q,
                             const K& k, const V& v, const O& o, const Lse& lse,
