@@ -310,26 +310,26 @@ kfa::Fp32Matmul fp32_matmul(const std::string& name) {
 
 /// The fp32/fp64 tensor-core forward at head_dim D in tile shape Shape.
 template <int D, class Shape, class Atom, class View4, class View3>
-std::function<void()> wide_forward_at(const Args& a, View4 q, View4 k, View4 v, View4 o,
+std::function<void()> fp32_fp64_forward_at(const Args& a, View4 q, View4 k, View4 v, View4 o,
                                       View3 lse) {
   using Space = Kokkos::DefaultExecutionSpace;
   using T = typename View4::non_const_value_type;
   const T scale = T(1) / std::sqrt(T(D));
   const bool causal = a.causal;
   return [=] {
-    kfa::Impl::FlashForwardWideMmaKernel<Space, D, Atom, View4, View4, View4, View4, View3, Shape>(
+    kfa::Impl::FlashForwardFp32Fp64Kernel<Space, D, Atom, View4, View4, View4, View4, View3, Shape>(
         q, k, v, o, lse, scale, causal)
         .launch(Space());
   };
 }
 
 /// The fp32/fp64 tensor-core forward with another tile shape than the
-/// library's (WideFwdDefaultShape), for experiments.
+/// library's (Fp32Fp64FwdDefaultShape), for experiments.
 template <class Shape, class Atom, class View4, class View3>
-std::function<void()> wide_forward_shape(const Args& a, View4 q, View4 k, View4 v, View4 o,
+std::function<void()> fp32_fp64_forward_shape(const Args& a, View4 q, View4 k, View4 v, View4 o,
                                          View3 lse) {
-  if (a.head_dim == 64) return wide_forward_at<64, Shape, Atom>(a, q, k, v, o, lse);
-  if (a.head_dim == 128) return wide_forward_at<128, Shape, Atom>(a, q, k, v, o, lse);
+  if (a.head_dim == 64) return fp32_fp64_forward_at<64, Shape, Atom>(a, q, k, v, o, lse);
+  if (a.head_dim == 128) return fp32_fp64_forward_at<128, Shape, Atom>(a, q, k, v, o, lse);
   throw std::invalid_argument("--fwd-variant needs head_dim 64 or 128");
 }
 
@@ -343,38 +343,38 @@ struct RescaleOAlwaysShape : Shape {
 /// The fp32/fp64 tensor-core forward with `Atom` in the library's shape for
 /// the run's head_dim (instantiated for that head_dim only).
 template <class Atom, class View4, class View3>
-std::function<void()> wide_forward_default(const Args& a, View4 q, View4 k, View4 v, View4 o,
+std::function<void()> fp32_fp64_forward_default(const Args& a, View4 q, View4 k, View4 v, View4 o,
                                            View3 lse) {
-  using kfa::Impl::WideFwdDefaultShape;
+  using kfa::Impl::Fp32Fp64FwdDefaultShape;
   if (a.head_dim == 64)
-    return wide_forward_at<64, typename WideFwdDefaultShape<Atom, 64>::type, Atom>(a, q, k, v, o,
+    return fp32_fp64_forward_at<64, typename Fp32Fp64FwdDefaultShape<Atom, 64>::type, Atom>(a, q, k, v, o,
                                                                                    lse);
   if (a.head_dim == 128)
-    return wide_forward_at<128, typename WideFwdDefaultShape<Atom, 128>::type, Atom>(a, q, k, v,
+    return fp32_fp64_forward_at<128, typename Fp32Fp64FwdDefaultShape<Atom, 128>::type, Atom>(a, q, k, v,
                                                                                      o, lse);
   throw std::invalid_argument("--fwd-variant needs head_dim 64 or 128");
 }
 
-/// The exact fp32 forward (FlashForwardSimtKernel) with keys per block
+/// The exact fp32 forward (FlashForwardExactFp32Kernel) with keys per block
 /// BlockN64 / BlockN128 at head_dim 64 / 128, teams per SM, FastExp and
 /// DmmaScores other than the library's, for experiments.
 template <int BlockN64, int BlockN128, int MinBlocksPerSM, bool FastExp,
-          bool DmmaScores = kfa::Impl::simt_dmma_scores(), class View4, class View3>
-std::function<void()> simt_forward(const Args& a, View4 q, View4 k, View4 v, View4 o,
+          bool DmmaScores = kfa::Impl::exact_fp32_dmma_scores(), class View4, class View3>
+std::function<void()> exact_fp32_forward(const Args& a, View4 q, View4 k, View4 v, View4 o,
                                    View3 lse) {
   using Space = Kokkos::DefaultExecutionSpace;
-  using kfa::Impl::FlashForwardSimtKernel;
+  using kfa::Impl::FlashForwardExactFp32Kernel;
   const float scale = 1.0f / std::sqrt(float(a.head_dim));
   const bool causal = a.causal;
   if (a.head_dim == 64)
     return [=] {
-      FlashForwardSimtKernel<Space, 64, View4, View4, View4, View4, View3, BlockN64,
+      FlashForwardExactFp32Kernel<Space, 64, View4, View4, View4, View4, View3, BlockN64,
                              MinBlocksPerSM, FastExp, DmmaScores>(q, k, v, o, lse, scale, causal)
           .launch(Space());
     };
   if (a.head_dim == 128)
     return [=] {
-      FlashForwardSimtKernel<Space, 128, View4, View4, View4, View4, View3, BlockN128,
+      FlashForwardExactFp32Kernel<Space, 128, View4, View4, View4, View4, View3, BlockN128,
                              MinBlocksPerSM, FastExp, DmmaScores>(q, k, v, o, lse, scale, causal)
           .launch(Space());
     };
@@ -413,10 +413,10 @@ struct OneWarpSoftmaxShape : Shape {
 /// The fp32/fp64 tensor-core backward with another tile shape (or atom)
 /// than the library's.
 template <int D, class Shape, class Atom, class View4, class View3>
-std::function<void()> wide_backward_at(const Args& a, View4 q, View4 k, View4 v, View4 o,
+std::function<void()> fp32_fp64_backward_at(const Args& a, View4 q, View4 k, View4 v, View4 o,
                                        View3 lse, View4 d_o, View4 dq, View4 dk, View4 dv) {
   using Kernel =
-      kfa::Impl::FlashBackwardWideMmaKernel<Kokkos::DefaultExecutionSpace, D, Atom, View4, View4,
+      kfa::Impl::FlashBackwardFp32Fp64Kernel<Kokkos::DefaultExecutionSpace, D, Atom, View4, View4,
                                             View4, View4, View3, View3, View4, View4, View4, Shape>;
   return backward_kernel_at<Kernel, D>(a, q, k, v, o, lse, d_o, dq, dk, dv);
 }
@@ -424,10 +424,10 @@ std::function<void()> wide_backward_at(const Args& a, View4 q, View4 k, View4 v,
 #ifdef KOKKOS_ENABLE_CUDA
 /// The exact fp32 backward with DmmaScores other than the library's.
 template <int D, bool DmmaScores, class View4, class View3>
-std::function<void()> simt_backward_at(const Args& a, View4 q, View4 k, View4 v, View4 o,
+std::function<void()> exact_fp32_backward_at(const Args& a, View4 q, View4 k, View4 v, View4 o,
                                        View3 lse, View4 d_o, View4 dq, View4 dk, View4 dv) {
   using Kernel =
-      kfa::Impl::FlashBackwardSimtKernel<Kokkos::DefaultExecutionSpace, D, View4, View4, View4,
+      kfa::Impl::FlashBackwardExactFp32Kernel<Kokkos::DefaultExecutionSpace, D, View4, View4, View4,
                                          View4, View3, View3, View4, View4, View4, DmmaScores>;
   return backward_kernel_at<Kernel, D>(a, q, k, v, o, lse, d_o, dq, dk, dv);
 }
@@ -436,7 +436,7 @@ std::function<void()> simt_backward_at(const Args& a, View4 q, View4 k, View4 v,
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
 /// The Hopper (wgmma) backwards' kernels: FlashBackwardWgmmaKernel with
 /// DqFirst, DqTma and DqLag (head_dim 64 or 128), and
-/// FlashBackwardWgmma256Kernel with DqOverlap and DqStaged
+/// FlashBackwardWgmmaProductSplitKernel with DqOverlap and DqStaged
 /// (head_dim 256).
 template <bool DqFirst, bool DqTma, bool DqLag, bool EarlyDv = false, bool Pipelined = false,
           bool DqWide = false>
@@ -454,7 +454,7 @@ struct Wgmma256BwdPick {
   static constexpr bool kD256 = true;
   template <int D, class Format, class View4, class View3, class Acc>
   using kernel =
-      kfa::Impl::FlashBackwardWgmma256Kernel<Kokkos::DefaultExecutionSpace, Format, View4, View4,
+      kfa::Impl::FlashBackwardWgmmaProductSplitKernel<Kokkos::DefaultExecutionSpace, Format, View4, View4,
                                              View4, View4, View3, View3, Acc, View4, View4,
                                              DqOverlap, DqStaged>;
 };
@@ -538,14 +538,14 @@ std::function<void()> wgmma_backward(const Args& a, View4 q, View4 k, View4 v, V
 template <class T, class View4, class View3>
 std::function<void()> backward_variant(const Args& a, View4 q, View4 k, View4 v, View4 o,
                                        View3 lse, View4 d_o, View4 dq, View4 dk, View4 dv) {
-  using kfa::Impl::WideBwdShape;
+  using kfa::Impl::Fp32Fp64BwdShape;
   namespace mma = kfa::Impl::cuda_mma;
 #ifdef KOKKOS_ENABLE_CUDA
   if constexpr (std::is_same<T, float>::value) {
     if (a.bwd_variant == "simt_ffma" && a.head_dim == 64)
-      return simt_backward_at<64, false>(a, q, k, v, o, lse, d_o, dq, dk, dv);
+      return exact_fp32_backward_at<64, false>(a, q, k, v, o, lse, d_o, dq, dk, dv);
     if (a.bwd_variant == "simt_ffma" && a.head_dim == 128)
-      return simt_backward_at<128, false>(a, q, k, v, o, lse, d_o, dq, dk, dv);
+      return exact_fp32_backward_at<128, false>(a, q, k, v, o, lse, d_o, dq, dk, dv);
     throw std::invalid_argument("--bwd-variant for fp32 must be default or simt_ffma (head_dim "
                                 "64 or 128)");
   }
@@ -554,18 +554,18 @@ std::function<void()> backward_variant(const Args& a, View4 q, View4 k, View4 v,
 #if KFA_CUDA_FP64_M16
     using A16 = mma::Fp64x16Atom;
     if (a.bwd_variant == "w8" && a.head_dim == 64)
-      return wide_backward_at<64, WideBwdShape<8, 16, 1>, A16>(a, q, k, v, o, lse, d_o, dq, dk,
+      return fp32_fp64_backward_at<64, Fp32Fp64BwdShape<8, 16, 1>, A16>(a, q, k, v, o, lse, d_o, dq, dk,
                                                                dv);
     if (a.bwd_variant == "split" && a.head_dim == 64)
-      return wide_backward_at<64, WideBwdShape<8, 16, 2>, A16>(a, q, k, v, o, lse, d_o, dq, dk,
+      return fp32_fp64_backward_at<64, Fp32Fp64BwdShape<8, 16, 2>, A16>(a, q, k, v, o, lse, d_o, dq, dk,
                                                                dv);
     if (a.bwd_variant == "s2" && a.head_dim == 64)
-      return wide_backward_at<64, WideBwdShape<4, 16, 1, 2>, A16>(a, q, k, v, o, lse, d_o, dq,
+      return fp32_fp64_backward_at<64, Fp32Fp64BwdShape<4, 16, 1, 2>, A16>(a, q, k, v, o, lse, d_o, dq,
                                                                   dk, dv);
-    using kfa::Impl::WideBwdDefaultShape;
+    using kfa::Impl::Fp32Fp64BwdDefaultShape;
     if (a.bwd_variant == "one_softmax" && a.head_dim == 128)
-      return wide_backward_at<128,
-                              OneWarpSoftmaxShape<typename WideBwdDefaultShape<A16, 128>::type>,
+      return fp32_fp64_backward_at<128,
+                              OneWarpSoftmaxShape<typename Fp32Fp64BwdDefaultShape<A16, 128>::type>,
                               A16>(a, q, k, v, o, lse, d_o, dq, dk, dv);
 #endif
     throw std::invalid_argument(
@@ -637,7 +637,7 @@ template <class T, class View4, class View3>
 std::function<void()> forward_variant(const Args& a, View4 q, View4 k, View4 v, View4 o,
                                       View3 lse) {
   using kfa::Impl::FwdMmaShape;
-  using kfa::Impl::WideFwdShape;
+  using kfa::Impl::Fp32Fp64FwdShape;
   namespace mma = kfa::Impl::cuda_mma;
   if constexpr (std::is_same<T, float>::value) {
     if (a.fwd_variant == "split_tf32" || a.fwd_variant == "tf32") {
@@ -649,17 +649,17 @@ std::function<void()> forward_variant(const Args& a, View4 q, View4 k, View4 v, 
       };
     }
 #ifdef KOKKOS_ENABLE_CUDA
-    using kfa::Impl::simt_block_n;
+    using kfa::Impl::exact_fp32_block_n;
     if (a.fwd_variant == "simt_bn16")
-      return simt_forward<16, 16, 3, true>(a, q, k, v, o, lse);
+      return exact_fp32_forward<16, 16, 3, true>(a, q, k, v, o, lse);
     if (a.fwd_variant == "simt_2teams")
-      return simt_forward<64, 32, 2, true>(a, q, k, v, o, lse);
+      return exact_fp32_forward<64, 32, 2, true>(a, q, k, v, o, lse);
     if (a.fwd_variant == "simt_expf")
-      return simt_forward<simt_block_n<64>(), simt_block_n<128>(), kfa::Impl::simt_teams_per_sm(),
+      return exact_fp32_forward<exact_fp32_block_n<64>(), exact_fp32_block_n<128>(), kfa::Impl::exact_fp32_teams_per_sm(),
                           false>(a, q, k, v, o, lse);
     if (a.fwd_variant == "simt_ffma")
-      return simt_forward<simt_block_n<64, false>(), simt_block_n<128, false>(),
-                          kfa::Impl::simt_teams_per_sm<false>(), true, false>(a, q, k, v, o, lse);
+      return exact_fp32_forward<exact_fp32_block_n<64, false>(), exact_fp32_block_n<128, false>(),
+                          kfa::Impl::exact_fp32_teams_per_sm<false>(), true, false>(a, q, k, v, o, lse);
 #endif
     if (a.fwd_variant == "portable") {
       kfa::AttentionOptions opt;
@@ -672,31 +672,31 @@ std::function<void()> forward_variant(const Args& a, View4 q, View4 k, View4 v, 
     }
 #ifdef KOKKOS_ENABLE_CUDA
     if (a.fwd_variant == "split_tf32_accum")
-      return wide_forward_default<mma::Tf32Atom<3, false>>(a, q, k, v, o, lse);
+      return fp32_fp64_forward_default<mma::Tf32Atom<3, false>>(a, q, k, v, o, lse);
     if (a.fwd_variant == "wide_128")
-      return wide_forward_shape<WideFwdShape<4, 2, 32, 1>, mma::Tf32x3Atom>(a, q, k, v, o, lse);
+      return fp32_fp64_forward_shape<Fp32Fp64FwdShape<4, 2, 32, 1>, mma::Tf32x3Atom>(a, q, k, v, o, lse);
 #endif
     throw std::invalid_argument(
         "--fwd-variant for fp32 must be default, split_tf32, split_tf32_accum, tf32, simt_bn16, "
         "simt_2teams, simt_expf, simt_ffma, portable or wide_128");
   } else if constexpr (std::is_same<T, double>::value) {
 #ifdef KOKKOS_ENABLE_CUDA
-    if (a.fwd_variant == "m8n8k4") return wide_forward_default<mma::Fp64Atom>(a, q, k, v, o, lse);
+    if (a.fwd_variant == "m8n8k4") return fp32_fp64_forward_default<mma::Fp64Atom>(a, q, k, v, o, lse);
 #if KFA_CUDA_FP64_M16
     if (a.fwd_variant == "bn8")
-      return wide_forward_shape<WideFwdShape<4, 1, 8, 2>, mma::Fp64x16Atom>(a, q, k, v, o, lse);
+      return fp32_fp64_forward_shape<Fp32Fp64FwdShape<4, 1, 8, 2>, mma::Fp64x16Atom>(a, q, k, v, o, lse);
     if (a.fwd_variant == "w8_n16")
-      return wide_forward_shape<WideFwdShape<8, 1, 16, 1>, mma::Fp64x16Atom>(a, q, k, v, o, lse);
+      return fp32_fp64_forward_shape<Fp32Fp64FwdShape<8, 1, 16, 1>, mma::Fp64x16Atom>(a, q, k, v, o, lse);
     if (a.fwd_variant == "w8_n32")
-      return wide_forward_shape<WideFwdShape<8, 1, 32, 1>, mma::Fp64x16Atom>(a, q, k, v, o, lse);
-    using kfa::Impl::WideFwdDefaultShape;
+      return fp32_fp64_forward_shape<Fp32Fp64FwdShape<8, 1, 32, 1>, mma::Fp64x16Atom>(a, q, k, v, o, lse);
+    using kfa::Impl::Fp32Fp64FwdDefaultShape;
     using A16 = mma::Fp64x16Atom;
     if (a.fwd_variant == "rescale_o" && a.head_dim == 64)
-      return wide_forward_at<64, RescaleOAlwaysShape<typename WideFwdDefaultShape<A16, 64>::type>,
+      return fp32_fp64_forward_at<64, RescaleOAlwaysShape<typename Fp32Fp64FwdDefaultShape<A16, 64>::type>,
                              A16>(a, q, k, v, o, lse);
     if (a.fwd_variant == "rescale_o" && a.head_dim == 128)
-      return wide_forward_at<128,
-                             RescaleOAlwaysShape<typename WideFwdDefaultShape<A16, 128>::type>,
+      return fp32_fp64_forward_at<128,
+                             RescaleOAlwaysShape<typename Fp32Fp64FwdDefaultShape<A16, 128>::type>,
                              A16>(a, q, k, v, o, lse);
 #endif
 #endif

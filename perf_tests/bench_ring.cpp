@@ -20,7 +20,7 @@
 #include <kfa/kfa.hpp>
 #include <kfa/ring_attention.hpp>
 
-#include <comm/kfa_ring_transport.hpp>
+#include <kfa/detail/ring/transport/transport.hpp>
 
 #include <Kokkos_Core.hpp>
 

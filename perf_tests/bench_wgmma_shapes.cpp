@@ -14,7 +14,7 @@
 //
 // Prints TFLOP/s per shape and the fraction of the card's dense bf16 peak
 // at the clock it reports (4096 flop per SM per cycle).
-#include <impl/backend/kfa_cuda_wgmma.hpp>
+#include <kfa/detail/backend/cuda/primitives/wgmma.hpp>
 
 #include "bench_cuda_check.hpp"
 

@@ -234,7 +234,7 @@ TEST(FlashBackwardCuda, HopperWgmma) {
 }
 
 // Head dim 256 (on Hopper with sm_90a code the wgmma kernel of
-// kfa_cuda_bwd_wgmma256.hpp, elsewhere the mma.sync backward with the head
+// kfa/detail/backend/cuda/backward/wgmma_product_split.hpp, elsewhere the mma.sync backward with the head
 // dimension split over pairs of warps; MmaSyncKernelsWithoutWgmma runs the
 // latter on Hopper too), on query and key blocks partial and whole, more
 // keys than queries and fewer, causal rows with no key, several heads and
@@ -426,7 +426,7 @@ void check_wgmma256_backward(const Shape& s, bool causal) {
   using Acc = DeviceView4<float, Space>;
   using Format = typename kfa::Impl::MmaFormat<Space, T>::type;
   using Kernel =
-      kfa::Impl::FlashBackwardWgmma256Kernel<Space, Format, View4, View4, View4, View4, View3,
+      kfa::Impl::FlashBackwardWgmmaProductSplitKernel<Space, Format, View4, View4, View4, View4, View3,
                                              View3, Acc, View4, View4, DqOverlap, DqStaged>;
   ASSERT_EQ(s.head_dim, 256);
   check_backward_kernel<T, Kernel, float>(
@@ -454,14 +454,14 @@ TEST(FlashBackwardCuda, HopperWgmma256Options) {
   check_wgmma256_backward<kfa::half, false>({1, 64, 64, 1, 256}, false);     // one block each
 }
 
-template <class WideShape, int HeadDim, class Atom>
-void check_wide_backward_shape(const Shape& s, bool causal) {
+template <class Fp32Fp64Shape, int HeadDim, class Atom>
+void check_fp32_fp64_backward_shape(const Shape& s, bool causal) {
   using T = typename Atom::value_type;
   using View4 = DeviceView4<T, Kokkos::Cuda>;
   using View3 = DeviceView3<T, Kokkos::Cuda>;
   using Kernel =
-      kfa::Impl::FlashBackwardWideMmaKernel<Kokkos::Cuda, HeadDim, Atom, View4, View4, View4,
-                                            View4, View3, View3, View4, View4, View4, WideShape>;
+      kfa::Impl::FlashBackwardFp32Fp64Kernel<Kokkos::Cuda, HeadDim, Atom, View4, View4, View4,
+                                            View4, View3, View3, View4, View4, View4, Fp32Fp64Shape>;
   check_backward_kernel<T, Kernel>(
       s, causal,
       std::to_string(Kernel::kWarps) + " warps, " + std::to_string(Kernel::kBlockN) + " keys, " +
@@ -473,10 +473,10 @@ void check_wide_backward_shape(const Shape& s, bool causal) {
 // default on sm_90+) and on fp32 FMAs (the default before, bench_device's
 // simt_ffma), both held to fp32 arithmetic's error.
 template <int HeadDim, bool DmmaScores>
-void check_simt_backward(const Shape& s, bool causal) {
+void check_exact_fp32_backward(const Shape& s, bool causal) {
   using View4 = DeviceView4<float, Kokkos::Cuda>;
   using View3 = DeviceView3<float, Kokkos::Cuda>;
-  using Kernel = kfa::Impl::FlashBackwardSimtKernel<Kokkos::Cuda, HeadDim, View4, View4, View4,
+  using Kernel = kfa::Impl::FlashBackwardExactFp32Kernel<Kokkos::Cuda, HeadDim, View4, View4, View4,
                                                     View4, View3, View3, View4, View4, View4,
                                                     DmmaScores>;
   check_backward_kernel<float, Kernel>(
@@ -486,15 +486,15 @@ void check_simt_backward(const Shape& s, bool causal) {
 TEST(FlashBackwardCuda, ExactFp32ScoreProducts) {
   for (bool causal : {false, true}) {
     for (const Shape& s : {Shape{2, 190, 333, 2, 64}, Shape{1, 1000, 257, 1, 64}}) {
-      check_simt_backward<64, false>(s, causal);
+      check_exact_fp32_backward<64, false>(s, causal);
 #if KFA_CUDA_FP64_M16
-      check_simt_backward<64, true>(s, causal);
+      check_exact_fp32_backward<64, true>(s, causal);
 #endif
     }
     for (const Shape& s : {Shape{1, 300, 129, 2, 128}, Shape{1, 257, 1000, 1, 128}}) {
-      check_simt_backward<128, false>(s, causal);
+      check_exact_fp32_backward<128, false>(s, causal);
 #if KFA_CUDA_FP64_M16
-      check_simt_backward<128, true>(s, causal);
+      check_exact_fp32_backward<128, true>(s, causal);
 #endif
     }
   }
@@ -507,29 +507,29 @@ struct OneWarpSoftmax : Shape {
   static constexpr bool kSharedSoftmax = false;
 };
 
-TEST(FlashBackwardCuda, WideTensorCoreTileShapes) {
+TEST(FlashBackwardCuda, Fp32Fp64TensorCoreTileShapes) {
   using namespace kfa::Impl;
   namespace mma = kfa::Impl::cuda_mma;
   for (bool causal : {false, true}) {
     for (const Shape& s : {Shape{2, 190, 333, 2, 64}, Shape{1, 1000, 257, 1, 64}}) {
-      check_wide_backward_shape<WideBwdDefaultShape<mma::Fp64Atom, 64>::type, 64, mma::Fp64Atom>(
+      check_fp32_fp64_backward_shape<Fp32Fp64BwdDefaultShape<mma::Fp64Atom, 64>::type, 64, mma::Fp64Atom>(
           s, causal);
-      check_wide_backward_shape<WideBwdShape<8, 32, 2>, 64, mma::Fp64Atom>(s, causal);
+      check_fp32_fp64_backward_shape<Fp32Fp64BwdShape<8, 32, 2>, 64, mma::Fp64Atom>(s, causal);
 #if KFA_CUDA_FP64_M16
-      check_wide_backward_shape<WideBwdDefaultShape<mma::Fp64x16Atom, 64>::type, 64,
+      check_fp32_fp64_backward_shape<Fp32Fp64BwdDefaultShape<mma::Fp64x16Atom, 64>::type, 64,
                                 mma::Fp64x16Atom>(s, causal);
-      check_wide_backward_shape<WideBwdShape<8, 16, 1>, 64, mma::Fp64x16Atom>(s, causal);
-      check_wide_backward_shape<WideBwdShape<8, 16, 2>, 64, mma::Fp64x16Atom>(s, causal);
-      check_wide_backward_shape<WideBwdShape<4, 16, 1, 2>, 64, mma::Fp64x16Atom>(s, causal);
+      check_fp32_fp64_backward_shape<Fp32Fp64BwdShape<8, 16, 1>, 64, mma::Fp64x16Atom>(s, causal);
+      check_fp32_fp64_backward_shape<Fp32Fp64BwdShape<8, 16, 2>, 64, mma::Fp64x16Atom>(s, causal);
+      check_fp32_fp64_backward_shape<Fp32Fp64BwdShape<4, 16, 1, 2>, 64, mma::Fp64x16Atom>(s, causal);
 #endif
     }
     for (const Shape& s : {Shape{1, 300, 129, 2, 128}, Shape{1, 257, 1000, 1, 128}}) {
-      check_wide_backward_shape<WideBwdDefaultShape<mma::Fp64Atom, 128>::type, 128,
+      check_fp32_fp64_backward_shape<Fp32Fp64BwdDefaultShape<mma::Fp64Atom, 128>::type, 128,
                                 mma::Fp64Atom>(s, causal);
 #if KFA_CUDA_FP64_M16
-      check_wide_backward_shape<WideBwdDefaultShape<mma::Fp64x16Atom, 128>::type, 128,
+      check_fp32_fp64_backward_shape<Fp32Fp64BwdDefaultShape<mma::Fp64x16Atom, 128>::type, 128,
                                 mma::Fp64x16Atom>(s, causal);
-      check_wide_backward_shape<OneWarpSoftmax<WideBwdDefaultShape<mma::Fp64x16Atom, 128>::type>,
+      check_fp32_fp64_backward_shape<OneWarpSoftmax<Fp32Fp64BwdDefaultShape<mma::Fp64x16Atom, 128>::type>,
                                 128, mma::Fp64x16Atom>(s, causal);
 #endif
     }

@@ -4,8 +4,8 @@
 #include "kfa_test_helpers.hpp"
 
 #ifdef KOKKOS_ENABLE_CUDA
-#include <impl/backend/kfa_cuda_fwd_mma.hpp>
-#include <impl/backend/kfa_cuda_fwd_mma_wide.hpp>
+#include <kfa/detail/backend/cuda/forward/mma_sync.hpp>
+#include <kfa/detail/backend/cuda/forward/fp32_fp64.hpp>
 #endif
 
 namespace kfa_test {
@@ -460,13 +460,13 @@ void check_forward_kernel(const Shape& s, bool causal, const std::string& shape,
   }
 }
 
-template <class WideShape, int HeadDim, class Atom>
-void check_wide_shape(const Shape& s, bool causal, double tol_scale = 0, double key_ramp = 0) {
+template <class Fp32Fp64Shape, int HeadDim, class Atom>
+void check_fp32_fp64_shape(const Shape& s, bool causal, double tol_scale = 0, double key_ramp = 0) {
   using T = typename Atom::value_type;
   using Kernel =
-      kfa::Impl::FlashForwardWideMmaKernel<Kokkos::Cuda, HeadDim, Atom, CudaIn4<T>, CudaIn4<T>,
+      kfa::Impl::FlashForwardFp32Fp64Kernel<Kokkos::Cuda, HeadDim, Atom, CudaIn4<T>, CudaIn4<T>,
                                            CudaIn4<T>, DeviceView4<T, Kokkos::Cuda>,
-                                           DeviceView3<T, Kokkos::Cuda>, WideShape>;
+                                           DeviceView3<T, Kokkos::Cuda>, Fp32Fp64Shape>;
   check_forward_kernel<T, Kernel>(s, causal,
                                   std::to_string(Kernel::kBlockM) + " rows, " +
                                       std::to_string(Kernel::kBlockN) + " keys, " +
@@ -474,46 +474,46 @@ void check_wide_shape(const Shape& s, bool causal, double tol_scale = 0, double 
                                   tol_scale, key_ramp);
 }
 
-TEST(FlashForwardCuda, WideTensorCoreTileShapes) {
+TEST(FlashForwardCuda, Fp32Fp64TensorCoreTileShapes) {
   using namespace kfa::Impl;
   namespace mma = kfa::Impl::cuda_mma;
   for (bool causal : {false, true}) {
     for (const Shape& s : {Shape{2, 190, 333, 2, 64}, Shape{1, 1000, 257, 1, 64}}) {
-      check_wide_shape<WideFwdDefaultShape<mma::Fp64Atom, 64>::type, 64, mma::Fp64Atom>(s, causal);
-      check_wide_shape<WideFwdDefaultShape<mma::Tf32x3Atom, 64>::type, 64, mma::Tf32x3Atom>(
+      check_fp32_fp64_shape<Fp32Fp64FwdDefaultShape<mma::Fp64Atom, 64>::type, 64, mma::Fp64Atom>(s, causal);
+      check_fp32_fp64_shape<Fp32Fp64FwdDefaultShape<mma::Tf32x3Atom, 64>::type, 64, mma::Tf32x3Atom>(
           s, causal, 1.5e-5);
-      check_wide_shape<WideFwdShape<8, 1, 16, 1>, 64, mma::Fp64Atom>(s, causal);
-      check_wide_shape<WideFwdShape<4, 2, 32, 1>, 64, mma::Tf32x3Atom>(s, causal, 1.5e-5);
+      check_fp32_fp64_shape<Fp32Fp64FwdShape<8, 1, 16, 1>, 64, mma::Fp64Atom>(s, causal);
+      check_fp32_fp64_shape<Fp32Fp64FwdShape<4, 2, 32, 1>, 64, mma::Tf32x3Atom>(s, causal, 1.5e-5);
 #if KFA_CUDA_FP64_M16
-      check_wide_shape<WideFwdDefaultShape<mma::Fp64x16Atom, 64>::type, 64, mma::Fp64x16Atom>(
+      check_fp32_fp64_shape<Fp32Fp64FwdDefaultShape<mma::Fp64x16Atom, 64>::type, 64, mma::Fp64x16Atom>(
           s, causal);
-      check_wide_shape<WideFwdShape<4, 1, 8, 2>, 64, mma::Fp64x16Atom>(s, causal);
+      check_fp32_fp64_shape<Fp32Fp64FwdShape<4, 1, 8, 2>, 64, mma::Fp64x16Atom>(s, causal);
 #endif
-      check_wide_shape<WideFwdDefaultShape<mma::Tf32Atom<1>, 64>::type, 64, mma::Tf32Atom<1>>(
+      check_fp32_fp64_shape<Fp32Fp64FwdDefaultShape<mma::Tf32Atom<1>, 64>::type, 64, mma::Tf32Atom<1>>(
           s, causal, 1e-2);
     }
     for (const Shape& s : {Shape{1, 300, 129, 2, 128}, Shape{1, 257, 1000, 1, 128}}) {
-      check_wide_shape<WideFwdDefaultShape<mma::Fp64Atom, 128>::type, 128, mma::Fp64Atom>(s,
+      check_fp32_fp64_shape<Fp32Fp64FwdDefaultShape<mma::Fp64Atom, 128>::type, 128, mma::Fp64Atom>(s,
                                                                                         causal);
-      check_wide_shape<WideFwdDefaultShape<mma::Tf32x3Atom, 128>::type, 128, mma::Tf32x3Atom>(
+      check_fp32_fp64_shape<Fp32Fp64FwdDefaultShape<mma::Tf32x3Atom, 128>::type, 128, mma::Tf32x3Atom>(
           s, causal, 1.5e-5);
-      check_wide_shape<WideFwdShape<8, 1, 16, 1>, 128, mma::Fp64Atom>(s, causal);
-      check_wide_shape<WideFwdShape<4, 2, 32, 1>, 128, mma::Tf32x3Atom>(s, causal, 1.5e-5);
+      check_fp32_fp64_shape<Fp32Fp64FwdShape<8, 1, 16, 1>, 128, mma::Fp64Atom>(s, causal);
+      check_fp32_fp64_shape<Fp32Fp64FwdShape<4, 2, 32, 1>, 128, mma::Tf32x3Atom>(s, causal, 1.5e-5);
 #if KFA_CUDA_FP64_M16
-      check_wide_shape<WideFwdDefaultShape<mma::Fp64x16Atom, 128>::type, 128, mma::Fp64x16Atom>(
+      check_fp32_fp64_shape<Fp32Fp64FwdDefaultShape<mma::Fp64x16Atom, 128>::type, 128, mma::Fp64x16Atom>(
           s, causal);
-      check_wide_shape<WideFwdShape<4, 1, 8, 2>, 128, mma::Fp64x16Atom>(s, causal);
+      check_fp32_fp64_shape<Fp32Fp64FwdShape<4, 1, 8, 2>, 128, mma::Fp64x16Atom>(s, causal);
 #endif
     }
     // Scores that grow along the keys, so that fp64's lazy rescale (only
     // when a row's max rises by more than 16) fires many times per row.
     const Shape ramp{1, 300, 1000, 2, 128};
-    check_wide_shape<WideFwdDefaultShape<mma::Fp64Atom, 128>::type, 128, mma::Fp64Atom>(
+    check_fp32_fp64_shape<Fp32Fp64FwdDefaultShape<mma::Fp64Atom, 128>::type, 128, mma::Fp64Atom>(
         ramp, causal, 0, 40.0);
 #if KFA_CUDA_FP64_M16
-    check_wide_shape<WideFwdDefaultShape<mma::Fp64x16Atom, 128>::type, 128, mma::Fp64x16Atom>(
+    check_fp32_fp64_shape<Fp32Fp64FwdDefaultShape<mma::Fp64x16Atom, 128>::type, 128, mma::Fp64x16Atom>(
         ramp, causal, 0, 40.0);
-    check_wide_shape<WideFwdDefaultShape<mma::Fp64x16Atom, 64>::type, 64, mma::Fp64x16Atom>(
+    check_fp32_fp64_shape<Fp32Fp64FwdDefaultShape<mma::Fp64x16Atom, 64>::type, 64, mma::Fp64x16Atom>(
         Shape{1, 300, 1000, 2, 64}, causal, 0, 40.0);
 #endif
   }
@@ -524,13 +524,13 @@ TEST(FlashForwardCuda, WideTensorCoreTileShapes) {
 // both held to fp32 arithmetic's error; and scores that grow along the keys
 // (many rescales of O per row).
 template <int HeadDim, bool DmmaScores>
-void check_simt_forward(const Shape& s, bool causal, double key_ramp = 0) {
+void check_exact_fp32_forward(const Shape& s, bool causal, double key_ramp = 0) {
   using Kernel =
-      kfa::Impl::FlashForwardSimtKernel<Kokkos::Cuda, HeadDim, CudaIn4<float>, CudaIn4<float>,
+      kfa::Impl::FlashForwardExactFp32Kernel<Kokkos::Cuda, HeadDim, CudaIn4<float>, CudaIn4<float>,
                                         CudaIn4<float>, DeviceView4<float, Kokkos::Cuda>,
                                         DeviceView3<float, Kokkos::Cuda>,
-                                        kfa::Impl::simt_block_n<HeadDim, DmmaScores>(),
-                                        kfa::Impl::simt_teams_per_sm<DmmaScores>(), true,
+                                        kfa::Impl::exact_fp32_block_n<HeadDim, DmmaScores>(),
+                                        kfa::Impl::exact_fp32_teams_per_sm<DmmaScores>(), true,
                                         DmmaScores>;
   check_forward_kernel<float, Kernel>(
       s, causal, std::string(DmmaScores ? "S on fp64 tensor cores" : "S on fp32 FMAs"), 0,
@@ -540,20 +540,20 @@ void check_simt_forward(const Shape& s, bool causal, double key_ramp = 0) {
 TEST(FlashForwardCuda, ExactFp32ScoreProducts) {
   for (bool causal : {false, true}) {
     for (const Shape& s : {Shape{2, 190, 333, 2, 64}, Shape{1, 1000, 257, 1, 64}}) {
-      check_simt_forward<64, false>(s, causal);
+      check_exact_fp32_forward<64, false>(s, causal);
 #if KFA_CUDA_FP64_M16
-      check_simt_forward<64, true>(s, causal);
+      check_exact_fp32_forward<64, true>(s, causal);
 #endif
     }
     for (const Shape& s : {Shape{1, 300, 129, 2, 128}, Shape{1, 257, 1000, 1, 128}}) {
-      check_simt_forward<128, false>(s, causal);
+      check_exact_fp32_forward<128, false>(s, causal);
 #if KFA_CUDA_FP64_M16
-      check_simt_forward<128, true>(s, causal);
+      check_exact_fp32_forward<128, true>(s, causal);
 #endif
     }
-    check_simt_forward<128, false>(Shape{1, 300, 1000, 2, 128}, causal, 40.0);
+    check_exact_fp32_forward<128, false>(Shape{1, 300, 1000, 2, 128}, causal, 40.0);
 #if KFA_CUDA_FP64_M16
-    check_simt_forward<128, true>(Shape{1, 300, 1000, 2, 128}, causal, 40.0);
+    check_exact_fp32_forward<128, true>(Shape{1, 300, 1000, 2, 128}, causal, 40.0);
 #endif
   }
 }
@@ -570,8 +570,8 @@ TEST(FlashForwardCuda, SplitTf32LongRows) {
   using In4 = Kokkos::View<const float****, Kokkos::LayoutRight, Space::memory_space>;
   using View3 = DeviceView3<float, Space>;
   namespace mma = kfa::Impl::cuda_mma;
-  using kfa::Impl::FlashForwardWideMmaKernel;
-  using kfa::Impl::WideFwdDefaultShape;
+  using kfa::Impl::FlashForwardFp32Fp64Kernel;
+  using kfa::Impl::Fp32Fp64FwdDefaultShape;
   auto run = [](const Shape& s, auto head_dim_tag) {
     constexpr int D = decltype(head_dim_tag)::value;
     kfa::AttentionOptions opt;
@@ -581,8 +581,8 @@ TEST(FlashForwardCuda, SplitTf32LongRows) {
     auto error_of = [&](auto atom) {
       using Atom = decltype(atom);
       poison(d.o);
-      FlashForwardWideMmaKernel<Space, D, Atom, In4, In4, In4, View4, View3,
-                                typename WideFwdDefaultShape<Atom, D>::type>(
+      FlashForwardFp32Fp64Kernel<Space, D, Atom, In4, In4, In4, View4, View3,
+                                typename Fp32Fp64FwdDefaultShape<Atom, D>::type>(
           In4(d.q), In4(d.k), In4(d.v), d.o, d.lse, 1.0f / std::sqrt(float(D)), false)
           .launch(Space());
       Space().fence();

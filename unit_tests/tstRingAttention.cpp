@@ -10,7 +10,7 @@
 
 #include <kfa/ring_attention.hpp>
 
-#include <impl/backend/kfa_backend_comm.hpp>
+#include <kfa/detail/ring/transport/host_staging.hpp>
 
 #include <mpi.h>
 

@@ -3,8 +3,8 @@
 
 #include <kfa/options.hpp>
 
-#include <kfa_checks.hpp>
-#include <kfa_dropout_generator.hpp>
+#include <kfa/detail/common/checks.hpp>
+#include <kfa/detail/attention/dropout_generator.hpp>
 
 namespace kfa {
 

@@ -5,8 +5,8 @@
 #include <kfa/score_mod.hpp>
 #include <kfa/types.hpp>
 
-#include <kfa_checks.hpp>
-#include <kfa_dispatch.hpp>
+#include <kfa/detail/common/checks.hpp>
+#include <kfa/detail/attention/dispatch.hpp>
 
 namespace kfa {
 

@@ -3,8 +3,8 @@
 
 #include <kfa/types.hpp>
 
-#include <kfa_checks.hpp>
-#include <kfa_merge_kernels.hpp>
+#include <kfa/detail/common/checks.hpp>
+#include <kfa/detail/attention/merge_kernels.hpp>
 
 namespace kfa {
 

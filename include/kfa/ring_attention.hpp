@@ -15,10 +15,10 @@
 #include <kfa/ring_options.hpp>
 #include <kfa/types.hpp>
 
-#include <kfa_checks.hpp>
-#include <kfa_ring_attention_impl.hpp>
-#include <kfa_ring_checks.hpp>
-#include <kfa_ring_layout.hpp>
+#include <kfa/detail/common/checks.hpp>
+#include <kfa/detail/ring/ring_attention_impl.hpp>
+#include <kfa/detail/ring/checks.hpp>
+#include <kfa/detail/ring/layout.hpp>
 
 #include <mpi.h>
 

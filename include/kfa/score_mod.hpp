@@ -45,8 +45,8 @@
 
 #include <kfa/types.hpp>
 
-#include <kfa_checks.hpp>
-#include <kfa_variant.hpp>
+#include <kfa/detail/common/checks.hpp>
+#include <kfa/detail/attention/variant.hpp>
 
 #include <cmath>
 #include <string>

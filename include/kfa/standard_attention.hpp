@@ -5,8 +5,8 @@
 #include <kfa/score_mod.hpp>
 #include <kfa/types.hpp>
 
-#include <kfa_checks.hpp>
-#include <kfa_standard_attention_impl.hpp>
+#include <kfa/detail/common/checks.hpp>
+#include <kfa/detail/attention/standard_attention_impl.hpp>
 
 namespace kfa {
 

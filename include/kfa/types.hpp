@@ -3,7 +3,7 @@
 
 #include <Kokkos_Core.hpp>
 
-#include <kfa_compat.hpp>
+#include <kfa/detail/common/compat.hpp>
 
 #include <type_traits>
 

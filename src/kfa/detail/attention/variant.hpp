@@ -1,0 +1,184 @@
+#ifndef KFA_DETAIL_ATTENTION_VARIANT_HPP
+#define KFA_DETAIL_ATTENTION_VARIANT_HPP
+
+// The score pipeline every kernel shares (flash forward, both flash backward
+// kernels, the materialised baseline): from the scaled score s = scale·q·k,
+//   softcap:   s <- c·tanh(s/c)                 d/ds = 1 - tanh²(s/c)
+//   modifier:  s <- score_mod(b, h, i, j, s)    d/ds = score_grad(...) or 1
+// then the mask, the softmax, and dropout on P. Which of these a kernel
+// instantiation contains is its Variant; their run-time parameters travel in
+// KernelParams.
+
+#include <kfa/options.hpp>
+
+#include <kfa/detail/common/compat.hpp>
+#include <kfa/detail/attention/dropout_generator.hpp>
+#include <kfa/detail/attention/sequences.hpp>
+
+#include <type_traits>
+#include <utility>
+
+namespace kfa {
+namespace Impl {
+
+/// The score modifier of the overloads that take none.
+struct NoScoreMod {};
+
+/// Compile-time feature set of one kernel instantiation, chosen in
+/// kfa/detail/attention/dispatch.hpp. kModifiers compiles softcap and dropout in; each is still
+/// off at run time when its parameter is 0. One flag serves both: a flag each
+/// would double the kernels compiled per head dimension again, to save a
+/// uniform branch per tile row.
+template <bool Modifiers, class ScoreMod = NoScoreMod>
+struct Variant {
+  static constexpr bool kModifiers = Modifiers;
+  static constexpr bool kScoreMod = !std::is_same<ScoreMod, NoScoreMod>::value;
+  using score_mod_type = ScoreMod;
+};
+
+/// The default overloads without softcap and dropout: the fast path.
+using PlainVariant = Variant<false>;
+
+// What a score modifier provides (see include/kfa/score_mod.hpp).
+template <class Mod, class Acc, class = void>
+struct score_mod_takes_lengths : std::false_type {};
+template <class Mod, class Acc>
+struct score_mod_takes_lengths<Mod, Acc,
+                               std::void_t<decltype(std::declval<const Mod&>()(
+                                   0, 0, 0, 0, std::declval<Acc>(), 0, 0))>> : std::true_type {};
+
+template <class Mod, class Acc, class = void>
+struct score_mod_takes_score : std::false_type {};
+template <class Mod, class Acc>
+struct score_mod_takes_score<
+    Mod, Acc, std::void_t<decltype(std::declval<const Mod&>()(0, 0, 0, 0, std::declval<Acc>()))>>
+    : std::true_type {};
+
+template <class Mod, class = void>
+struct score_mod_has_visible : std::false_type {};
+template <class Mod>
+struct score_mod_has_visible<
+    Mod, std::void_t<decltype(std::declval<const Mod&>().visible(0, 0, 0, 0, 0, 0))>>
+    : std::true_type {};
+
+template <class Mod, class Acc, class = void>
+struct score_mod_has_grad : std::false_type {};
+template <class Mod, class Acc>
+struct score_mod_has_grad<Mod, Acc,
+                          std::void_t<decltype(std::declval<const Mod&>().score_grad(
+                              0, 0, 0, 0, std::declval<Acc>()))>> : std::true_type {};
+
+template <class Mod, class Acc>
+constexpr bool is_score_mod() {
+  return score_mod_takes_score<Mod, Acc>::value || score_mod_takes_lengths<Mod, Acc>::value;
+}
+
+/// Run-time parameters shared by every kernel of one call.
+template <class Acc, class MemorySpace>
+struct KernelParams {
+  Sequences<MemorySpace> seq;
+  int heads = 0, heads_kv = 0, head_dim = 0;
+  /// Causal folded in: it is window_right = 0.
+  int window_left = -1, window_right = -1;
+  Acc scale = 1;
+  Acc softcap = 0;
+  double dropout_p = 0;
+  std::uint64_t dropout_seed = 0;
+
+  /// Query heads per key/value head (grouped-query attention).
+  int group() const { return heads_kv > 0 ? heads / heads_kv : 1; }
+};
+
+/// The softcap, modifier and dropout of one call, as the kernels apply them.
+template <class VariantT, class Acc>
+struct ScorePipeline {
+  using score_mod_type = typename VariantT::score_mod_type;
+  static constexpr bool kModifiers = VariantT::kModifiers;
+  static constexpr bool kScoreMod = VariantT::kScoreMod;
+
+  Acc m_softcap = 0, m_inv_softcap = 0;
+  bool m_dropout = false;
+  DropoutGenerator m_generator;
+  /// 1/(1-p): kept weights are scaled up so that E[O] is unchanged.
+  Acc m_keep_scale = 1;
+  score_mod_type m_mod;
+
+  ScorePipeline() = default;
+  template <class MemorySpace>
+  ScorePipeline(const KernelParams<Acc, MemorySpace>& p, const score_mod_type& mod)
+      : m_softcap(p.softcap),
+        m_inv_softcap(p.softcap > Acc(0) ? Acc(1) / p.softcap : Acc(0)),
+        m_dropout(p.dropout_p > 0),
+        m_generator(p.dropout_p, p.dropout_seed),
+        m_keep_scale(static_cast<Acc>(1.0 / (1.0 - p.dropout_p))),
+        m_mod(mod) {}
+
+  /// True when the pipeline changes scores (the kernels then run the
+  /// element loop on every tile, not only on tiles the mask cuts).
+  KOKKOS_FORCEINLINE_FUNCTION bool modifies_scores() const {
+    if constexpr (kScoreMod) return true;
+    if constexpr (kModifiers) return m_softcap != Acc(0);
+    return false;
+  }
+
+  KOKKOS_FORCEINLINE_FUNCTION bool dropout() const {
+    if constexpr (kModifiers) return m_dropout;
+    return false;
+  }
+
+  /// Score of element (i, j) of sequence b, head h from the scaled score s;
+  /// `grad` receives d(result)/ds. Only for unmasked elements.
+  template <bool WithGrad>
+  KOKKOS_FORCEINLINE_FUNCTION Acc score([[maybe_unused]] const SequenceInfo& seq,
+                                        [[maybe_unused]] int b, [[maybe_unused]] int h,
+                                        [[maybe_unused]] int i, [[maybe_unused]] int j, Acc s,
+                                        [[maybe_unused]] Acc& grad) const {
+    if constexpr (kModifiers) {
+      if (m_softcap != Acc(0)) {
+        const Acc t = math::tanh(s * m_inv_softcap);
+        s = m_softcap * t;
+        if constexpr (WithGrad) grad = Acc(1) - t * t;
+      }
+    }
+    if constexpr (kScoreMod) {
+      Acc modified;
+      if constexpr (score_mod_takes_lengths<score_mod_type, Acc>::value) {
+        modified = m_mod(b, h, i, j, s, seq.seqlen_q, seq.seqlen_k);
+      } else {
+        modified = m_mod(b, h, i, j, s);
+      }
+      if constexpr (WithGrad && score_mod_has_grad<score_mod_type, Acc>::value) {
+        grad *= static_cast<Acc>(m_mod.score_grad(b, h, i, j, s));
+      }
+      s = modified;
+    }
+    return s;
+  }
+
+  /// False when the modifier's block predicate says the tile is fully masked.
+  KOKKOS_FORCEINLINE_FUNCTION bool visible([[maybe_unused]] int b, [[maybe_unused]] int h,
+                                           [[maybe_unused]] int row_begin,
+                                           [[maybe_unused]] int row_end,
+                                           [[maybe_unused]] int key_begin,
+                                           [[maybe_unused]] int key_end) const {
+    if constexpr (kScoreMod && score_mod_has_visible<score_mod_type>::value) {
+      return m_mod.visible(b, h, row_begin, row_end, key_begin, key_end);
+    } else {
+      return true;
+    }
+  }
+
+  /// Dropout row key of query row i (see DropoutGenerator).
+  KOKKOS_FORCEINLINE_FUNCTION std::uint64_t dropout_row(int b, int h, int i) const {
+    return m_generator.row_key(b, h, i);
+  }
+  /// Factor of element j of that row in the dropped P: 1/(1-p) or 0.
+  KOKKOS_FORCEINLINE_FUNCTION Acc keep_factor(std::uint64_t row, int j) const {
+    return m_generator.kept(row, j) ? m_keep_scale : Acc(0);
+  }
+};
+
+}  // namespace Impl
+}  // namespace kfa
+
+#endif

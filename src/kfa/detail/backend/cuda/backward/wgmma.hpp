@@ -1,0 +1,921 @@
+#ifndef KFA_DETAIL_BACKEND_CUDA_BACKWARD_WGMMA_HPP
+#define KFA_DETAIL_BACKEND_CUDA_BACKWARD_WGMMA_HPP
+
+// Hopper backward for 16-bit types (dK, dV, and dQ added to an fp32
+// accumulator, so not deterministic):
+// warpgroup tensor cores (wgmma, sm_90a). A team of 2 warpgroups owns a
+// block of 128 keys, 64 per warpgroup, and walks the query blocks (64 rows
+// at head_dim 128, 128 at 64) that see them, the next block's Q, dO, lse
+// and D loading (cp.async, double buffered) during the current one's
+// products. Per query block, each warpgroup computes for its keys
+//   Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ      wgmma m64n{M}k16, all operands from scratch
+//   Pᵀ = exp2(Sᵀ·scale·log2e - lse·log2e), dSᵀ = Pᵀ ∘ (dPᵀ - D)  registers
+//   dV += Pᵀ·dO, dK += dSᵀ·Q    wgmma m64n{d}k16, Pᵀ and dSᵀ from registers
+//                               (rounded where computed), dO and Q N-major
+// and stages dSᵀ in scratch; then dQ = dS·K·scale over all 128 keys, A =
+// dS (M-major view of the dSᵀ tile), B = K (N-major): at head_dim 128 each
+// warpgroup takes 64 of the head dims, at 64 its 64 of the 128 query rows.
+// dQ goes to an fp32 tile in scratch and is added to the fp32 accumulator
+// by the copy engine after the next block's first barrier, instead of a
+// red.global per value: by bulk tensor reductions (cp.reduce.async.bulk.
+// tensor, one thread issues the tile's head_dim / 8 boxes of [M][8] fp32;
+// DqTma, the library's, RESULTS v42) or one bulk reduction per query row.
+// At head_dim 128 the library's kernel is Pipelined (RESULTS v47): one team
+// barrier a block (before dQ's products), the next block's Sᵀ and dPᵀ
+// issued right behind the dQ tile's stores, Q/dO in three stages and two
+// dSᵀ tiles (226.5 KB of scratch), Pᵀ computed while dPᵀ's products run
+// and dV's products issued before dSᵀ (EarlyDv); its tensor reductions go
+// in boxes of 32 fp32 a row, 128-byte swizzled (DqWide, v49: with boxes
+// of 8 a row thread 0 waited ~1350 cycles a block for the copy engine's
+// queue, RESULTS run 95).
+// Scratch at head_dim 128: K, V 2 x 32 KB, 2 x (Q, dO 2 x 16 KB, lse, D),
+// the dSᵀ tile 16 KB, the dQ tile 32 KB (34 KB with padded rows for the
+// per-row reductions): 177 KB; at 64: K, V 2 x 16 KB, 2 x (Q, dO 2 x 16 KB),
+// dSᵀ 32 KB, dQ 32 KB: 163 KB (DqLag doubles the dSᵀ and dQ tiles). Tiles
+// are 128-byte swizzled (kfa/detail/backend/cuda/primitives/wgmma.hpp); a dSᵀ tile is [M / 64][128
+// keys][64 queries].
+
+#include <kfa/detail/attention/mask.hpp>
+
+#include <kfa/detail/backend/cuda/primitives/launch.hpp>
+#include <kfa/detail/backend/cuda/primitives/mma.hpp>
+#include <kfa/detail/backend/cuda/primitives/tma.hpp>
+#include <kfa/detail/backend/cuda/primitives/wgmma.hpp>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace kfa {
+namespace Impl {
+
+/// The tensor map of the fp32 dQ accumulator of a backward whose dQ tiles
+/// are added by bulk tensor reductions (FlashBackwardWgmmaKernel's DqTma),
+/// none otherwise.
+template <bool DqTma>
+struct WgmmaBwdMaps {};
+template <>
+struct WgmmaBwdMaps<true> {
+  TmaMap m_map_dq;
+};
+
+/// The phase trace of a pipelined backward (FlashBackwardWgmmaKernel's
+/// Trace, perf_tests/bench_bwd_trace): the SM clock (clock64) at
+/// kWgmmaBwdTraceEvents points of each query block, taken by the first
+/// thread of each warpgroup of the first `teams` teams, for their first
+/// `blocks` query blocks, at trace[((team · 2 + warpgroup) · blocks +
+/// block) · kWgmmaBwdTraceEvents + event]. And for each of the first
+/// `team_count` teams, by its first thread, at team_trace[team ·
+/// kWgmmaBwdTeamEvents + event]: 0 the SM's index, then the SM clock at
+/// 1 the team's start, 2 its first query block's top, 3 the end of its
+/// last block, 4 its dK and dV stores issued, 5 its end; 6 and 7 the
+/// global timer (ns) at its start and end. None without Trace.
+constexpr int kWgmmaBwdTraceEvents = 10;
+constexpr int kWgmmaBwdTeamEvents = 8;
+template <bool Trace>
+struct WgmmaBwdTrace {};
+template <>
+struct WgmmaBwdTrace<true> {
+  long long* m_trace = nullptr;
+  int m_trace_teams = 0, m_trace_blocks = 0;
+  long long* m_team_trace = nullptr;
+  int m_team_trace_count = 0;
+  void set_trace(long long* trace, int teams, int blocks) {
+    m_trace = trace;
+    m_trace_teams = teams;
+    m_trace_blocks = blocks;
+  }
+  void set_team_trace(long long* team_trace, int team_count) {
+    m_team_trace = team_trace;
+    m_team_trace_count = team_count;
+  }
+};
+
+/// The copies of the wgmma backwards (FlashBackwardWgmmaKernel,
+/// FlashBackwardWgmmaProductSplitKernel) into 128-byte-swizzled scratch, cp.async
+/// by all Threads threads of a team: K and V of the team's BlockN keys,
+/// and per query block Q, dO (BlockM rows) with their lse and D. Rows past
+/// the end read 0: a query row past seqlen_q has S = dP = D = 0 and dO =
+/// 0, so nothing of it reaches dK or dV, and its dQ is not added.
+template <int HeadDim, int BlockN, int BlockM, int Threads>
+class WgmmaBwdLoads {
+ public:
+  KOKKOS_FORCEINLINE_FUNCTION WgmmaBwdLoads(const Fused16Backward& kernel, int tid, int b, int h)
+      : m_kernel(kernel),
+        m_tid(tid),
+        m_q_loader(tid),
+        m_q_offset(kernel.m_p.offset(b, h, kernel.m_p.seqlen_q, HeadDim)),
+        m_row_stride(long(kernel.m_p.heads) * HeadDim),
+        m_lse(kernel.m_lse + kernel.m_p.lse_offset(b, h)),
+        m_delta(kernel.m_delta + kernel.m_p.lse_offset(b, h)) {}
+
+  /// K and V rows key_begin.. of query head h's k/v head.
+  KOKKOS_FORCEINLINE_FUNCTION void kv(int b, int h, int key_begin, std::uint32_t k_addr,
+                                      std::uint32_t v_addr) const {
+    const Fused16Backward& p = m_kernel;
+    const cuda_mma::Sw128TileLoader<HeadDim, BlockN, Threads> kv_loader(m_tid);
+    const long kv_offset = p.m_kv.offset(p.m_p, b, h, HeadDim);
+    const long kv_stride = p.m_kv.row_stride(HeadDim);
+    kv_loader.load(k_addr, p.m_k + kv_offset, kv_stride, key_begin, p.m_p.seqlen_k);
+    kv_loader.load(v_addr, p.m_v + kv_offset, kv_stride, key_begin, p.m_p.seqlen_k);
+  }
+
+  /// Q and dO of query block q_block to the tiles at q_addr and do_addr,
+  /// its lse and D to stats[0, BlockM) and stats[BlockM, 2·BlockM).
+  KOKKOS_FORCEINLINE_FUNCTION void q_block(int q_block, std::uint32_t q_addr,
+                                           std::uint32_t do_addr, float* stats) const {
+    const Fused16Backward& p = m_kernel;
+    const int row_begin = q_block * BlockM;
+    m_q_loader.load(q_addr, p.m_q + m_q_offset, m_row_stride, row_begin, p.m_p.seqlen_q);
+    m_q_loader.load(do_addr, p.m_do + m_q_offset, m_row_stride, row_begin, p.m_p.seqlen_q);
+    if (m_tid < BlockM) {
+      const int row = row_begin + m_tid;
+      const bool ok = row < p.m_p.seqlen_q;
+      cuda_mma::cp_async_small<4>(stats + m_tid, m_lse + (ok ? row : 0), ok ? 4 : 0);
+      cuda_mma::cp_async_small<4>(stats + BlockM + m_tid, m_delta + (ok ? row : 0), ok ? 4 : 0);
+    }
+  }
+
+ private:
+  const Fused16Backward& m_kernel;
+  int m_tid;
+  cuda_mma::Sw128TileLoader<HeadDim, BlockM, Threads> m_q_loader;
+  long m_q_offset, m_row_stride;
+  const float* m_lse;
+  const float* m_delta;
+};
+
+/// Pᵀ = exp2(Sᵀ·scale·log2e - lse·log2e) in place in a wgmma backward's
+/// m64 accumulator of Sᵀ (rows: the keys key0 and key0 + 8 of this lane;
+/// columns: queries row_begin + 8·n + 2·(lane % 4) + (e & 1), whose lse
+/// is s_lse[column]), 0 where the mask hides the pair; then(n, e, column)
+/// after each value (dSᵀ where it is computed in the same pass). The tile
+/// of queries [row_begin, +8·Tiles) and keys [key_begin, key_end) is
+/// tested against the mask once (unswitch_mask).
+template <int Tiles, class Mask, class Then>
+KOKKOS_FORCEINLINE_FUNCTION void wgmma_bwd_probabilities(float (&s)[Tiles][4], const float* s_lse,
+                                                         float scale, const Mask& mask,
+                                                         int row_begin, int key_begin,
+                                                         int key_end, int key0, int lane,
+                                                         Then&& then) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  const bool needs_mask =
+      mask.tile_needs_mask(row_begin, row_begin + 8 * Tiles, key_begin, key_end);
+  const float scale_log2 = scale * kLog2e;
+  cuda_mma::unswitch_mask(needs_mask, [&](auto masked) {
+    // Where masked: the queries that see each of the lane's two keys
+    // (AttentionMask::visible_rows), moved to its columns, so that a value
+    // costs two compares of constants and a select.
+    int first[2] = {0, 0}, last[2] = {0, 0};
+    if constexpr (decltype(masked)::value) {
+      const int row_of_lane = row_begin + (lane % 4) * 2;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        mask.visible_rows(key0 + 8 * r, first[r], last[r]);
+        first[r] -= row_of_lane;
+        last[r] -= row_of_lane;
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < Tiles; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = n * 8 + (lane % 4) * 2 + (e & 1);
+        float p = cuda_mma::exp2_fast(fmaf(s[n][e], scale_log2, -s_lse[col] * kLog2e));
+        if constexpr (decltype(masked)::value) {
+          const int c = n * 8 + (e & 1), r = e / 2;
+          if (c < first[r] || c > last[r]) p = 0.f;
+        }
+        s[n][e] = p;
+        then(n, e, col);
+      }
+  });
+}
+
+#if KFA_CUDA_WGMMA_DEVICE  // sm_90a device code only (float2, uint4: CUDA types)
+/// A team's dK or dV rows on their way from a wgmma backward's m64nHeadDim
+/// accumulators to memory through scratch (Elem: the 16-bit format's bits,
+/// or float for the per-query-head buffers of grouped-query heads). put:
+/// each thread its rows, rounded; store: after a team barrier, the rows
+/// copied out 16 bytes a thread, 512 contiguous bytes a warp. A row holds
+/// HeadDim values with its 16-byte chunk c at chunk c ^ (row % 8), so the
+/// 8 rows of a warp's puts of one chunk fall in distinct banks. Stored
+/// from the fragments instead, each warp store wrote 8 rows x 16 bytes
+/// and a head_dim 128 team took ~10,000 cycles from its last block to its
+/// end (RESULTS run 106).
+template <class Elem, int HeadDim>
+struct StagedRows {
+  static constexpr int kRowBytes = HeadDim * int(sizeof(Elem));
+  static constexpr int kChunks = kRowBytes / 16;  // per row
+
+  KOKKOS_FORCEINLINE_FUNCTION static int at(int row, int byte) {
+    return row * kRowBytes + ((byte / 16) ^ (row % 8)) * 16 + byte % 16;
+  }
+
+  /// This thread's rows row0 and row0 + 8 of an accumulator (n-tile n:
+  /// columns 8n + 2·(lane % 4) and + 1), times scale, into tile.
+  template <class Format>
+  KOKKOS_FORCEINLINE_FUNCTION static void put(unsigned char* tile, int row0, int lane,
+                                              const float (&acc)[HeadDim / 8][4], float scale) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = row0 + 8 * half;
+#pragma unroll
+      for (int n = 0; n < HeadDim / 8; ++n) {
+        const int byte = (n * 8 + (lane % 4) * 2) * int(sizeof(Elem));
+        const float x0 = acc[n][2 * half] * scale, x1 = acc[n][2 * half + 1] * scale;
+        if constexpr (std::is_same<Elem, float>::value)
+          *reinterpret_cast<float2*>(tile + at(row, byte)) = make_float2(x0, x1);
+        else
+          *reinterpret_cast<std::uint32_t*>(tile + at(row, byte)) = cuda_mma::pack2<Format>(x0, x1);
+      }
+    }
+  }
+
+  /// Rows [0, Rows) of tile to dst[offset + row·row_stride ..), by the
+  /// Threads threads of a team (this one: tid); rows from `rows` on (past
+  /// seqlen_k) are not stored.
+  template <int Rows, int Threads>
+  KOKKOS_FORCEINLINE_FUNCTION static void store(const unsigned char* tile, std::uint16_t* dst,
+                                                long offset, long row_stride, int rows,
+                                                int tid) {
+    static_assert(Rows * kChunks % Threads == 0, "kfa: whole chunks per thread");
+    Elem* const out = reinterpret_cast<Elem*>(dst) + offset;
+#pragma unroll
+    for (int j = 0; j < Rows * kChunks / Threads; ++j) {
+      const int i = j * Threads + tid;
+      const int row = i / kChunks, c = i % kChunks;
+      if (row >= rows) continue;
+      *reinterpret_cast<uint4*>(out + long(row) * row_stride + c * (16 / int(sizeof(Elem)))) =
+          *reinterpret_cast<const uint4*>(tile + at(row, c * 16));
+    }
+  }
+};
+
+/// A wgmma backward's dK and dV for its BlockN keys from key_begin on, to
+/// the kernel's m_dk and m_dv through `tile` (ScratchBytes free bytes of
+/// scratch: dK's rows, then dV's). Each thread puts its values with
+/// put(StagedRows<Elem, HeadDim>(), tile_k, tile_v) (Elem: the 16-bit
+/// format's bits, or float for the per-query-head buffers of grouped-query
+/// heads); after a team barrier the Threads threads (this one: tid) store
+/// the rows below seqlen_k. Every thread calls it, after a team barrier
+/// that follows the last product and copy.
+template <int HeadDim, int BlockN, int Threads, std::size_t ScratchBytes, class Team, class Put>
+KOKKOS_FORCEINLINE_FUNCTION void store_dk_dv_staged(const Fused16Backward& kernel, void* tile,
+                                                    int key_begin, long k_offset,
+                                                    long row_stride, int tid, const Team& team,
+                                                    Put&& put) {
+  static_assert(2 * BlockN * StagedRows<float, HeadDim>::kRowBytes <= ScratchBytes,
+                "kfa: dK and dV fit in the free scratch");
+  auto staged = [&](auto elem) {
+    using Rows = StagedRows<decltype(elem), HeadDim>;
+    unsigned char* const tile_k = static_cast<unsigned char*>(tile);
+    unsigned char* const tile_v = tile_k + BlockN * Rows::kRowBytes;
+    put(Rows(), tile_k, tile_v);
+    team.team_barrier();
+    const long offset = k_offset + long(key_begin) * row_stride;
+    const int rows = kernel.m_p.seqlen_k - key_begin;
+    Rows::template store<BlockN, Threads>(tile_k, kernel.m_dk, offset, row_stride, rows, tid);
+    Rows::template store<BlockN, Threads>(tile_v, kernel.m_dv, offset, row_stride, rows, tid);
+  };
+  if (kernel.m_kv.group > 1)
+    staged(float());
+  else
+    staged(std::uint16_t());
+}
+#endif
+
+template <class ExecSpace, int HeadDim, class Format, class QView, class KView, class VView,
+          class DOView, class LseView, class DeltaView, class DQAccView, class DKView,
+          class DVView, bool DqFirst = false, bool DqTma = true, bool DqLag = false,
+          bool EarlyDv = false, bool Pipelined = false, bool Trace = false,
+          bool DqWide = false>
+class FlashBackwardWgmmaKernel : public Fused16Backward,
+                                 public WgmmaBwdMaps<DqTma>,
+                                 public WgmmaBwdTrace<Trace> {
+ public:
+  static constexpr int kHeadDim = HeadDim;
+  static constexpr int kWarps = 8;     // 2 warpgroups
+  static constexpr int kBlockN = 128;  // keys per team, 64 per warpgroup
+  /// Queries per step: 128 at head_dim 64 (Sᵀ and dPᵀ 64 registers each,
+  /// dK and dV 32), 64 at 128 (32 and 64).
+  static constexpr int kBlockM = HeadDim == 64 ? 128 : 64;
+  /// Q/dO buffers (launch_mma_kernel: opt-in scratch), 3 with Pipelined.
+  static constexpr int kStages = Pipelined ? 3 : 2;
+  static constexpr int kMinBlocksPerSM = 1;
+  /// DqFirst: dK's products issued after dQ's (FlashAttention-3's order), so
+  /// that the dQ tile's stores run beside them; else before the barrier
+  /// that precedes dQ.
+  static constexpr bool kDqFirst = DqFirst;
+  /// DqTma: the dQ tile goes to the accumulator by bulk tensor reductions
+  /// that one thread issues (kHeadDim / 8 boxes of [kBlockM][8] fp32, each
+  /// dense in scratch), else by one bulk reduction per row.
+  static constexpr bool kDqTma = DqTma;
+  static constexpr bool kTensorMaps = DqTma;  // launch_cuda_team: __grid_constant__
+  /// DqLag: dQ of a query block is computed in the next block's step,
+  /// issued after its softmax just before its dV and dK (the dSᵀ made
+  /// visible by that block's barrier), so a block has one team barrier
+  /// instead of two and dQ's stores run beside dV's and dK's products. The
+  /// dSᵀ and dQ tiles are double buffered (227 KB of scratch at head_dim
+  /// 64, the most a block has).
+  static constexpr bool kDqLag = DqLag;
+  static_assert(!DqLag || (DqTma && !DqFirst),
+                "kfa: the lagged dQ takes the tensor reductions and not DqFirst");
+  /// EarlyDv: Sᵀ and dPᵀ in two commit groups; Pᵀ computed while dPᵀ's
+  /// products run, dV's products issued before dSᵀ is computed, dK's
+  /// before dSᵀ is stored, so that the exponentials, dSᵀ and its stores
+  /// overlap the tensor cores.
+  static constexpr bool kEarlyDv = EarlyDv;
+  static_assert(!EarlyDv || (!DqFirst && !DqLag),
+                "kfa: the early dV takes neither DqFirst nor DqLag");
+  /// Pipelined (head_dim 128, with EarlyDv and DqTma): one team barrier a
+  /// block instead of two. The next block's Sᵀ and dPᵀ are issued right
+  /// behind this block's stores to the dQ tile, and a named barrier then
+  /// hands the tile to the reductions. Q/dO in three stages (a block loads the one after next
+  /// behind its barrier, when every warpgroup is done with the block
+  /// before), two dSᵀ tiles (a block's dSᵀ is written while the other
+  /// warpgroup's dQ of the block before may still read its tile): 226.5 KB
+  /// of scratch.
+  static constexpr bool kPipelined = Pipelined;
+  static_assert(!Pipelined || (EarlyDv && DqTma && HeadDim == 128),
+                "kfa: the pipelined backward runs head_dim 128 with EarlyDv and DqTma");
+  /// Trace (Pipelined, for perf_tests/bench_bwd_trace only): the clock at
+  /// the phases of each query block (WgmmaBwdTrace): 0 the block's top,
+  /// 1 Sᵀ and dPᵀ issued and the previous dQ tile handed over, 2 Sᵀ done,
+  /// 3 Pᵀ computed and dV's products issued, 4 dPᵀ done, 5 dSᵀ computed
+  /// and dK's products issued, 6 dSᵀ stored and the copies waited for,
+  /// 7 past the team barrier (dQ's products issued), 8 dV, dK and dQ
+  /// done, 9 the dQ tile stored.
+  static_assert(!Trace || Pipelined, "kfa: the phase trace is of the pipelined backward");
+  /// DqWide (with DqTma): the tensor reductions in boxes of 32 fp32 a row
+  /// (128 bytes, 128-byte swizzled in scratch), kHeadDim / 32 a tile,
+  /// instead of 8 a row: a quarter of the copy engine's row requests. The
+  /// library's at head_dim 128 (RESULTS v49); at 64 the boxes of 8 were
+  /// faster.
+  static constexpr bool kDqWide = DqWide;
+  static_assert(!DqWide || DqTma, "kfa: the wide dQ boxes are tensor reductions (DqTma)");
+  static constexpr int kDqBoxCols = DqWide ? 32 : 8;
+  static constexpr int kDqTiles = DqLag ? 2 : 1;
+  static constexpr int kDsTiles = DqLag || Pipelined ? 2 : 1;
+  static_assert(kHeadDim == 64 || kHeadDim == 128,
+                "kfa: the wgmma backward runs head_dim 64 or 128");
+  /// dQ split over the warpgroups: by query rows (kBlockM 128) or by head
+  /// dims (head_dim 128); either way 64 columns over all keys each.
+  static constexpr bool kDqSplitRows = kBlockM == 128;
+  static constexpr int kTileKV = kBlockN * kHeadDim;  // values per tile
+  static constexpr int kTileQ = kBlockM * kHeadDim;
+  static constexpr int kTileDS = kBlockN * kBlockM;
+  /// The dQ tile in scratch: with DqTma [kHeadDim / 8][kBlockM][8] fp32
+  /// (store_dq), else [kBlockM][kDqPitch] (8 floats of padding: a warp's 8
+  /// rows x 4 column pairs hit distinct banks in 2 wavefronts; rows stay
+  /// 16-byte aligned for the bulk copy).
+  static constexpr int kDqPitch = kHeadDim + 8;
+  static constexpr int kTileDQ = DqTma ? kBlockM * kHeadDim : kBlockM * kDqPitch;
+  static_assert(!DqWide || (2 * (2 * kTileKV + 2 * kStages * kTileQ + kDsTiles * kTileDS)) %
+                                   1024 == 0,
+                "kfa: the wide dQ boxes' swizzle needs the dQ tile 1024-byte aligned");
+  using policy_t = Kokkos::TeamPolicy<ExecSpace>;
+
+  FlashBackwardWgmmaKernel(const QView& q, const KView& k, const VView& v, const DOView& d_o,
+                           const LseView& lse, const DeltaView& delta, const DQAccView& dq_acc,
+                           const DKView& dk, const DVView& dv, float scale, bool causal)
+      : Fused16Backward(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, causal),
+        m_num_kv_blocks((m_p.seqlen_k + kBlockN - 1) / kBlockN) {
+#if defined(KOKKOS_ENABLE_CUDA)
+    // No map of an empty tensor (nothing is launched then).
+    if constexpr (kDqTma)
+      if (m_p.batch > 0 && m_p.heads > 0 && m_p.seqlen_q > 0)
+        this->m_map_dq = make_tma_map_f32(m_dq_acc, m_p.batch, m_p.seqlen_q, m_p.heads,
+                                          kHeadDim, kBlockM, "kfa::bwd::wgmma_dk_dv", kDqWide);
+#endif
+  }
+
+  /// The GPU gives a team its scratch (and, with DqTma, the driver makes
+  /// tensor maps).
+  static bool fits(const ExecSpace& space) {
+#if defined(KOKKOS_ENABLE_CUDA)
+    if constexpr (kDqTma)
+      if (!tma_available()) return false;
+#endif
+    return mma_kernel_fits<FlashBackwardWgmmaKernel>(space);
+  }
+
+  void launch(const ExecSpace& space) const {
+    launch_mma_kernel(space, "kfa::bwd::wgmma_dk_dv", *this, m_p.league(m_num_kv_blocks));
+  }
+
+  /// K, V, per stage Q, dO, lse and D, the dSᵀ and dQ tiles, and the slack
+  /// that aligns the swizzle atoms to 1024 bytes.
+  KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
+    return sizeof(std::uint16_t) * (2 * std::size_t(kTileKV) + 2 * kStages * std::size_t(kTileQ) +
+                                    kDsTiles * std::size_t(kTileDS)) +
+           sizeof(float) * (kDqTiles * std::size_t(kTileDQ) + 2 * kStages * kBlockM) + 1024;
+  }
+
+  /// Scratch free once every product and copy is done, from K's tile on:
+  /// K's and V's tiles and the stages (dK's and dV's rows on their way out).
+  static constexpr std::size_t kFreeScratchBytes =
+      sizeof(std::uint16_t) * (2 * std::size_t(kTileKV) + 2 * kStages * std::size_t(kTileQ));
+
+  template <class Team>
+  KOKKOS_INLINE_FUNCTION void body(const Team& team, void* raw) const {
+#if KFA_CUDA_WGMMA_DEVICE
+    using namespace cuda_mma;
+    constexpr int kTilesS = kBlockM / 8;   // n-tiles of Sᵀ (queries) per thread
+    constexpr int kTilesD = kHeadDim / 8;  // n-tiles of dK, dV per thread
+    constexpr int kDqN = 64;               // dQ columns per warpgroup
+    const int lane = threadIdx.x, warp = threadIdx.y;
+    const int tid = warp * 32 + lane;
+    const int wg = warp / 4;
+
+    const int league = team.league_rank();
+    int b, h;
+    const int kv_block = m_p.block_of(league, m_num_kv_blocks, b, h);
+    const int key_begin = kv_block * kBlockN;
+    const long row_stride = long(m_p.heads) * kHeadDim;
+    const long q_offset = m_p.offset(b, h, m_p.seqlen_q, kHeadDim);
+    const long k_offset = m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
+    // Trace: the team's events (WgmmaBwdTrace).
+    auto mark_team = [&](int event) {
+      if constexpr (Trace) {
+        if (tid == 0 && league < this->m_team_trace_count) {
+          long long* const t = this->m_team_trace + long(league) * kWgmmaBwdTeamEvents;
+          long long now;
+          if (event == 1 || event == 5) {
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+            t[event == 1 ? 6 : 7] = now;
+          }
+          if (event == 1) {
+            unsigned sm;
+            asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+            t[0] = sm;
+          }
+          t[event] = clock64();
+        }
+      }
+    };
+    mark_team(1);
+
+    const std::uint32_t raw_addr = smem_address(raw);
+    const std::uint32_t base_addr = (raw_addr + 1023) & ~std::uint32_t(1023);
+    std::uint16_t* const sK =
+        reinterpret_cast<std::uint16_t*>(static_cast<unsigned char*>(raw) + (base_addr - raw_addr));
+    std::uint16_t* const sV = sK + kTileKV;
+    std::uint16_t* const sQ0 = sV + kTileKV;  // stage s: Q, then dO
+    std::uint16_t* const sdS = sQ0 + 2 * kStages * kTileQ;
+    float* const sdQ = reinterpret_cast<float*>(sdS + kDsTiles * kTileDS);
+    float* const s_stats0 = sdQ + kDqTiles * kTileDQ;  // stage s: lse, D
+    auto stage_q = [&](int s) { return sQ0 + 2 * s * kTileQ; };
+    auto stage_stats = [&](int s) { return s_stats0 + 2 * s * kBlockM; };
+    auto addr = [&](const void* p) {
+      return base_addr + std::uint32_t(static_cast<const unsigned char*>(p) -
+                                       reinterpret_cast<const unsigned char*>(sK));
+    };
+
+    const WgmmaBwdLoads<kHeadDim, kBlockN, kBlockM, kWarps * 32> loads(*this, tid, b, h);
+    loads.kv(b, h, key_begin, addr(sK), addr(sV));
+    // Q, dO, lse and D of a query block into a stage.
+    auto load_q_block = [&](int q_block, int stage) {
+      loads.q_block(q_block, addr(stage_q(stage)), addr(stage_q(stage) + kTileQ),
+                    stage_stats(stage));
+    };
+
+    float acc_dk[1][kTilesD][4], acc_dv[1][kTilesD][4];
+#pragma unroll
+    for (int n = 0; n < kTilesD; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_dk[0][n][e] = acc_dv[0][n][e] = 0;
+    auto& dk_flat = reinterpret_cast<float(&)[4 * kTilesD]>(acc_dk);
+    auto& dv_flat = reinterpret_cast<float(&)[4 * kTilesD]>(acc_dv);
+    float st[kTilesS][4], dpt[kTilesS][4];
+    auto& st_flat = reinterpret_cast<float(&)[4 * kTilesS]>(st);
+    auto& dpt_flat = reinterpret_cast<float(&)[4 * kTilesS]>(dpt);
+    float dq[kDqN / 8][4];
+    auto& dq_flat = reinterpret_cast<float(&)[kDqN / 2]>(dq);
+
+    // This thread's keys (rows of Sᵀ): warp = 4·wg + warp in group.
+    const int key0 = key_begin + warp * 16 + lane / 4;
+    const int first_q_block = m_p.mask.row_begin(key_begin) / kBlockM;
+    const int num_q_blocks = (m_p.seqlen_q + kBlockM - 1) / kBlockM;
+    // Trace: the clock at `event` of query block q_block.
+    auto mark = [&](int q_block, int event) {
+      if constexpr (Trace) {
+        const int blk = q_block - first_q_block;
+        if (tid % 128 == 0 && league < this->m_trace_teams && blk < this->m_trace_blocks)
+          this->m_trace[((league * 2 + wg) * this->m_trace_blocks + blk) * kWgmmaBwdTraceEvents +
+                        event] = clock64();
+      }
+    };
+    const std::uint32_t k_addr = addr(sK) + wg * 64 * 128;  // this warpgroup's 64 keys
+    const std::uint32_t v_addr = addr(sV) + wg * 64 * 128;
+    // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ of a query block's stage, issued (reduction
+    // over head_dim, K-major).
+    auto issue_scores = [&](int stage) {
+      const std::uint32_t q_addr = addr(stage_q(stage));
+      const std::uint32_t do_addr = q_addr + kTileQ * 2;
+      fence_operands(st_flat);
+      fence_operands(dpt_flat);
+      wgmma_fence();
+      // Descriptors built once per operand, stepped by constants.
+      const std::uint64_t desc_k = sw128_descriptor(k_addr, 16, 1024);
+      const std::uint64_t desc_v = sw128_descriptor(v_addr, 16, 1024);
+      const std::uint64_t desc_q = sw128_descriptor(q_addr, 16, 1024);
+      const std::uint64_t desc_do = sw128_descriptor(do_addr, 16, 1024);
+      // EarlyDv: all of Sᵀ's k-steps, then all of dPᵀ's, one commit group
+      // each; else interleaved in one group.
+#pragma unroll
+      for (int pass = 0; pass < (kEarlyDv ? 2 : 1); ++pass) {
+#pragma unroll
+        for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+          const std::uint32_t off = (ks % 4) * 32;
+          const std::uint32_t col_kv = (ks / 4) * sw128_block_bytes(kBlockN) + off;
+          const std::uint32_t col_q = (ks / 4) * sw128_block_bytes(kBlockM) + off;
+          if (!kEarlyDv || pass == 0)
+            Wgmma<Format, kBlockM>::ss(st_flat, sw128_descriptor_add(desc_k, col_kv),
+                                       sw128_descriptor_add(desc_q, col_q), ks > 0);
+          if (!kEarlyDv || pass == 1)
+            Wgmma<Format, kBlockM>::ss(dpt_flat, sw128_descriptor_add(desc_v, col_kv),
+                                       sw128_descriptor_add(desc_do, col_q), ks > 0);
+        }
+        wgmma_commit();
+      }
+    };
+
+    // dQ of the query block at row dq_row_begin, from its tile in scratch
+    // to the accumulator, one bulk reduction per row: lane l < kDqRowsPerWarp
+    // of warp w adds row w · kDqRowsPerWarp + l. (A bulk copy's operands are
+    // uniform: the compiler issues a warp's in a loop over its active lanes,
+    // so rows spread over all warps take 8 turns a warp at head_dim 128
+    // where rows on warpgroup 0's threads took 32 on two warps, which the
+    // other warps then waited for at the next barrier: RESULTS v41.)
+    // With DqTma thread 0 adds the whole tile, box after box.
+    constexpr int kDqRowsPerWarp = kBlockM / kWarps;
+    const int dq_row = warp * kDqRowsPerWarp + lane;
+    const bool dq_issuer = kDqTma ? tid == 0 : lane < kDqRowsPerWarp;
+    auto add_dq = [&](int dq_row_begin, const float* tile) {
+      if constexpr (kDqTma) {
+        if (!dq_issuer) return;
+#pragma unroll
+        for (int box = 0; box < kHeadDim / kDqBoxCols; ++box)
+          tma_reduce_add_box(this->m_map_dq, box * kDqBoxCols, h, dq_row_begin, b,
+                             addr(tile + box * kBlockM * kDqBoxCols));
+      } else {
+        if (!dq_issuer || dq_row_begin + dq_row >= m_p.seqlen_q) return;
+        bulk_reduce_add_f32(m_dq_acc + q_offset + long(dq_row_begin + dq_row) * row_stride,
+                            addr(tile + dq_row * kDqPitch), kHeadDim * sizeof(float));
+      }
+      bulk_commit();
+    };
+    // A block's dQ and dSᵀ tiles (DqLag: alternating; the block before the
+    // first takes the second).
+    auto dq_tile = [&](int q_block) {
+      return sdQ + ((q_block - first_q_block + kDqTiles) % kDqTiles) * kTileDQ;
+    };
+    auto ds_tile = [&](int q_block) {
+      return sdS + ((q_block - first_q_block + kDsTiles) % kDsTiles) * kTileDS;
+    };
+
+    // dQ = dS·K over all keys of the dSᵀ tile `ds`, issued: A = dS, the
+    // M-major view of dSᵀ (rows = keys = k; query rows [64·wg, +64) are
+    // column block wg); B = K (N-major, head dims [64·wg, +64) are column
+    // block wg).
+    const int dq_row0 = kDqSplitRows ? 64 * wg : 0;
+    const int dq_col0 = kDqSplitRows ? 0 : 64 * wg;
+    auto issue_dq = [&](const std::uint16_t* ds) {
+      constexpr std::uint32_t kKeyBlock = sw128_block_bytes(kBlockN);
+      const std::uint64_t desc_ds =
+          sw128_descriptor(addr(ds) + (dq_row0 / 64) * kKeyBlock, kKeyBlock, 1024);
+      const std::uint64_t desc_k_n =
+          sw128_descriptor(addr(sK) + (dq_col0 / 64) * kKeyBlock, kKeyBlock, 1024);
+      fence_operands(dq_flat);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        const std::uint32_t key_off = kk * 16 * 128;
+        Wgmma<Format, kDqN>::ss_mn(dq_flat, sw128_descriptor_add(desc_ds, key_off),
+                                   sw128_descriptor_add(desc_k_n, key_off), kk > 0);
+      }
+      wgmma_commit();
+    };
+    // dQ (finished) to a tile: rows dq_row0 + 16·(warp in group) + lane / 4
+    // (+ 8), columns dq_col0 + 8n + 2·(lane % 4); visible to the bulk copy
+    // after the fence and the next barrier. With DqTma, value (r, c) at
+    // float (c / 8)·kBlockM·8 + r·8 + c % 8: a warp's 8 rows of a box are
+    // 256 contiguous bytes, two wavefronts.
+    auto store_dq = [&](float* tile) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = (warp % 4) * 16 + lane / 4 + half * 8;
+#pragma unroll
+        for (int n = 0; n < kDqN / 8; ++n) {
+          const float2 value =
+              make_float2(dq[n][2 * half] * m_scale, dq[n][2 * half + 1] * m_scale);
+          if constexpr (kDqWide) {
+            // Row dq_row0 + r of box (dq_col0 + 8n) / 32, its 16-byte chunk
+            // 2·(n % 4) + (lane % 4) / 2 XOR the row's r % 8 = lane / 4
+            // (bit 0 and bits 1-2 apart): a warp's 8 rows x 32 bytes in 2
+            // wavefronts.
+            const int chunk_lo = ((lane % 4) / 2) ^ ((lane / 4) & 1);
+            const int chunk_hi = (n % 4) ^ (lane / 8);
+            *reinterpret_cast<float2*>(tile + (dq_col0 / 32 + n / 4) * (kBlockM * 32) +
+                                       (dq_row0 + r) * 32 + (2 * chunk_hi + chunk_lo) * 4 +
+                                       (lane % 2) * 2) = value;
+          } else if constexpr (kDqTma) {
+            *reinterpret_cast<float2*>(tile + (dq_col0 / 8 + n) * (kBlockM * 8) +
+                                       (dq_row0 + r) * 8 + (lane % 4) * 2) = value;
+          } else {
+            float* const my_dq = tile + dq_row0 * kDqPitch + dq_col0;
+            *reinterpret_cast<float2*>(my_dq + r * kDqPitch + n * 8 + (lane % 4) * 2) = value;
+          }
+        }
+      }
+      fence_proxy_async();
+    };
+
+    auto stage_of = [&](int q_block) { return (q_block - first_q_block) % kStages; };
+    if (first_q_block < num_q_blocks) load_q_block(first_q_block, 0);
+    if constexpr (kPipelined) {
+      // K, V and the first block's stage waited for; the second block's
+      // stage stays in flight during the first block, whose end waits for
+      // it (the loop's wait before its barrier). Waiting for both here, a
+      // team spent ~4,300 cycles before its first block (RESULTS run 107).
+      cp_async_commit();
+      if (first_q_block + 1 < num_q_blocks) load_q_block(first_q_block + 1, 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+      fence_proxy_async();
+      team.team_barrier();
+    }
+    cp_async_commit();
+    for (int q_block = first_q_block; q_block < num_q_blocks; ++q_block) {
+      const int row_begin = q_block * kBlockM;
+      const int stage = stage_of(q_block);
+      if constexpr (Trace)
+        if (q_block == first_q_block) mark_team(2);
+      if constexpr (kPipelined) {
+        // This block's stage complete and visible since the previous
+        // block's barrier (or the one above); issued right behind the
+        // previous block's dQ stores, in the same iteration as its wait
+        // (products in flight across the loop's back edge: ptxas
+        // serializes the pipeline, C7514).
+        mark(q_block, 0);
+        issue_scores(stage);
+        // The previous block's dQ tile, once every thread has stored its
+        // part, to the accumulator while this block's products and softmax
+        // run (its reads waited for before this block's barrier; issued
+        // behind that barrier instead, they held up the next stores: run
+        // 86).
+        if (q_block > first_q_block) {
+          named_barrier_sync(1, kWarps * 32);
+          add_dq(row_begin - kBlockM, sdQ);
+        }
+        mark(q_block, 1);
+      } else {
+        cp_async_wait<0>();
+        fence_proxy_async();
+        // This block's stage (and K, V) is in scratch for every warpgroup's
+        // wgmma, and every warpgroup is done with the previous block (its
+        // stage, which the next block now takes, and dSᵀ).
+        team.team_barrier();
+        issue_scores(stage);
+        // While the tensor cores run: the dQ tile written before the barrier
+        // (the previous block's, with DqLag the one before) is added to the
+        // accumulator, and the next block loads into the previous one's
+        // stage (no product in flight reads it).
+        {
+          const int lag = kDqLag ? 2 : 1;
+          if (q_block - lag >= first_q_block)
+            add_dq(row_begin - lag * kBlockM, dq_tile(q_block - lag));
+        }
+        if (q_block + 1 < num_q_blocks) load_q_block(q_block + 1, stage_of(q_block + 1));
+        cp_async_commit();
+      }
+      const std::uint32_t q_addr = addr(stage_q(stage));
+      const std::uint32_t do_addr = q_addr + kTileQ * 2;
+      const float* s_lse = stage_stats(stage);
+      const float* s_delta = s_lse + kBlockM;
+      // Sᵀ (EarlyDv: dPᵀ's products still running), or both.
+      if constexpr (kEarlyDv) {
+        wgmma_wait<1>();
+      } else {
+        wgmma_wait<0>();
+        fence_operands(dpt_flat);
+      }
+      fence_operands(st_flat);
+      mark(q_block, 2);
+
+      // dV += Pᵀ·dO, dK += dSᵀ·Q (reduction over the queries: dO and Q
+      // N-major, 16 query rows per k-step, column blocks of 64 head dims):
+      // both before the barrier, or with DqFirst dV before it and dK after
+      // dQ, so that dQ's stores overlap dK's products (DqLag: below), or
+      // with EarlyDv dV as soon as Pᵀ is in registers.
+      std::uint32_t p_frag[kBlockM / 16][4], ds_frag[kBlockM / 16][4];
+      const std::uint64_t desc_do_n =
+          sw128_descriptor(do_addr, sw128_block_bytes(kBlockM), 1024);
+      const std::uint64_t desc_q_n = sw128_descriptor(q_addr, sw128_block_bytes(kBlockM), 1024);
+      auto issue_dv_dk = [&](bool dv, bool dk) {
+        if (dv) fence_operands(dv_flat);
+        if (dk) fence_operands(dk_flat);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBlockM / 16; ++kk) {
+          if (dv)
+            Wgmma<Format, kHeadDim>::rs(dv_flat, p_frag[kk],
+                                        sw128_descriptor_add(desc_do_n, kk * 2048), 1);
+          if (dk)
+            Wgmma<Format, kHeadDim>::rs(dk_flat, ds_frag[kk],
+                                        sw128_descriptor_add(desc_q_n, kk * 2048), 1);
+        }
+        wgmma_commit();
+      };
+
+      // Pᵀ and dSᵀ in registers (rows = keys, columns = queries): in one
+      // pass, or with EarlyDv Pᵀ first, dV's products issued, then dSᵀ
+      // once dPᵀ is in.
+      wgmma_bwd_probabilities(st, s_lse, m_scale, m_p.mask, row_begin, key_begin,
+                              key_begin + kBlockN, key0, lane, [&](int n, int e, int col) {
+                                if constexpr (!kEarlyDv)
+                                  dpt[n][e] = st[n][e] * (dpt[n][e] - s_delta[col]);
+                              });
+      // 16 query columns per k-step: n-tiles 2·kk and 2·kk + 1.
+      auto pack_frags = [&](bool p, bool ds) {
+#pragma unroll
+        for (int kk = 0; kk < kBlockM / 16; ++kk) {
+          if (p) {
+            p_frag[kk][0] = pack2<Format>(st[2 * kk][0], st[2 * kk][1]);
+            p_frag[kk][1] = pack2<Format>(st[2 * kk][2], st[2 * kk][3]);
+            p_frag[kk][2] = pack2<Format>(st[2 * kk + 1][0], st[2 * kk + 1][1]);
+            p_frag[kk][3] = pack2<Format>(st[2 * kk + 1][2], st[2 * kk + 1][3]);
+          }
+          if (ds) {
+            ds_frag[kk][0] = pack2<Format>(dpt[2 * kk][0], dpt[2 * kk][1]);
+            ds_frag[kk][1] = pack2<Format>(dpt[2 * kk][2], dpt[2 * kk][3]);
+            ds_frag[kk][2] = pack2<Format>(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]);
+            ds_frag[kk][3] = pack2<Format>(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3]);
+          }
+        }
+      };
+      if constexpr (kEarlyDv) {
+        pack_frags(true, false);
+        issue_dv_dk(true, false);
+        mark(q_block, 3);
+        wgmma_wait<1>();  // dPᵀ; dV runs on
+        fence_operands(dpt_flat);
+        mark(q_block, 4);
+#pragma unroll
+        for (int n = 0; n < kTilesS; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int col = n * 8 + (lane % 4) * 2 + (e & 1);
+            dpt[n][e] = st[n][e] * (dpt[n][e] - s_delta[col]);
+          }
+        pack_frags(false, true);
+      } else {
+        pack_frags(true, true);
+      }
+      // EarlyDv: dK's products too before dSᵀ's stores (which read its
+      // register operands).
+      if constexpr (kEarlyDv) issue_dv_dk(false, true);
+      mark(q_block, 5);
+      if constexpr (kDqLag) {
+        // The previous block's dQ (its dSᵀ complete since the barrier),
+        // then this block's dV and dK; dQ to its tile (last read by the
+        // reductions of the block before, which their issuer waited for
+        // before the barrier) while they run. In the first block the
+        // product and its tile are garbage that no reduction reads (the
+        // tiles are the block before the first's): so every block issues
+        // the same products, which ptxas needs to keep the wgmma pipeline
+        // (conditional ones are serialized, C7514). This block's dSᵀ goes
+        // to the other tile, which the products of the block before last
+        // read, done before the barrier.
+        issue_dq(ds_tile(q_block - 1));
+        issue_dv_dk(true, true);
+        wgmma_wait<1>();
+        fence_operands(dq_flat);
+        store_dq(dq_tile(q_block - 1));
+      }
+      // dSᵀ to scratch, swizzled: key r, queries 64·b + c, c + 1 at byte
+      // b·(the bytes of a 128-key column block) + r·128 + ((c / 8) ^
+      // (r % 8))·16 + (c % 8)·2.
+      {
+        const int r0 = warp * 16 + lane / 4;
+        unsigned char* ds_bytes = reinterpret_cast<unsigned char*>(ds_tile(q_block));
+        auto put = [&](int r, int b, int c, std::uint32_t v) {
+          *reinterpret_cast<std::uint32_t*>(ds_bytes + b * sw128_block_bytes(kBlockN) + r * 128 +
+                                            (((c / 8) ^ (r % 8)) * 16) + (c % 8) * 2) = v;
+        };
+#pragma unroll
+        for (int kk = 0; kk < kBlockM / 16; ++kk) {
+          const int b = kk / 4, c = (kk % 4) * 16 + (lane % 4) * 2;
+          put(r0, b, c, ds_frag[kk][0]);
+          put(r0 + 8, b, c, ds_frag[kk][1]);
+          put(r0, b, c + 8, ds_frag[kk][2]);
+          put(r0 + 8, b, c + 8, ds_frag[kk][3]);
+        }
+      }
+
+      if constexpr (kDqLag) {
+        // dSᵀ visible to the next block's dQ after its barrier; the tile
+        // that block writes read by its reductions before that barrier.
+        fence_proxy_async();
+        if (dq_issuer) bulk_wait_read();
+        wgmma_wait<0>();  // dV, dK (their operands p_frag, ds_frag)
+        fence_operands(dv_flat);
+        fence_operands(dk_flat);
+        continue;
+      }
+      if constexpr (kPipelined) {
+        // dSᵀ visible to wgmma, the next block's stage (loaded behind the
+        // previous barrier) complete, the dQ tile read by the reductions.
+        cp_async_wait<0>();
+        fence_proxy_async();
+        if (dq_issuer) bulk_wait_read();
+        mark(q_block, 6);
+        team.team_barrier();
+        issue_dq(ds_tile(q_block));
+        mark(q_block, 7);
+        // While the tensor cores run: the block after next into the stage
+        // of the block before, whose products every warpgroup waited for
+        // before the barrier.
+        if (q_block + 2 < num_q_blocks) load_q_block(q_block + 2, stage_of(q_block + 2));
+        cp_async_commit();
+        wgmma_wait<0>();  // dV, dK, dQ
+        fence_operands(dv_flat);
+        fence_operands(dk_flat);
+        fence_operands(dq_flat);
+        mark(q_block, 8);
+        store_dq(sdQ);
+        mark(q_block, 9);
+        continue;
+      }
+      if constexpr (!kEarlyDv) issue_dv_dk(true, !kDqFirst);
+
+      fence_proxy_async();
+      // The dQ tile's bulk reads (issued after the first barrier) are done
+      // before anyone writes it again.
+      if (dq_issuer) bulk_wait_read();
+      // The whole dSᵀ tile is in scratch, visible to wgmma.
+      team.team_barrier();
+      issue_dq(ds_tile(q_block));
+      if constexpr (kDqFirst) {
+        issue_dv_dk(false, true);
+        wgmma_wait<1>();  // dV and dQ of this block; dK runs on
+      } else {
+        wgmma_wait<0>();  // dQ, and dV, dK of this block
+      }
+      fence_operands(dv_flat);
+      fence_operands(dq_flat);
+      store_dq(sdQ);
+      if constexpr (kDqFirst) wgmma_wait<0>();  // dK (its operand ds_frag)
+      fence_operands(dk_flat);
+    }
+    mark_team(3);
+    if (first_q_block < num_q_blocks) {
+      const int last = num_q_blocks - 1;
+      team.team_barrier();
+      if constexpr (kDqLag) {
+        // The last block's dQ, and the tile before it.
+        issue_dq(ds_tile(last));
+        if (last > first_q_block) add_dq((last - 1) * kBlockM, dq_tile(last - 1));
+        wgmma_wait<0>();
+        fence_operands(dq_flat);
+        store_dq(dq_tile(last));
+        team.team_barrier();
+      }
+      add_dq(last * kBlockM, dq_tile(last));
+    }
+    // dK and dV to memory through scratch (StagedRows) while the copy
+    // engine adds the last dQ tile: K's and V's tiles and the stages are
+    // free once every product and copy is done.
+    cp_async_wait<0>();
+    team.team_barrier();
+    store_dk_dv_staged<kHeadDim, kBlockN, kWarps * 32, kFreeScratchBytes>(
+        *this, sK, key_begin, k_offset, row_stride, tid, team,
+        [&](auto rows, unsigned char* tile_k, unsigned char* tile_v) {
+          using Rows = decltype(rows);
+          const int row0 = warp * 16 + lane / 4;  // this thread's keys: row0, row0 + 8
+          Rows::template put<Format>(tile_k, row0, lane, acc_dk[0], m_scale);
+          Rows::template put<Format>(tile_v, row0, lane, acc_dv[0], 1.f);
+        });
+    mark_team(4);
+    // The last dQ tile read by the copy engine before the team ends. The
+    // reductions themselves need not be complete: the copy engine finishes
+    // them before the kernel is (FlashAttention-3's and CUTLASS' epilogues
+    // end the same way), and only a later kernel (convert_dq) reads the
+    // accumulator.
+    if (dq_issuer) bulk_wait_read();
+    mark_team(5);
+#else
+    (void)team;
+    (void)raw;
+    cuda_mma::trap_without_wgmma();  // not sm_90a
+#endif
+  }
+
+ private:
+  int m_num_kv_blocks;
+};
+
+}  // namespace Impl
+}  // namespace kfa
+
+#endif

@@ -1,0 +1,474 @@
+#ifndef KFA_DETAIL_BACKEND_CUDA_FORWARD_FP32_FP64_HPP
+#define KFA_DETAIL_BACKEND_CUDA_FORWARD_FP32_FP64_HPP
+
+// Tensor-core forward for fp32 and fp64 on the CUDA backend, written once
+// over a tensor-core atom (kfa/detail/backend/cuda/primitives/mma_atoms.hpp): DMMA for fp64, 3xTF32
+// for fp32 (fp32 precision; plain tf32 when the options ask for it). The
+// shape is the 16-bit kernel's opt-in one: a team of Warps warps owns
+// Warps·MTiles·kRows query rows kept in scratch; K and V blocks of BlockN
+// keys are double buffered with cp.async, so block j+1 loads during all of
+// block j's work (one barrier per block); S = Q·Kᵀ and O += P·V accumulate
+// in registers in the value type (3xTF32 sums each block's P·V and each 4
+// k-steps of S in fresh accumulators, added by fp32 adds: Atom::kFreshSums);
+// the online softmax runs in registers
+// (natural base in fp64, base 2 with the scale folded in for fp32); P feeds
+// P·V from its accumulators. Scratch rows are padded by 4 elements, and
+// fp64's tiles swizzled (swizzle_col), which makes every fragment load of
+// both atoms conflict-free (two wavefronts, the minimum, for 64-bit loads;
+// before the swizzle fp64's V fragments took four, RESULTS v29). Launched by
+// launch_cuda_team with opt-in shared memory; where the GPU grants less, the
+// portable kernels run.
+
+#include <kfa/detail/attention/mask.hpp>
+#include <kfa/detail/attention/traits.hpp>
+
+#include <kfa/detail/backend/cuda/primitives/launch.hpp>
+#include <kfa/detail/backend/cuda/primitives/mma_atoms.hpp>
+
+#include <cstdint>
+
+namespace kfa {
+namespace Impl {
+
+/// Tile shape of the wide tensor-core forward: warps per team, atoms of
+/// query rows per warp, keys per K/V block, teams per multiprocessor; and
+/// kRescaleOAlways: with fp64's lazy rescale, O multiplied by the factor in
+/// every block (true; a shape derived from this one, for the bench) or only
+/// in blocks where the running max moved (RESULTS v33).
+template <int Warps, int MTiles, int BlockN, int MinBlocksPerSM>
+struct Fp32Fp64FwdShape {
+  static constexpr int kWarps = Warps;
+  static constexpr int kMTiles = MTiles;
+  static constexpr int kBlockN = BlockN;
+  static constexpr int kMinBlocksPerSM = MinBlocksPerSM;
+  static constexpr bool kRescaleOAlways = false;
+};
+
+/// The atom the forward runs for the atom family the dispatch picks: fp64
+/// takes m16n8k8 (Fp64x16Atom), twice m8n8k4's rate on Hopper, in builds
+/// for sm_90+.
+template <class Atom>
+struct Fp32Fp64FwdAtom {
+  using type = Atom;
+};
+#if KFA_CUDA_FP64_M16
+template <>
+struct Fp32Fp64FwdAtom<cuda_mma::Fp64Atom> {
+  using type = cuda_mma::Fp64x16Atom;
+};
+#endif
+
+/// The library's shapes (RESULTS.md, v5-v7, v23): fp64 m16n8k8 at head_dim
+/// 64 with 64 query rows (16 per warp) and 32-key blocks, two teams per
+/// multiprocessor; at 128 one team of 8 warps (128 rows) with 16-key blocks
+/// (203 KB), which reads Q's fragments once per 16 keys instead of 8: 39.5
+/// TFLOP/s against 34.2 with two 4-warp teams and 8-key blocks (v23), 22.7
+/// with one 4-warp team and 16 keys (v7). fp32: 64 rows at head_dim 128 and
+/// 128 at 64 (32-key blocks), two teams per multiprocessor; m8n8k4 fp64:
+/// two teams at 64, one at 128.
+template <class Atom, int HeadDim>
+struct Fp32Fp64FwdDefaultShape;
+template <int HeadDim>
+struct Fp32Fp64FwdDefaultShape<cuda_mma::Fp64Atom, HeadDim> {
+  using type = std::conditional_t<(HeadDim <= 64), Fp32Fp64FwdShape<4, 2, 32, 2>,
+                                  Fp32Fp64FwdShape<4, 2, 16, 1>>;
+};
+template <int HeadDim>
+struct Fp32Fp64FwdDefaultShape<cuda_mma::Fp64x16Atom, HeadDim> {
+  using type = std::conditional_t<(HeadDim <= 64), Fp32Fp64FwdShape<4, 1, 32, 2>,
+                                  Fp32Fp64FwdShape<8, 1, 16, 1>>;
+};
+template <int Passes, bool FreshSums, int HeadDim>
+struct Fp32Fp64FwdDefaultShape<cuda_mma::Tf32Atom<Passes, FreshSums>, HeadDim> {
+  using type = std::conditional_t<(HeadDim <= 64), Fp32Fp64FwdShape<4, 2, 32, 2>,
+                                  Fp32Fp64FwdShape<4, 1, 32, 2>>;
+};
+
+template <class ExecSpace, int HeadDim, class Atom, class QView, class KView, class VView,
+          class OView, class LseView,
+          class Shape = typename Fp32Fp64FwdDefaultShape<Atom, HeadDim>::type>
+class FlashForwardFp32Fp64Kernel {
+ public:
+  using value_type = typename Atom::value_type;
+  static constexpr int kHeadDim = HeadDim;
+  static constexpr int kWarps = Shape::kWarps;
+  static constexpr int kMTiles = Shape::kMTiles;
+  static constexpr int kMinBlocksPerSM = Shape::kMinBlocksPerSM;
+  static constexpr int kStages = 2;
+  static constexpr int kWarpRows = Atom::kRows * kMTiles;
+  static constexpr int kBlockM = kWarpRows * kWarps;
+  static constexpr int kBlockN = Shape::kBlockN;
+  static constexpr int kPitch = kHeadDim + 4;  // elements per scratch row
+  static constexpr int kScratchRows = kBlockM + 2 * kStages * kBlockN;
+  static_assert(kHeadDim % 32 == 0, "kfa: the wide mma forward needs head_dim % 32 == 0");
+  static_assert(kBlockN % 8 == 0, "kfa: the wide mma forward streams multiples of 8 keys");
+
+  FlashForwardFp32Fp64Kernel(const QView& q, const KView& k, const VView& v, const OView& o,
+                            const LseView& lse, value_type scale, bool causal)
+      : m_q(q.data()),
+        m_k(k.data()),
+        m_v(v.data()),
+        m_o(o.data()),
+        m_lse(lse.data()),
+        m_scale(kBase2 ? scale * value_type(1.4426950408889634) : scale),
+        m_p(q, k, causal),
+        m_num_q_blocks((m_p.seqlen_q + kBlockM - 1) / kBlockM) {}
+
+  /// Whether `space`'s GPU gives a team this shape's scratch.
+  static bool fits(const ExecSpace& space) {
+    return scratch_bytes() <= cuda_team_scratch_max(space);
+  }
+
+  void launch(const ExecSpace& space) const {
+    launch_cuda_team(space, "kfa::fwd::mma_wide_main_loop", *this,
+                     m_p.league(m_num_q_blocks), scratch_bytes());
+  }
+
+  KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
+    return std::size_t(kScratchRows) * kPitch * sizeof(value_type) + 16;
+  }
+
+  /// The kernel for one team: `team` gives league_rank() and team_barrier(),
+  /// `raw` the team's scratch_bytes() of shared memory.
+  template <class Team>
+  KOKKOS_INLINE_FUNCTION void body(const Team& team, void* raw) const {
+#if KFA_CUDA_MMA_DEVICE
+    using namespace cuda_mma;
+    const int lane = threadIdx.x, warp = threadIdx.y;
+    const int tid = warp * 32 + lane;
+
+    const int league = team.league_rank();
+    int b, h;
+    // Longest rows first: under a causal mask the last query blocks see the
+    // most keys, so they start first and the short ones fill the tail.
+    const int q_block = m_num_q_blocks - 1 - m_p.block_of(league, m_num_q_blocks, b, h);
+    const int row_begin = q_block * kBlockM;
+    const long row_stride = long(m_p.heads) * kHeadDim;
+    const value_type* gQ = m_q + m_p.offset(b, h, m_p.seqlen_q, kHeadDim);
+    const value_type* gK = m_k + m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
+    const value_type* gV = m_v + m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
+    value_type* sQ = aligned_scratch<value_type>(raw);
+    auto sK = [&](int stage) { return sQ + (kBlockM + 2 * stage * kBlockN) * kPitch; };
+    auto sV = [&](int stage) { return sK(stage) + kBlockN * kPitch; };
+
+    // `rows` rows x head_dim of a [b][i][h][d] tensor into a scratch tile,
+    // rows past `rows_total` zero-filled.
+    auto load_tile = [&](value_type* dst, const value_type* src, int first_row, int rows_total,
+                         int rows) {
+      load_rows_async<kHeadDim, kPitch, Atom::kSwizzle>(dst, src, row_stride, first_row, rows,
+                                                        rows_total, tid, kWarps * 32);
+    };
+    auto load_kv = [&](int kv_block) {
+      const int stage = kv_block % kStages;
+      load_tile(sK(stage), gK, kv_block * kBlockN, m_p.seqlen_k, kBlockN);
+      load_tile(sV(stage), gV, kv_block * kBlockN, m_p.seqlen_k, kBlockN);
+    };
+
+    const int rows = imin(kBlockM, m_p.seqlen_q - row_begin);
+    const int key_end = m_p.mask.key_end(row_begin + rows);
+    const int num_kv_blocks = (key_end + kBlockN - 1) / kBlockN;
+    // Rows of accumulator element (mt, j): row0 + mt·kRows + (j / 2)·8.
+    const int row0 = row_begin + warp * kWarpRows + lane / 4;
+
+    Tiles<kTilesO> acc_o;
+    zero(acc_o);
+    value_type row_max[kRows], row_sum[kRows];
+    #pragma unroll
+    for (int r = 0; r < kRows; ++r) row_max[r] = -INFINITY, row_sum[r] = 0;
+    Tiles<kTilesS> s;
+
+    load_tile(sQ, gQ, row_begin, m_p.seqlen_q, kBlockM);
+    if (num_kv_blocks > 0) load_kv(0);
+    cp_async_commit();
+    for (int kv_block = 0; kv_block < num_kv_blocks; ++kv_block) {
+      const int key_begin = kv_block * kBlockN;
+      cp_async_wait<0>();
+      // K_j and V_j (and Q) are in scratch for every warp, and every warp is
+      // done with block j-1, whose stage block j+1 now reuses.
+      team.team_barrier();
+      // Right after the barrier: issued after S_j instead, the copies
+      // measured no faster here (RESULTS v23), unlike the simt forward's.
+      if (kv_block + 1 < num_kv_blocks) load_kv(kv_block + 1);
+      cp_async_commit();
+      scores(s, sQ, sK(kv_block % kStages), warp);
+      softmax_update(s, acc_o, row_max, row_sum, row_begin, row0, key_begin);
+      accumulate_pv(s, acc_o, sV(kv_block % kStages));
+    }
+    cp_async_wait<0>();
+    write_output(acc_o, row_max, row_sum, row0, b, h);
+#else
+    (void)team;
+    (void)raw;
+#endif
+  }
+
+ private:
+  static constexpr bool kBase2 = sizeof(value_type) == 4;
+  /// fp64 rescales lazily: the running max (the shift of P, O and the sum)
+  /// moves only when a row of the warp's rows rises above it by more than
+  /// kLazyRescale (a warp vote), else P is taken against the old max (P <=
+  /// e^16) and the rescale factor is 1: as exact, since P stays fp64
+  /// through P·V, and most blocks skip the fp64 exponential of the factor
+  /// and the multiplies of O by it (the latter spilled in RESULTS v18, at
+  /// 37 more registers; since v33 it fits: +4.5% at head_dim 128). fp32 rescales
+  /// every block: there P is rounded to tf32 for P·V, where the exact max
+  /// keeps the largest P at exactly 1 (the 16-bit forward measured twice
+  /// the error otherwise, RESULTS v16).
+  static constexpr bool kLazy = !kBase2;
+  static constexpr double kLazyRescale = 16;
+  static constexpr int kSteps = kHeadDim / Atom::kDepth;  // k-steps of Q·Kᵀ
+  static constexpr int kFreshSteps = 4;                    // k-steps per fresh sum of S
+  static constexpr int kTilesS = kBlockN / 8;              // n-tiles of S per atom
+  static constexpr int kTilesO = kHeadDim / 8;             // n-tiles of O per atom
+  static constexpr int kHalves = Atom::kC / 2;             // 8-row halves per atom
+  static constexpr int kRows = kMTiles * kHalves;          // rows per lane: mt·kHalves + j/2
+  /// A lane's accumulators of N n-tiles per m-tile, and their fresh partial
+  /// sums (Tiles<N> with Atom::kFreshSums, else unused).
+  template <int N>
+  using Tiles = value_type[kMTiles][N][Atom::kC];
+  template <int N>
+  using Part = std::conditional_t<Atom::kFreshSums, Tiles<N>, value_type[1][1][1]>;
+
+#if KFA_CUDA_MMA_DEVICE
+  KOKKOS_FORCEINLINE_FUNCTION static value_type exp_base(value_type x) {
+    if constexpr (kBase2) {
+      return cuda_mma::exp2_fast(x);
+    } else {
+      return exp(x);
+    }
+  }
+
+  KOKKOS_FORCEINLINE_FUNCTION static value_type vmax(value_type x, value_type y) {
+    return x > y ? x : y;
+  }
+
+  KOKKOS_FORCEINLINE_FUNCTION static value_type log_base(value_type x) {
+    if constexpr (kBase2) {
+      return log2f(x) * 0.6931471805599453f;
+    } else {
+      return log(x);
+    }
+  }
+
+  /// S = Q·K_jᵀ for this warp's atoms of rows. With Atom::kFreshSums the
+  /// products of each kFreshSteps k-steps are summed in zeroed accumulators
+  /// and added to S by fp32 adds.
+  KOKKOS_FORCEINLINE_FUNCTION void scores(Tiles<kTilesS>& s, const value_type* sQ,
+                                          const value_type* sK, int warp) const {
+    zero(s);
+    constexpr int kGroup = Atom::kFreshSums ? kFreshSteps : kSteps;
+    static_assert(kSteps % kGroup == 0, "kfa: k-steps per fresh sum must divide head_dim");
+    #pragma unroll
+    for (int ks0 = 0; ks0 < kSteps; ks0 += kGroup) {
+      Part<kTilesS> part;
+      Tiles<kTilesS>& acc = sum_target(s, part);
+      #pragma unroll
+      for (int ks = ks0; ks < ks0 + kGroup; ++ks) {
+        typename Atom::A a[kMTiles];
+        #pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+          a[mt] =
+              Atom::load_a(sQ, kPitch, warp * kWarpRows + mt * Atom::kRows, ks * Atom::kDepth);
+        #pragma unroll
+        for (int n = 0; n < kTilesS; ++n) {
+          const typename Atom::B kb = Atom::load_b_t(sK, kPitch, n * 8, ks * Atom::kDepth);
+          #pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) Atom::mma(acc[mt][n], a[mt], kb);
+        }
+      }
+      add_part(s, part);
+    }
+  }
+
+  /// Scale, mask, online softmax in registers: S becomes P, the running max
+  /// and sum move on, O is rescaled. Row max and sum are reduced over the 4
+  /// lanes (a quad) that share a row.
+  KOKKOS_FORCEINLINE_FUNCTION void softmax_update(Tiles<kTilesS>& s, Tiles<kTilesO>& acc_o,
+                                                  value_type (&row_max)[kRows],
+                                                  value_type (&row_sum)[kRows], int row_begin,
+                                                  int row0, int key_begin) const {
+    using namespace cuda_mma;
+    const int lane = threadIdx.x;
+    const bool needs_mask =
+        m_p.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin, key_begin + kBlockN);
+    value_type block_max[kRows];
+    #pragma unroll
+    for (int r = 0; r < kRows; ++r) block_max[r] = row_max[r];
+    #pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+      #pragma unroll
+      for (int n = 0; n < kTilesS; ++n)
+        #pragma unroll
+        for (int j = 0; j < Atom::kC; ++j) {
+          value_type x = s[mt][n][j] * m_scale;
+          if (needs_mask) {
+            const int row = row0 + mt * Atom::kRows + (j / 2) * 8;
+            const int col = key_begin + n * 8 + (lane % 4) * 2 + (j & 1);
+            if (m_p.mask.masked(row, col)) x = -INFINITY;
+          }
+          s[mt][n][j] = x;
+          block_max[mt * kHalves + j / 2] = vmax(block_max[mt * kHalves + j / 2], x);
+        }
+    value_type shift[kRows], alpha[kRows];
+    bool grows = false;
+    #pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      block_max[r] = vmax(block_max[r], shfl_xor(block_max[r], 1));
+      block_max[r] = vmax(block_max[r], shfl_xor(block_max[r], 2));
+      // -inf + kLazyRescale = -inf: a row's first finite max always grows.
+      grows = grows || block_max[r] > row_max[r] + value_type(kLazyRescale);
+    }
+    const bool rescale = !kLazy || __any_sync(0xffffffffu, grows);
+    #pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      // A row whose every score so far is masked keeps max -inf: shift by
+      // 0 so exp(-inf - shift) = 0 instead of NaN.
+      if (rescale) {
+        shift[r] = block_max[r] == -INFINITY ? value_type(0) : block_max[r];
+        alpha[r] = row_max[r] == -INFINITY ? value_type(0) : exp_base(row_max[r] - shift[r]);
+        row_max[r] = block_max[r];
+      } else {
+        shift[r] = row_max[r] == -INFINITY ? value_type(0) : row_max[r];
+        alpha[r] = 1;
+      }
+    }
+    value_type block_sum[kRows];
+    #pragma unroll
+    for (int r = 0; r < kRows; ++r) block_sum[r] = 0;
+    #pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+      #pragma unroll
+      for (int n = 0; n < kTilesS; ++n)
+        #pragma unroll
+        for (int j = 0; j < Atom::kC; ++j) {
+          const value_type p = exp_base(s[mt][n][j] - shift[mt * kHalves + j / 2]);
+          s[mt][n][j] = p;
+          block_sum[mt * kHalves + j / 2] += p;
+        }
+    #pragma unroll
+    for (int r = 0; r < kRows; ++r) row_sum[r] = alpha[r] * row_sum[r] + block_sum[r];
+    // With the lazy rescale, O moves only with the max (a warp-uniform
+    // branch; its multiplies are 64 fp64 operations per lane and block at
+    // head_dim 128).
+    if (rescale || Shape::kRescaleOAlways) {
+      #pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+        #pragma unroll
+        for (int n = 0; n < kTilesO; ++n)
+          #pragma unroll
+          for (int j = 0; j < Atom::kC; ++j) acc_o[mt][n][j] *= alpha[mt * kHalves + j / 2];
+    }
+  }
+
+  /// O += P·V_j, P straight from the S accumulators (keys permuted within
+  /// each 8-key tile alike in P and V). With Atom::kFreshSums the block's
+  /// products are summed in zeroed accumulators and added to O by fp32 adds.
+  KOKKOS_FORCEINLINE_FUNCTION void accumulate_pv(const Tiles<kTilesS>& s, Tiles<kTilesO>& acc_o,
+                                                 const value_type* sV) const {
+    Part<kTilesO> part;
+    Tiles<kTilesO>& acc = sum_target(acc_o, part);
+    #pragma unroll
+    for (int kt = 0; kt < kTilesS; ++kt)
+      #pragma unroll
+      for (int slice = 0; slice < Atom::kSlices; ++slice) {
+        typename Atom::A p[kMTiles];
+        #pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) p[mt] = Atom::a_from_c(s[mt][kt], slice);
+        #pragma unroll
+        for (int n = 0; n < kTilesO; ++n) {
+          const typename Atom::B vb = Atom::load_b_perm(sV, kPitch, kt * 8, slice, n * 8);
+          #pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) Atom::mma(acc[mt][n], p[mt], vb);
+        }
+      }
+    add_part(acc_o, part);
+  }
+
+  template <int N>
+  KOKKOS_FORCEINLINE_FUNCTION static void zero(Tiles<N>& x) {
+    #pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+      #pragma unroll
+      for (int n = 0; n < N; ++n)
+        #pragma unroll
+        for (int j = 0; j < Atom::kC; ++j) x[mt][n][j] = 0;
+  }
+
+  /// Where a product sums: a zeroed `part` with fresh sums, else `sum` itself.
+  template <int N>
+  KOKKOS_FORCEINLINE_FUNCTION static Tiles<N>& sum_target(Tiles<N>& sum, Part<N>& part) {
+    if constexpr (Atom::kFreshSums) {
+      zero(part);
+      return part;
+    } else {
+      (void)part;
+      return sum;
+    }
+  }
+
+  /// sum += part by adds in the value type (nothing without fresh sums).
+  template <int N>
+  KOKKOS_FORCEINLINE_FUNCTION static void add_part(Tiles<N>& sum, const Part<N>& part) {
+    if constexpr (Atom::kFreshSums) {
+      #pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+        #pragma unroll
+        for (int n = 0; n < N; ++n)
+          #pragma unroll
+          for (int j = 0; j < Atom::kC; ++j) sum[mt][n][j] += part[mt][n][j];
+    } else {
+      (void)sum;
+      (void)part;
+    }
+  }
+
+  /// O = acc_o / row_sum, lse = ln(sum) + max (natural log).
+  KOKKOS_FORCEINLINE_FUNCTION void write_output(
+      const Tiles<kTilesO>& acc_o, const value_type (&row_max)[kRows],
+      value_type (&row_sum)[kRows], int row0, int b, int h) const {
+    using namespace cuda_mma;
+    const int lane = threadIdx.x;
+    const long row_stride = long(m_p.heads) * kHeadDim;
+    #pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      row_sum[r] += shfl_xor(row_sum[r], 1);
+      row_sum[r] += shfl_xor(row_sum[r], 2);
+    }
+    #pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int mt = r / kHalves, half = r % kHalves;
+      const int row = row0 + mt * Atom::kRows + half * 8;
+      if (row >= m_p.seqlen_q) continue;
+      const value_type inv = row_sum[r] > 0 ? value_type(1) / row_sum[r] : value_type(0);
+      value_type* gO = m_o + m_p.offset(b, h, m_p.seqlen_q, kHeadDim) + row * row_stride;
+      #pragma unroll
+      for (int n = 0; n < kTilesO; ++n) {
+        const int d = n * 8 + (lane % 4) * 2;
+        gO[d] = acc_o[mt][n][2 * half] * inv;
+        gO[d + 1] = acc_o[mt][n][2 * half + 1] * inv;
+      }
+      if (lane % 4 == 0) {
+        // lse in the natural base: row_max is in the softmax's base.
+        m_lse[m_p.lse_offset(b, h) + row] =
+            row_sum[r] > 0 ? (kBase2 ? row_max[r] * value_type(0.6931471805599453) : row_max[r]) +
+                                 log_base(row_sum[r])
+                           : value_type(-INFINITY);
+      }
+    }
+  }
+#endif
+
+  const value_type* m_q;
+  const value_type* m_k;
+  const value_type* m_v;
+  value_type* m_o;
+  value_type* m_lse;
+  value_type m_scale;  // softmax scale, times log2(e) in base 2
+  FusedProblem m_p;
+  int m_num_q_blocks;
+};
+
+}  // namespace Impl
+}  // namespace kfa
+
+#endif

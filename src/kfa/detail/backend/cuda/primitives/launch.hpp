@@ -1,0 +1,341 @@
+#ifndef KFA_DETAIL_BACKEND_CUDA_PRIMITIVES_LAUNCH_HPP
+#define KFA_DETAIL_BACKEND_CUDA_PRIMITIVES_LAUNCH_HPP
+
+// Launch of a tensor-core team kernel with more team scratch than Kokkos'
+// CUDA TeamPolicy grants. Kokkos checks level-0 scratch against the 48 KB
+// static shared-memory limit (about 40 KB once its own reserve is taken),
+// while sm_80+ blocks may opt in to far more (227 KB on Hopper), which the
+// FlashAttention-2 tile shapes need: a 128-row Q block and double-buffered
+// K and V blocks are ~100 KB at head_dim 128.
+//
+// The functor is the one the TeamPolicy path runs: its body is a template on
+// the team handle, Kokkos' team member there and CudaTeam here (same block
+// shape: 32 lanes in x, the team's warps in y). The launch is enqueued on the
+// execution space instance's stream, reported to Kokkos Tools as a
+// parallel_for under the kernel's label, and every CUDA error is turned into
+// an exception.
+
+#include <Kokkos_Core.hpp>
+
+#include <kfa/detail/attention/forward_kernel.hpp>  // check_scratch
+#include <kfa/detail/attention/mask.hpp>
+
+#include <kfa/detail/backend/cuda/primitives/mma.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+namespace kfa {
+namespace Impl {
+
+/// Teams per group of (batch, head) pairs in the leagues of the fused CUDA
+/// kernels (FusedProblem::block_of); 0: one group of every pair (the order
+/// before RESULTS v17). For tests and comparisons, process-wide; read when
+/// a kernel is constructed.
+inline int& league_group_teams() {
+  static int teams = 256;
+  return teams;
+}
+
+/// What every fused CUDA kernel knows of its problem: q [batch][seqlen_q]
+/// [heads][head_dim], k and v [batch][seqlen_k][heads][head_dim], lse
+/// [batch][heads][seqlen_q], and the causal (or no) mask; the offsets of one
+/// (batch, head) in those tensors; and which (batch, head, block) a team of
+/// a league that runs the blocks of every (batch, head) owns. (k and v with
+/// fewer heads: FusedKvHeads, in the 16-bit kernels only.)
+struct FusedProblem {
+  int batch, seqlen_q, heads, seqlen_k;
+  AttentionMask mask;
+  int group_teams;  // league_group_teams() at construction
+
+  template <class Q, class K>
+  FusedProblem(const Q& q, const K& k, bool causal)
+      : batch(static_cast<int>(q.extent(0))),
+        seqlen_q(static_cast<int>(q.extent(1))),
+        heads(static_cast<int>(q.extent(2))),
+        seqlen_k(static_cast<int>(k.extent(1))),
+        mask(seqlen_q, seqlen_k, -1, causal ? 0 : -1),
+        group_teams(league_group_teams()) {}
+
+  /// Teams of a league of `blocks` blocks per (batch, head).
+  int league(int blocks) const { return blocks * batch * heads; }
+  /// Fewest blocks per (batch, head) for which block_of groups the pairs.
+  static constexpr int kMinGroupedBlocks = 8;
+  /// Team `league_rank`'s batch, head and block, of `blocks` per (batch,
+  /// head). With kMinGroupedBlocks blocks or more, the (batch, head) pairs
+  /// go in groups of about group_teams / blocks; within a group, blocks of
+  /// one index run side by side over its pairs, block 0 first (the longest
+  /// under the causal mask, in the backward; the forward reverses the
+  /// index), and groups run one after the other. So the teams that run at
+  /// once share a few heads, whose K and V (forward) or Q, dO and dQ rows
+  /// (backward) stay in L2 between them, instead of each team of a wave
+  /// streaming its own head from memory. With fewer blocks the pairs of a
+  /// wave fit L2 in any order, and one group of every pair keeps the
+  /// causal teams longest first over the whole league (RESULTS v17).
+  KOKKOS_INLINE_FUNCTION int block_of(int league_rank, int blocks, int& b, int& h) const {
+    const int pairs = batch * heads;
+    const int group_pairs = group_teams > 0 && blocks >= kMinGroupedBlocks
+                                ? imax(1, imin(pairs, group_teams / blocks))
+                                : pairs;
+    const int group = league_rank / (group_pairs * blocks);
+    const int first_pair = group * group_pairs;
+    const int in_group = imin(group_pairs, pairs - first_pair);
+    const int r = league_rank - first_pair * blocks;
+    const int bh = first_pair + r % in_group;
+    b = bh / heads;
+    h = bh % heads;
+    return r / in_group;
+  }
+  /// Offset of (b, row 0, h, 0) in a [b][rows][heads][head_dim] tensor.
+  KOKKOS_INLINE_FUNCTION long offset(int b, int h, int rows, int head_dim) const {
+    return (long(b) * rows * heads + h) * head_dim;
+  }
+  /// Offset of (b, h, row 0) in lse (or D) [batch][heads][seqlen_q].
+  KOKKOS_INLINE_FUNCTION long lse_offset(int b, int h) const {
+    return (long(b) * heads + h) * seqlen_q;
+  }
+};
+
+/// Grouped-query heads of the 16-bit kernels: k and v [batch][seqlen_k]
+/// [heads_kv][head_dim], query head h reading k/v head h / group. (Not in
+/// FusedProblem: the fp32/fp64 kernels, which take no grouped heads, keep
+/// their parameters' size; RESULTS v28.)
+struct FusedKvHeads {
+  int heads_kv, group;
+  // h / group as (umulhi(h, magic) + h) >> shift (Granlund and Montgomery's
+  // round-up method, exact for 0 <= h < 2^31): no integer division in the
+  // kernels, whose address arithmetic then stays on the uniform datapath.
+  unsigned magic, shift;
+
+  template <class Q, class K>
+  FusedKvHeads(const Q& q, const K& k)
+      : heads_kv(static_cast<int>(k.extent(2))),
+        group(heads_kv > 0 && q.extent(2) > 0 ? static_cast<int>(q.extent(2)) / heads_kv : 1),
+        magic(0),
+        shift(0) {
+    while ((1u << shift) < unsigned(group)) ++shift;
+    magic = static_cast<unsigned>(
+        ((std::uint64_t(1) << 32) * ((std::uint64_t(1) << shift) - group)) / group + 1);
+  }
+  /// The k/v head of query head h.
+  KOKKOS_INLINE_FUNCTION int head(int h) const {
+    const unsigned hi = static_cast<unsigned>((std::uint64_t(unsigned(h)) * magic) >> 32);
+    return static_cast<int>((hi + unsigned(h)) >> shift);
+  }
+  /// Offset of (b, row 0, the k/v head of query head h, 0) in k or v.
+  KOKKOS_INLINE_FUNCTION long offset(const FusedProblem& p, int b, int h, int head_dim) const {
+    return (long(b) * p.seqlen_k * heads_kv + head(h)) * head_dim;
+  }
+  /// Elements between consecutive rows of k or v.
+  KOKKOS_INLINE_FUNCTION long row_stride(int head_dim) const { return long(heads_kv) * head_dim; }
+};
+
+/// The operands of a fused 16-bit forward (q, k, v, o as raw 16-bit values,
+/// lse), its scale in base 2 and its problem: what the mma.sync and the
+/// wgmma forward kernels hold alike (their base).
+struct Fused16Forward {
+  const std::uint16_t* m_q;
+  const std::uint16_t* m_k;
+  const std::uint16_t* m_v;
+  std::uint16_t* m_o;
+  float* m_lse;
+  float m_scale_log2;
+  FusedProblem m_p;
+  FusedKvHeads m_kv;
+
+  template <class Q, class K, class V, class O, class Lse>
+  Fused16Forward(const Q& q, const K& k, const V& v, const O& o, const Lse& lse, float scale,
+                 bool causal)
+      : m_q(reinterpret_cast<const std::uint16_t*>(q.data())),
+        m_k(reinterpret_cast<const std::uint16_t*>(k.data())),
+        m_v(reinterpret_cast<const std::uint16_t*>(v.data())),
+        m_o(reinterpret_cast<std::uint16_t*>(o.data())),
+        m_lse(lse.data()),
+        m_scale_log2(scale * 1.4426950408889634f),
+        m_p(q, k, causal),
+        m_kv(q, k) {}
+};
+
+/// The operands of a fused 16-bit backward (q, k, v, dO, lse, D, the fp32 dQ
+/// accumulator, dK, dV), its scale and its problem: the base of the
+/// mma.sync and the wgmma backward kernels.
+struct Fused16Backward {
+  const std::uint16_t* m_q;
+  const std::uint16_t* m_k;
+  const std::uint16_t* m_v;
+  const std::uint16_t* m_do;
+  const float* m_lse;
+  const float* m_delta;
+  float* m_dq_acc;
+  std::uint16_t* m_dk;
+  std::uint16_t* m_dv;
+  float m_scale;
+  FusedProblem m_p;
+  FusedKvHeads m_kv;
+  /// dK and dV to fp32 buffers of every query head, [batch][seqlen_k][heads]
+  /// [head_dim] each, in place of dk and dv (grouped-query attention: the
+  /// caller sums them per k/v head); store_dk_dv tells them apart by
+  /// m_kv.group.
+  void write_grouped(float* dk, float* dv) {
+    m_dk = reinterpret_cast<std::uint16_t*>(dk);
+    m_dv = reinterpret_cast<std::uint16_t*>(dv);
+  }
+
+  /// Two adjacent values at offset `at` of dst (m_dk or m_dv), a [batch]
+  /// [seqlen_k][heads][head_dim] tensor: fp32 per query head with
+  /// grouped-query heads (write_grouped), else 16-bit.
+  template <class Format>
+  KOKKOS_FORCEINLINE_FUNCTION void store_pair(std::uint16_t* dst, long at, float x0,
+                                              float x1) const {
+#if KFA_CUDA_MMA_DEVICE
+    if (m_kv.group > 1)
+      *reinterpret_cast<float2*>(reinterpret_cast<float*>(dst) + at) = make_float2(x0, x1);
+    else
+      *reinterpret_cast<std::uint32_t*>(dst + at) = cuda_mma::pack2<Format>(x0, x1);
+#else
+    (void)dst, (void)at, (void)x0, (void)x1;
+#endif
+  }
+  /// A lane's two adjacent dK and two dV values at offset `at`.
+  template <class Format>
+  KOKKOS_FORCEINLINE_FUNCTION void store_dk_dv(long at, float dk0, float dk1, float dv0,
+                                               float dv1) const {
+    store_pair<Format>(m_dk, at, dk0, dk1);
+    store_pair<Format>(m_dv, at, dv0, dv1);
+  }
+
+  template <class Q, class K, class V, class DO, class Lse, class Delta, class DQAcc, class DK,
+            class DV>
+  Fused16Backward(const Q& q, const K& k, const V& v, const DO& d_o, const Lse& lse,
+                  const Delta& delta, const DQAcc& dq_acc, const DK& dk, const DV& dv,
+                  float scale, bool causal)
+      : m_q(reinterpret_cast<const std::uint16_t*>(q.data())),
+        m_k(reinterpret_cast<const std::uint16_t*>(k.data())),
+        m_v(reinterpret_cast<const std::uint16_t*>(v.data())),
+        m_do(reinterpret_cast<const std::uint16_t*>(d_o.data())),
+        m_lse(lse.data()),
+        m_delta(delta.data()),
+        m_dq_acc(dq_acc.data()),
+        m_dk(reinterpret_cast<std::uint16_t*>(dk.data())),
+        m_dv(reinterpret_cast<std::uint16_t*>(dv.data())),
+        m_scale(scale),
+        m_p(q, k, causal),
+        m_kv(q, k) {}
+};
+
+#if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
+
+/// The team handle of a kernel launched by launch_cuda_team: one team per
+/// block, the league along blockIdx.x.
+struct CudaTeam {
+  __device__ int league_rank() const { return static_cast<int>(blockIdx.x); }
+  __device__ void team_barrier() const { __syncthreads(); }
+};
+
+// static, as Kokkos declares its launch kernels: each translation unit keeps
+// its own kernel and host stub.
+template <class Functor>
+__global__ static void __launch_bounds__(32 * Functor::kWarps, Functor::kMinBlocksPerSM)
+    kfa_cuda_team_kernel(const Functor functor) {
+  extern __shared__ __align__(16) unsigned char kfa_team_scratch[];
+  functor.body(CudaTeam{}, kfa_team_scratch);
+}
+
+/// The same for functors that hold tensor maps (Functor::kTensorMaps): the
+/// functor is a __grid_constant__ parameter, so a member's address is a
+/// parameter address, which the bulk tensor copies read (kfa/detail/backend/cuda/primitives/tma.hpp).
+template <class Functor>
+__global__ static void __launch_bounds__(32 * Functor::kWarps, Functor::kMinBlocksPerSM)
+    kfa_cuda_team_kernel_maps(const __grid_constant__ Functor functor) {
+  extern __shared__ __align__(16) unsigned char kfa_team_scratch_maps[];
+  functor.body(CudaTeam{}, kfa_team_scratch_maps);
+}
+
+template <class Functor, class = void>
+struct HoldsTensorMaps : std::false_type {};
+template <class Functor>
+struct HoldsTensorMaps<Functor, std::void_t<decltype(Functor::kTensorMaps)>>
+    : std::integral_constant<bool, Functor::kTensorMaps> {};
+
+/// Largest team scratch a launch_cuda_team kernel can have on `space`'s GPU.
+inline std::size_t cuda_team_scratch_max(const Kokkos::Cuda& space) {
+  return space.cuda_device_prop().sharedMemPerBlockOptin;
+}
+
+/// Runs `functor.body(team, scratch)` on `league` teams of Functor::kWarps
+/// warps with `scratch_bytes` of shared memory each, on `space`'s stream.
+template <class Functor>
+void launch_cuda_team(const Kokkos::Cuda& space, const std::string& label,
+                      const Functor& functor, int league, std::size_t scratch_bytes) {
+  if (league == 0) return;
+  if (scratch_bytes > cuda_team_scratch_max(space)) {
+    throw std::runtime_error(label + ": the kernel's tiles need " +
+                             std::to_string(scratch_bytes) + " bytes of shared memory, the GPU " +
+                             "gives a block at most " +
+                             std::to_string(cuda_team_scratch_max(space)));
+  }
+  auto check = [&](cudaError_t err, const char* what) {
+    if (err != cudaSuccess) {
+      throw std::runtime_error(label + ": " + what + " failed: " + cudaGetErrorString(err));
+    }
+  };
+  const auto kernel = [] {
+    if constexpr (HoldsTensorMaps<Functor>::value)
+      return &kfa_cuda_team_kernel_maps<Functor>;
+    else
+      return &kfa_cuda_team_kernel<Functor>;
+  }();
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(scratch_bytes)),
+        "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  std::uint64_t kernel_id = 0;
+  if (Kokkos::Tools::profileLibraryLoaded()) {
+    Kokkos::Tools::beginParallelFor(label, Kokkos::Tools::Experimental::device_id(space),
+                                    &kernel_id);
+  }
+  void* args[] = {const_cast<Functor*>(&functor)};
+  check(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), dim3(league),
+                         dim3(32, Functor::kWarps), args, scratch_bytes, space.cuda_stream()),
+        "cudaLaunchKernel");
+  if (Kokkos::Tools::profileLibraryLoaded()) Kokkos::Tools::endParallelFor(kernel_id);
+}
+
+#endif
+
+/// Launches a tensor-core team kernel in its shape: Stages 1 through a
+/// TeamPolicy of Kernel::kWarps warps (scratch checked against Kokkos'
+/// limit), Stages 2 through launch_cuda_team with opt-in shared memory.
+template <class Kernel, class ExecSpace>
+void launch_mma_kernel(const ExecSpace& space, const char* label, const Kernel& kernel,
+                       int league) {
+  if constexpr (Kernel::kStages == 1) {
+    using policy_t = typename Kernel::policy_t;
+    if (league == 0) return;
+    policy_t policy(space, league, Kernel::kWarps, 32);
+    check_scratch<policy_t>(label, 0, Kernel::scratch_bytes(), Kernel::kBlockM, Kernel::kBlockN,
+                            Kernel::kHeadDim);
+    policy.set_scratch_size(0, Kokkos::PerTeam(Kernel::scratch_bytes()));
+    Kokkos::parallel_for(label, policy, kernel);
+  } else {
+    launch_cuda_team(space, label, kernel, league, Kernel::scratch_bytes());
+  }
+}
+
+/// Whether `space`'s GPU gives a team of Kernel its scratch (always, for the
+/// TeamPolicy shapes).
+template <class Kernel, class ExecSpace>
+bool mma_kernel_fits(const ExecSpace& space) {
+  if constexpr (Kernel::kStages == 1) {
+    return true;
+  } else {
+    return Kernel::scratch_bytes() <= cuda_team_scratch_max(space);
+  }
+}
+
+}  // namespace Impl
+}  // namespace kfa
+
+#endif
