@@ -17,7 +17,7 @@
 // Both also time the pair with a fence between its halves (pair_fenced_ms).
 // --trace adds every sample (ms, in the order taken) to the JSON line.
 // --no-wgmma: the mma.sync kernels where the library would run the Hopper
-// ones; --league-group: kfa::Impl::league_group_teams() (0: the teams of a
+// ones; --league-group: KernelPolicy::league_group_teams (0: the teams of a
 // block index side by side over every (batch, head)).
 
 #include <kfa/kfa.hpp>
@@ -63,7 +63,7 @@ struct Args {
   std::string bwd_variant = "default";
   /// Whether the library's 16-bit kernels may take the Hopper (wgmma) path.
   bool wgmma = true;
-  int league_group = kfa::Impl::league_group_teams();
+  int league_group = kfa::Experimental::KernelPolicy{}.league_group_teams;
   bool interleaved = false, trace = false;
 };
 
@@ -664,10 +664,9 @@ std::function<void()> forward_variant(const Args& a, View4 q, View4 k, View4 v, 
     if (a.fwd_variant == "portable") {
       kfa::AttentionOptions opt;
       opt.causal = a.causal;
+      opt.kernel_policy.opt_in_shared_memory = false;
       return [=] {
-        kfa::Impl::use_opt_in_shared_memory() = false;
         kfa::flash_attention_forward(Kokkos::DefaultExecutionSpace(), q, k, v, o, lse, opt);
-        kfa::Impl::use_opt_in_shared_memory() = true;
       };
     }
 #ifdef KOKKOS_ENABLE_CUDA
@@ -778,9 +777,9 @@ void run(const Args& a) {
     read_into(v, a.dir + "/v.bin");
     read_into(d_o, a.dir + "/do.bin");
   }
-  kfa::Impl::use_wgmma_kernels() = a.wgmma;
-  kfa::Impl::league_group_teams() = a.league_group;
   kfa::AttentionOptions opt;
+  opt.kernel_policy.wgmma = a.wgmma;
+  opt.kernel_policy.league_group_teams = a.league_group;
   opt.causal = a.causal;
   opt.fp32_matmul = fp32_matmul(a.fp32_matmul);
   const Space space;

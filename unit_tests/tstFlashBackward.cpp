@@ -40,10 +40,12 @@ Gradients<T, Space> run_flash(const Case& c, const kfa::AttentionOptions& opt) {
 }
 
 template <class C>
-void check_backward(const Shape& s, bool causal, bool deterministic) {
+void check_backward(const Shape& s, bool causal, bool deterministic,
+                    kfa::Experimental::KernelPolicy policy = {}) {
   using Space = typename C::space;
   using T = typename C::value_type;
   kfa::AttentionOptions opt;
+  opt.kernel_policy = policy;
   opt.causal = causal;
   opt.deterministic = deterministic;
   opt.team_size = test_team_size<Space>();
@@ -174,17 +176,15 @@ TEST(FlashBackwardCuda, WorkspaceCachedPerStream) {
 // that fit Kokkos' TeamPolicy scratch. The typed tests above run the former
 // on this GPU; this one runs the latter, forward and backward.
 TEST(FlashBackwardCuda, TeamPolicyShapesWithoutOptInSharedMemory) {
-  struct Restore {
-    ~Restore() { kfa::Impl::use_opt_in_shared_memory() = true; }
-  } restore;
-  kfa::Impl::use_opt_in_shared_memory() = false;
+  kfa::Experimental::KernelPolicy policy;
+  policy.opt_in_shared_memory = false;
   using C16 = Config<Kokkos::Cuda, kfa::bfloat16>;
   using C16h = Config<Kokkos::Cuda, kfa::half, true>;
   for (bool causal : {false, true}) {
-    check_backward<C16>({2, 190, 333, 2, 64}, causal, false);
-    check_backward<C16>({1, 300, 129, 2, 128}, causal, false);
-    check_backward<C16h>({1, 129, 300, 2, 128}, causal, false);
-    check_backward<C16>({1, 130, 100, 1, 256}, causal, false);  // portable kernels
+    check_backward<C16>({2, 190, 333, 2, 64}, causal, false, policy);
+    check_backward<C16>({1, 300, 129, 2, 128}, causal, false, policy);
+    check_backward<C16h>({1, 129, 300, 2, 128}, causal, false, policy);
+    check_backward<C16>({1, 130, 100, 1, 256}, causal, false, policy);  // portable kernels
   }
 }
 
@@ -193,19 +193,17 @@ TEST(FlashBackwardCuda, TeamPolicyShapesWithoutOptInSharedMemory) {
 // backward, on the shapes the typed tests give the tensor cores. Elsewhere
 // it repeats what the typed tests check.
 TEST(FlashBackwardCuda, MmaSyncKernelsWithoutWgmma) {
-  struct Restore {
-    ~Restore() { kfa::Impl::use_wgmma_kernels() = true; }
-  } restore;
-  kfa::Impl::use_wgmma_kernels() = false;
+  kfa::Experimental::KernelPolicy policy;
+  policy.wgmma = false;
   using C16 = Config<Kokkos::Cuda, kfa::bfloat16>;
   using C16h = Config<Kokkos::Cuda, kfa::half, true>;
   for (bool causal : {false, true}) {
-    check_backward<C16>({2, 190, 333, 2, 64}, causal, false);
-    check_backward<C16>({1, 300, 129, 2, 128}, causal, false);
-    check_backward<C16h>({1, 129, 300, 2, 128}, causal, false);
-    check_backward<C16h>({1, 1023, 1024, 1, 64}, causal, false);
-    check_backward<C16>({2, 300, 257, 2, 256}, causal, false);
-    check_backward<C16h>({1, 129, 300, 3, 256}, causal, false);
+    check_backward<C16>({2, 190, 333, 2, 64}, causal, false, policy);
+    check_backward<C16>({1, 300, 129, 2, 128}, causal, false, policy);
+    check_backward<C16h>({1, 129, 300, 2, 128}, causal, false, policy);
+    check_backward<C16h>({1, 1023, 1024, 1, 64}, causal, false, policy);
+    check_backward<C16>({2, 300, 257, 2, 256}, causal, false, policy);
+    check_backward<C16h>({1, 129, 300, 3, 256}, causal, false, policy);
   }
 }
 

@@ -16,16 +16,13 @@ namespace {
 // group block indices never decrease (block 0, the longest causal key
 // block, first); group size 0, or few blocks, is one group of every pair.
 TEST(FusedProblem, LeagueOwnsEveryBlockOnceGroupedByHead) {
-  struct Restore {
-    ~Restore() { kfa::Impl::league_group_teams() = 256; }
-  } restore;
   const int pair_shapes[][2] = {{1, 1}, {2, 3}, {3, 16}, {8, 16}};
   for (const int group : {256, 7, 0})
     for (const auto& bh : pair_shapes)
       for (const int blocks : {1, 5, 16, 64, 300}) {
-        kfa::Impl::league_group_teams() = group;
         const Kokkos::View<float****, Kokkos::HostSpace> q("q", bh[0], 1, bh[1], 1);
-        const kfa::Impl::FusedProblem p(q, q, false);
+        kfa::Impl::FusedProblem p(q, q, false);
+        p.group_teams = group;
         const int pairs = bh[0] * bh[1];
         const int group_pairs =
             group > 0 && blocks >= kfa::Impl::FusedProblem::kMinGroupedBlocks
@@ -157,21 +154,16 @@ TYPED_TEST(Variants, GroupedQueryAttention) {
 // there; d 64/128), mma.sync in its large shape, and the TeamPolicy shape
 // (d 256: the portable backward).
 TEST(VariantsCuda, GroupedQueryAttentionInEveryTensorCoreKernel) {
-  struct Restore {
-    ~Restore() {
-      kfa::Impl::use_wgmma_kernels() = true;
-      kfa::Impl::use_opt_in_shared_memory() = true;
-    }
-  } restore;
   using C16 = Config<Kokkos::Cuda, kfa::bfloat16>;
   using C16h = Config<Kokkos::Cuda, kfa::half, true>;
   for (const bool wgmma : {true, false})
     for (const bool opt_in : {true, false}) {
-      kfa::Impl::use_wgmma_kernels() = wgmma;
-      kfa::Impl::use_opt_in_shared_memory() = opt_in;
-      check_variant<C16>({2, 190, 333, 8, 64, 2}, window(-1, -1, true), "gqa-kernels");
-      check_variant<C16h>({1, 129, 300, 6, 128, 3}, {}, "gqa-kernels");
-      check_variant<C16>({1, 257, 200, 4, 256, 1}, {}, "gqa-kernels");
+      kfa::AttentionOptions opt = window(-1, -1, true), plain;
+      opt.kernel_policy.wgmma = plain.kernel_policy.wgmma = wgmma;
+      opt.kernel_policy.opt_in_shared_memory = plain.kernel_policy.opt_in_shared_memory = opt_in;
+      check_variant<C16>({2, 190, 333, 8, 64, 2}, opt, "gqa-kernels");
+      check_variant<C16h>({1, 129, 300, 6, 128, 3}, plain, "gqa-kernels");
+      check_variant<C16>({1, 257, 200, 4, 256, 1}, plain, "gqa-kernels");
     }
 }
 #endif

@@ -44,8 +44,7 @@ void merge_attention(const ExecSpace& space, const OA& o_a, const LseA& lse_a, c
     Impl::check_extents(function, "o_b", shape_o, o_b, {batch, seqlen, heads, head_dim});
     Impl::check_extents(function, "lse_a", shape_lse, lse_a, {batch, heads, seqlen});
     Impl::check_extents(function, "lse_b", shape_lse, lse_b, {batch, heads, seqlen});
-    Impl::MergeOutput<ExecSpace, OA, LseA, OB, LseB>(o_a, lse_a, o_b, lse_b).launch(space);
-    Impl::MergeLse<ExecSpace, LseA, LseB>(lse_a, lse_b).launch(space);
+    Impl::merge_attention_into(space, o_a, lse_a, o_b, lse_b);
   }
 }
 

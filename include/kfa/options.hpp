@@ -13,15 +13,35 @@ enum class Fp32Matmul {
   ieee,
   /// Each operand split into two tf32 parts, three tensor-core products per
   /// fp32 product (3xTF32, the arithmetic of PyTorch's efficient backend on
-  /// sm_80+). Forward: 1.46x (head_dim 64) and 1.08x (128) ieee's speed on
-  /// an H200, each block's sums added in fp32, O's error at or below
-  /// ieee's (lse's about 1.6x). Backward: dK and dV summed inside the
-  /// tensor core, errors 3-5x ieee's.
+  /// sm_80+). Faster than ieee; each block's sums are added in fp32, so O's
+  /// error stays near ieee's. Backward: dK and dV are summed inside the
+  /// tensor core, with errors a few times ieee's (docs/performance.md).
   split_tf32,
   /// One tf32 product (11 significant bits): fastest, errors near 1e-3,
   /// for callers that accept tf32 precision.
   tf32
 };
+
+namespace Experimental {
+
+/// Which kernel families a call may choose from. Applications keep the
+/// defaults (the fastest family that serves the call); tests and benchmarks
+/// pin a path with it. Ignored by host backends.
+struct KernelPolicy {
+  /// Fused CUDA kernels may use opt-in shared memory (more team scratch than
+  /// Kokkos' TeamPolicy grants). false keeps every kernel inside TeamPolicy
+  /// scratch: the 16-bit forward's TeamPolicy shape, else the portable kernels.
+  bool opt_in_shared_memory = true;
+  /// The 16-bit kernels may take the Hopper (wgmma) path where the GPU and the
+  /// device code have it; false runs the mma.sync kernels there too.
+  bool wgmma = true;
+  /// Teams per group of (batch, head) pairs in the leagues of the fused CUDA
+  /// kernels, so that the teams running at once share a few heads in L2; 0
+  /// puts every pair in one group.
+  int league_group_teams = 256;
+};
+
+}  // namespace Experimental
 
 /// Options shared by every attention entry point.
 ///
@@ -68,6 +88,8 @@ struct AttentionOptions {
   /// fp32 products on tensor cores (see Fp32Matmul); host backends always use
   /// fp32 FMAs.
   Fp32Matmul fp32_matmul = Fp32Matmul::ieee;
+  /// Which kernel families may serve the call (tests and benchmarks).
+  Experimental::KernelPolicy kernel_policy;
 };
 
 }  // namespace kfa

@@ -2,6 +2,7 @@
 #define KFA_DETAIL_ATTENTION_FORWARD_KERNEL_HPP
 
 #include <kfa/detail/common/compat.hpp>
+#include <kfa/detail/common/team_launch.hpp>
 #include <kfa/detail/attention/mask.hpp>
 #include <kfa/detail/attention/online_softmax.hpp>
 #include <kfa/detail/attention/sequences.hpp>
@@ -20,20 +21,6 @@ template <class Policy, class Functor>
 int clamp_team_size(const Policy& policy, const Functor& functor, int requested) {
   const int max = policy.team_size_max(functor, Kokkos::ParallelForTag());
   return requested < 1 ? 1 : (requested > max ? max : requested);
-}
-
-/// Throws when a kernel's tiles do not fit the backend's team scratch.
-template <class Policy>
-void check_scratch(const char* kernel, int level, std::size_t bytes, int block_m,
-                   int block_n, int head_dim) {
-  const std::size_t max = Policy::scratch_size_max(level);
-  if (bytes > max) {
-    std::ostringstream out;
-    out << kernel << ": tiles kBlockM=" << block_m << " kBlockN=" << block_n
-        << " kHeadDim=" << head_dim << " need " << bytes << " bytes of level-" << level
-        << " team scratch, the backend offers " << max;
-    throw std::runtime_error(out.str());
-  }
 }
 
 /// Launches a team kernel of the portable path: `team_size` threads per team

@@ -135,6 +135,15 @@ class MergeLse {
   LseB m_lse_b;
 };
 
+/// (o_a, lse_a) becomes the merge of (o_a, lse_a) and (o_b, lse_b); the
+/// extents are the caller's to check.
+template <class ExecSpace, class OA, class LseA, class OB, class LseB>
+void merge_attention_into(const ExecSpace& space, const OA& o_a, const LseA& lse_a,
+                          const OB& o_b, const LseB& lse_b) {
+  MergeOutput<ExecSpace, OA, LseA, OB, LseB>(o_a, lse_a, o_b, lse_b).launch(space);
+  MergeLse<ExecSpace, LseA, LseB>(lse_a, lse_b).launch(space);
+}
+
 }  // namespace Impl
 }  // namespace kfa
 

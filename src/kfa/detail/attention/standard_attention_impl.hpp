@@ -13,7 +13,7 @@
 #include <kfa/options.hpp>
 
 #include <kfa/detail/common/compat.hpp>
-#include <kfa/detail/attention/dispatch.hpp>
+#include <kfa/detail/attention/kernel_views.hpp>
 #include <kfa/detail/attention/mask.hpp>
 #include <kfa/detail/attention/online_softmax.hpp>
 #include <kfa/detail/attention/sequences.hpp>

@@ -92,9 +92,8 @@ class ChunkSpanCopy {
 /// goes through ChunkSpanCopy, in packs where the runs and both pointers
 /// allow, else one element a thread; a padded one (a subview) one element a
 /// thread through the View, so that neighbouring threads touch neighbouring
-/// elements on both sides (one thread a row, looping over head_dim, left
-/// neighbouring threads head_dim elements apart: on the H200 a pass took
-/// ~1 ms for 64 MB, RESULTS run 115).
+/// elements on both sides (one thread a row would leave neighbouring threads
+/// head_dim elements apart: uncoalesced).
 template <class ExecSpace, class UserView, class FlatView, bool ToChunks>
 class ChunkCopy {
  public:

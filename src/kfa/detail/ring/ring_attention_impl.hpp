@@ -18,8 +18,8 @@
 // CUDA it is cached per stream between calls, so a call allocates nothing
 // once the sizes have been seen.
 
-#include <kfa/flash_attention.hpp>
-#include <kfa/merge_attention.hpp>
+#include <kfa/detail/attention/dispatch.hpp>
+#include <kfa/detail/attention/merge_kernels.hpp>
 #include <kfa/ring_communicator.hpp>
 #include <kfa/ring_options.hpp>
 
@@ -233,13 +233,15 @@ void ring_forward(const ExecSpace& space, const RingCommunicator& comm, const Ri
         block_options.causal = kind == BlockKind::diagonal;
         const auto o_block = views::chunk(o_step, dims, 0, qc.length);
         const auto lse_block = views::lse_chunk(lse_step, dims, 0, qc.length);
-        flash_attention_forward(space, views::chunk(q_data, dims, qc.local_offset, qc.length),
-                                views::chunk(k_block, kv_dims, kc.local_offset, kc.length),
-                                views::chunk(v_block, kv_dims, kc.local_offset, kc.length), o_block,
-                                lse_block, block_options);
-        merge_attention(space, views::chunk(o_acc.data(), dims, qc.local_offset, qc.length),
-                        views::lse_chunk(lse_acc.data(), dims, qc.local_offset, qc.length), o_block,
-                        lse_block);
+        const auto q_block = views::chunk(q_data, dims, qc.local_offset, qc.length);
+        const auto k_chunk = views::chunk(k_block, kv_dims, kc.local_offset, kc.length);
+        dispatch_forward(space, in4(q_block), in4(k_chunk),
+                         in4(views::chunk(v_block, kv_dims, kc.local_offset, kc.length)),
+                         out4(o_block), out3(lse_block), batch_sequences(q_block, k_chunk),
+                         block_options, NoScoreMod{});
+        merge_attention_into(space, views::chunk(o_acc.data(), dims, qc.local_offset, qc.length),
+                             views::lse_chunk(lse_acc.data(), dims, qc.local_offset, qc.length),
+                             o_block, lse_block);
         exchange->progress();
       }
     }
@@ -344,12 +346,17 @@ void ring_backward(const ExecSpace& space, const RingCommunicator& comm, const R
         block_options.causal = kind == BlockKind::diagonal;
         const std::size_t qo = qc.local_offset, ql = qc.length;
         const std::size_t ko = kc.local_offset, kl = kc.length;
-        flash_attention_backward(
-            space, views::chunk(q_data, dims, qo, ql), views::chunk(k_block, kv_dims, ko, kl),
-            views::chunk(v_block, kv_dims, ko, kl), views::chunk(o_data, dims, qo, ql),
-            views::lse_chunk(lse_data, dims, qo, ql), views::chunk(do_data, dims, qo, ql),
-            views::chunk(dq_step, dims, 0, ql), views::chunk(dk_step, kv_dims, 0, kl),
-            views::chunk(dv_step, kv_dims, 0, kl), block_options);
+        const auto q_block = views::chunk(q_data, dims, qo, ql);
+        const auto k_chunk = views::chunk(k_block, kv_dims, ko, kl);
+        dispatch_backward(space, in4(q_block), in4(k_chunk),
+                          in4(views::chunk(v_block, kv_dims, ko, kl)),
+                          in4(views::chunk(o_data, dims, qo, ql)),
+                          in3(views::lse_chunk(lse_data, dims, qo, ql)),
+                          in4(views::chunk(do_data, dims, qo, ql)),
+                          out4(views::chunk(dq_step, dims, 0, ql)),
+                          out4(views::chunk(dk_step, kv_dims, 0, kl)),
+                          out4(views::chunk(dv_step, kv_dims, 0, kl)),
+                          batch_sequences(q_block, k_chunk), block_options, NoScoreMod{});
         using StepSpan = typename views::template Span<T>;
         Accumulate<ExecSpace, AccSpan, StepSpan>(views::span(dq_acc.data() + row * qo, row * ql),
                                                  views::span(dq_step, row * ql))

@@ -48,6 +48,8 @@ template <class ExecSpace, int HeadDim, class QView, class KView, class VView, c
           bool DmmaScores = exact_fp32_dmma_scores()>
 class FlashBackwardExactFp32Kernel {
  public:
+  /// Teams per group of (batch, head) pairs in the league (FusedProblem).
+  void set_league_group_teams(int teams) { m_p.group_teams = teams; }
   static constexpr int kHeadDim = HeadDim;
   static constexpr int kWarps = 4;
   static constexpr int kMinBlocksPerSM = 2;

@@ -89,6 +89,8 @@ template <class ExecSpace, int HeadDim, class Atom, class QView, class KView, cl
           class Shape = typename Fp32Fp64FwdDefaultShape<Atom, HeadDim>::type>
 class FlashForwardFp32Fp64Kernel {
  public:
+  /// Teams per group of (batch, head) pairs in the league (FusedProblem).
+  void set_league_group_teams(int teams) { m_p.group_teams = teams; }
   using value_type = typename Atom::value_type;
   static constexpr int kHeadDim = HeadDim;
   static constexpr int kWarps = Shape::kWarps;

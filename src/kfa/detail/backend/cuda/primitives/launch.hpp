@@ -17,7 +17,7 @@
 
 #include <Kokkos_Core.hpp>
 
-#include <kfa/detail/attention/forward_kernel.hpp>  // check_scratch
+#include <kfa/detail/common/team_launch.hpp>
 #include <kfa/detail/attention/mask.hpp>
 
 #include <kfa/detail/backend/cuda/primitives/mma.hpp>
@@ -32,13 +32,9 @@ namespace kfa {
 namespace Impl {
 
 /// Teams per group of (batch, head) pairs in the leagues of the fused CUDA
-/// kernels (FusedProblem::block_of); 0: one group of every pair (the order
-/// before RESULTS v17). For tests and comparisons, process-wide; read when
-/// a kernel is constructed.
-inline int& league_group_teams() {
-  static int teams = 256;
-  return teams;
-}
+/// kernels (FusedProblem::block_of) unless the call's KernelPolicy says
+/// otherwise.
+constexpr int kDefaultLeagueGroupTeams = 256;
 
 /// What every fused CUDA kernel knows of its problem: q [batch][seqlen_q]
 /// [heads][head_dim], k and v [batch][seqlen_k][heads][head_dim], lse
@@ -49,7 +45,7 @@ inline int& league_group_teams() {
 struct FusedProblem {
   int batch, seqlen_q, heads, seqlen_k;
   AttentionMask mask;
-  int group_teams;  // league_group_teams() at construction
+  int group_teams = kDefaultLeagueGroupTeams;  // 0: one group of every pair
 
   template <class Q, class K>
   FusedProblem(const Q& q, const K& k, bool causal)
@@ -57,8 +53,7 @@ struct FusedProblem {
         seqlen_q(static_cast<int>(q.extent(1))),
         heads(static_cast<int>(q.extent(2))),
         seqlen_k(static_cast<int>(k.extent(1))),
-        mask(seqlen_q, seqlen_k, -1, causal ? 0 : -1),
-        group_teams(league_group_teams()) {}
+        mask(seqlen_q, seqlen_k, -1, causal ? 0 : -1) {}
 
   /// Teams of a league of `blocks` blocks per (batch, head).
   int league(int blocks) const { return blocks * batch * heads; }
@@ -74,7 +69,7 @@ struct FusedProblem {
   /// (backward) stay in L2 between them, instead of each team of a wave
   /// streaming its own head from memory. With fewer blocks the pairs of a
   /// wave fit L2 in any order, and one group of every pair keeps the
-  /// causal teams longest first over the whole league (RESULTS v17).
+  /// causal teams longest first over the whole league.
   KOKKOS_INLINE_FUNCTION int block_of(int league_rank, int blocks, int& b, int& h) const {
     const int pairs = batch * heads;
     const int group_pairs = group_teams > 0 && blocks >= kMinGroupedBlocks
@@ -102,7 +97,7 @@ struct FusedProblem {
 /// Grouped-query heads of the 16-bit kernels: k and v [batch][seqlen_k]
 /// [heads_kv][head_dim], query head h reading k/v head h / group. (Not in
 /// FusedProblem: the fp32/fp64 kernels, which take no grouped heads, keep
-/// their parameters' size; RESULTS v28.)
+/// their kernel parameters small.)
 struct FusedKvHeads {
   int heads_kv, group;
   // h / group as (umulhi(h, magic) + h) >> shift (Granlund and Montgomery's
@@ -146,6 +141,8 @@ struct Fused16Forward {
   FusedProblem m_p;
   FusedKvHeads m_kv;
 
+  void set_league_group_teams(int teams) { m_p.group_teams = teams; }
+
   template <class Q, class K, class V, class O, class Lse>
   Fused16Forward(const Q& q, const K& k, const V& v, const O& o, const Lse& lse, float scale,
                  bool causal)
@@ -175,6 +172,7 @@ struct Fused16Backward {
   float m_scale;
   FusedProblem m_p;
   FusedKvHeads m_kv;
+  void set_league_group_teams(int teams) { m_p.group_teams = teams; }
   /// dK and dV to fp32 buffers of every query head, [batch][seqlen_k][heads]
   /// [head_dim] each, in place of dk and dv (grouped-query attention: the
   /// caller sums them per k/v head); store_dk_dv tells them apart by

@@ -1,0 +1,146 @@
+#ifndef KFA_DETAIL_ATTENTION_KERNEL_CHOICE_HPP
+#define KFA_DETAIL_ATTENTION_KERNEL_CHOICE_HPP
+
+// The kernel-choice table: which kernel family serves a call. The rows are
+// tried in order and the first whose conditions hold wins:
+//
+//   family                value types       needs
+//   wgmma                 fp16, bf16        sm_90a device code on an sm_90 GPU,
+//                                           opt-in shared memory, policy.wgmma
+//   mma_sync              fp16, bf16        opt-in shared memory
+//   mma_sync_team_policy  fp16, bf16        head_dim 64 or 128 in the backward
+//   fp32_fp64             fp64; fp32 with   opt-in shared memory
+//                         split_tf32/tf32
+//   exact_fp32            fp32 with ieee    opt-in shared memory
+//   portable              all               nothing: every backend, variant,
+//                                           head dim and type
+//
+// Every fused row (all but portable) also needs a call the fused kernels
+// take (fused_shape_applies): fixed-length batches, head_dim 64 or 128 (and
+// 256 for the 16-bit families), as many k/v heads as q heads (fewer for the
+// 16-bit families), no score modifier, softcap, dropout or window other than
+// causal, no explicit team size, 16-byte aligned tensors, and for the
+// backward not deterministic mode; and its kernel's tiles must fit the GPU
+// (FusedForward::fits / FusedBackward::fits in backend/cuda/). "opt-in shared
+// memory" is more team scratch than Kokkos' TeamPolicy grants, which the
+// call's KernelPolicy can forbid. Host backends have no fused row.
+
+#include <kfa/options.hpp>
+
+#include <kfa/detail/attention/kernel_family.hpp>
+#include <kfa/detail/attention/kernel_views.hpp>
+#include <kfa/detail/attention/sequences.hpp>
+#include <kfa/detail/attention/variant.hpp>
+
+#include <kfa/detail/backend/cuda/fused_backward.hpp>
+#include <kfa/detail/backend/cuda/fused_forward.hpp>
+
+#include <cstdint>
+#include <initializer_list>
+#include <type_traits>
+
+namespace kfa {
+namespace Impl {
+
+/// True when the fused kernels take the call's shape and options (the
+/// conditions above); `with_16bit_reach`: head_dim 256 and grouped-query
+/// heads too.
+template <class ScoreMod, class MemorySpace>
+bool fused_shape_applies(const Sequences<MemorySpace>& seq, int heads_q, int heads_kv,
+                         int head_dim, const AttentionOptions& options,
+                         std::initializer_list<const void*> pointers, bool with_16bit_reach) {
+  if constexpr (!std::is_same<ScoreMod, NoScoreMod>::value) {
+    return false;
+  } else {
+    bool aligned = true;
+    for (const void* p : pointers)
+      aligned = aligned && reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
+    return aligned &&
+           (head_dim == 64 || head_dim == 128 || (with_16bit_reach && head_dim == 256)) &&
+           !seq.packed && (heads_q == heads_kv || with_16bit_reach) &&
+           !uses_modifiers(options) && options.team_size == 0 && options.window_left < 0 &&
+           (options.causal || options.window_right < 0);
+  }
+}
+
+inline FusedCall fused_call(const AttentionOptions& options, int head_dim, int heads_q,
+                            int heads_kv) {
+  return {head_dim, options.causal, heads_q != heads_kv, options.fp32_matmul,
+          options.kernel_policy.league_group_teams};
+}
+
+/// The fused rows of the table that a value type can have, in order.
+template <bool Is16Bit>
+struct FusedRows {
+  static constexpr KernelFamily rows[] = {KernelFamily::fp32_fp64, KernelFamily::exact_fp32};
+};
+template <>
+struct FusedRows<true> {
+  static constexpr KernelFamily rows[] = {KernelFamily::wgmma, KernelFamily::mma_sync,
+                                          KernelFamily::mma_sync_team_policy};
+};
+
+/// Whether the call's KernelPolicy lets `family` run.
+inline bool policy_allows(KernelFamily family, const Experimental::KernelPolicy& policy) {
+  switch (family) {
+    case KernelFamily::wgmma: return policy.opt_in_shared_memory && policy.wgmma;
+    case KernelFamily::mma_sync:
+    case KernelFamily::fp32_fp64:
+    case KernelFamily::exact_fp32: return policy.opt_in_shared_memory;
+    case KernelFamily::mma_sync_team_policy:
+    case KernelFamily::portable: return true;
+  }
+  return true;
+}
+
+/// The family that runs a forward call on `space`.
+template <class ScoreMod, class ExecSpace, class Q, class K, class V, class O, class Lse>
+KernelFamily choose_forward_kernel(const ExecSpace& space, const Q& q, const K& k, const V& v,
+                                   const O& o, const Sequences<typename Q::memory_space>& seq,
+                                   const AttentionOptions& options) {
+  using fused_t = FusedForward<ExecSpace, Q, K, V, O, Lse>;
+  const int head_dim = static_cast<int>(q.extent(3)), heads = static_cast<int>(q.extent(2)),
+            heads_kv = static_cast<int>(k.extent(2));
+  if (!fused_shape_applies<ScoreMod>(seq, heads, heads_kv, head_dim, options,
+                                     {q.data(), k.data(), v.data(), o.data()}, fused_t::k16Bit))
+    return KernelFamily::portable;
+  const FusedCall call = fused_call(options, head_dim, heads, heads_kv);
+  for (const KernelFamily family : FusedRows<fused_t::k16Bit>::rows) {
+    if (policy_allows(family, options.kernel_policy) &&
+        fused_t::fits(family, space, call, long(k.extent(1))))
+      return family;
+  }
+  return KernelFamily::portable;
+}
+
+/// The family that runs a backward call on `space`.
+template <class ScoreMod, class ExecSpace, class Q, class K, class V, class O, class Lse,
+          class DO, class DQ, class DK, class DV, class Delta>
+KernelFamily choose_backward_kernel(const ExecSpace& space, const Q& q, const K& k,
+                                    const V& v, const DO& d_o, const DQ& dq, const DK& dk,
+                                    const DV& dv, const Sequences<typename Q::memory_space>& seq,
+                                    const AttentionOptions& options) {
+  using fused_t = FusedBackward<ExecSpace, Q, K, V, O, Lse, DO, DQ, DK, DV, Delta>;
+  const int head_dim = static_cast<int>(q.extent(3)), heads = static_cast<int>(q.extent(2)),
+            heads_kv = static_cast<int>(k.extent(2));
+  // The 16-bit kernels write dq from their own accumulator; the others add
+  // into dq itself, so it must be aligned too.
+  const void* dq_data = fused_t::k16Bit ? nullptr : dq.data();
+  if (options.deterministic ||
+      !fused_shape_applies<ScoreMod>(
+          seq, heads, heads_kv, head_dim, options,
+          {q.data(), k.data(), v.data(), d_o.data(), dq_data, dk.data(), dv.data()},
+          fused_t::k16Bit))
+    return KernelFamily::portable;
+  const FusedCall call = fused_call(options, head_dim, heads, heads_kv);
+  for (const KernelFamily family : FusedRows<fused_t::k16Bit>::rows) {
+    if (policy_allows(family, options.kernel_policy) && fused_t::fits(family, space, call))
+      return family;
+  }
+  return KernelFamily::portable;
+}
+
+}  // namespace Impl
+}  // namespace kfa
+
+#endif

@@ -1,0 +1,237 @@
+#ifndef KFA_DETAIL_BACKEND_CUDA_FUSED_BACKWARD_HPP
+#define KFA_DETAIL_BACKEND_CUDA_FUSED_BACKWARD_HPP
+
+// The fused CUDA backwards of one call's View types, by kernel family (the
+// backward of fused_forward.hpp): each family's kernel type per head dim,
+// whether it fits the GPU, and its launch with the passes around it. Every
+// fused backward adds dQ in no fixed order (atomics or bulk reductions), so
+// deterministic calls never get here.
+
+#include <kfa/detail/attention/backward_buffers.hpp>
+#include <kfa/detail/attention/kernel_family.hpp>
+
+#include <kfa/detail/backend/cuda/fused_forward.hpp>
+#include <kfa/detail/backend/cuda/backward/exact_fp32.hpp>
+#include <kfa/detail/backend/cuda/backward/fp32_fp64.hpp>
+#include <kfa/detail/backend/cuda/backward/mma_sync.hpp>
+#include <kfa/detail/backend/cuda/backward/prep.hpp>
+#include <kfa/detail/backend/cuda/backward/wgmma.hpp>
+#include <kfa/detail/backend/cuda/backward/wgmma_product_split.hpp>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace kfa {
+namespace Impl {
+
+template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DQ,
+          class DK, class DV, class Delta>
+struct FusedBackward {
+  using value_type = typename Q::non_const_value_type;
+  using Format = typename MmaFormat<ExecSpace, value_type>::type;
+  static constexpr bool k16Bit = !std::is_void<Format>::value;
+  /// The fp32 dQ accumulator of the 16-bit kernels.
+  using AccView = Kokkos::View<float****, Kokkos::LayoutRight, typename ExecSpace::memory_space,
+                               Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+
+  /// mma.sync with Stages 3 (opt-in shared memory; at head_dim 256 the
+  /// head-dim split over warp pairs) or 1 (TeamPolicy scratch).
+  template <int D, int Stages>
+  using mma_sync_t = FlashBackwardMmaKernel<ExecSpace, D, Format, Q, K, V, DO, Lse, Delta, AccView,
+                                            DK, DV, Stages>;
+  template <int D>
+  using exact_fp32_t = FlashBackwardExactFp32Kernel<ExecSpace, D, Q, K, V, DO, Lse, Delta, DQ, DK,
+                                                    DV>;
+  template <class Atom, int D>
+  using fp32_fp64_t =
+      FlashBackwardFp32Fp64Kernel<ExecSpace, D, typename Fp32Fp64BwdAtom<Atom, D>::type, Q, K, V,
+                                  DO, Lse, Delta, DQ, DK, DV>;
+#if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
+  /// head_dim 64 and 128: keys split over the two warpgroups; 256: the
+  /// products split over them (one warpgroup's dK and dV would not fit its
+  /// registers).
+  template <int D>
+  using wgmma_t = std::conditional_t<
+      D == 256,
+      FlashBackwardWgmmaProductSplitKernel<ExecSpace, Format, Q, K, V, DO, Lse, Delta, AccView, DK,
+                                           DV>,
+      FlashBackwardWgmmaKernel<ExecSpace, D, Format, Q, K, V, DO, Lse, Delta, AccView, DK, DV,
+                               false, true, false, D == 128, D == 128, false, D == 128>>;
+#endif
+
+  /// Whether `family`'s kernel for the call fits `space`'s GPU (see
+  /// FusedForward::fits).
+  static bool fits(KernelFamily family, const ExecSpace& space, const FusedCall& call) {
+    (void)space;
+    switch (family) {
+      case KernelFamily::wgmma:
+#if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
+        if constexpr (k16Bit && std::is_same<ExecSpace, Kokkos::Cuda>::value) {
+          return wgmma_available(space) &&
+                 with_fused_head_dim<true>(call.head_dim, [&](auto d) {
+                   return wgmma_t<decltype(d)::value>::fits(space);
+                 });
+        }
+#endif
+        return false;
+      case KernelFamily::mma_sync:
+        if constexpr (k16Bit) {
+          return with_fused_head_dim<true>(call.head_dim, [&](auto d) {
+            return mma_sync_t<decltype(d)::value, 3>::fits(space);
+          });
+        }
+        return false;
+      case KernelFamily::mma_sync_team_policy: return k16Bit && call.head_dim != 256;
+      case KernelFamily::fp32_fp64: {
+        bool fits = false;
+        with_fp32_fp64_atom<ExecSpace, value_type>(call.fp32_matmul, [&](auto atom) {
+          fits = with_fused_head_dim(call.head_dim, [&](auto d) {
+            return fp32_fp64_t<decltype(atom), decltype(d)::value>::fits(space);
+          });
+        });
+        return fits;
+      }
+      case KernelFamily::exact_fp32:
+        if constexpr (has_exact_fp32_kernels<ExecSpace, value_type>()) {
+          return call.fp32_matmul == Fp32Matmul::ieee &&
+                 with_fused_head_dim(call.head_dim, [&](auto d) {
+                   return exact_fp32_t<decltype(d)::value>::fits(space);
+                 });
+        }
+        return false;
+      case KernelFamily::portable: return false;
+    }
+    return false;
+  }
+
+  /// Launches `family`'s backward (one that fits) with the passes around
+  /// it. `preprocess` computes D = rowsum(dO ∘ O) into `delta` with the
+  /// portable kernel; the 16-bit families do it in their own pass where O is
+  /// 16-byte aligned.
+  template <class Preprocess>
+  static void launch(KernelFamily family, const ExecSpace& space, const Q& q, const K& k,
+                     const V& v, const O& o, const Lse& lse, const DO& d_o, const DQ& dq,
+                     const DK& dk, const DV& dv, const Delta& delta, double scale,
+                     const FusedCall& call, const Preprocess& preprocess) {
+    auto run = [&](auto kernel) {
+      kernel.set_league_group_teams(call.league_group_teams);
+      kernel.launch(space);
+    };
+    switch (family) {
+      case KernelFamily::wgmma:
+      case KernelFamily::mma_sync:
+      case KernelFamily::mma_sync_team_policy:
+        if constexpr (k16Bit) launch_16bit(family, space, q, k, v, o, lse, d_o, dq, dk, dv, delta,
+                                           static_cast<float>(scale), call, preprocess);
+        return;
+      case KernelFamily::fp32_fp64:
+        preprocess();
+        with_fp32_fp64_atom<ExecSpace, value_type>(call.fp32_matmul, [&](auto atom) {
+          with_fused_head_dim(call.head_dim, [&](auto d) {
+            Kokkos::deep_copy(space, dq, value_type(0));
+            run(fp32_fp64_t<decltype(atom), decltype(d)::value>(
+                q, k, v, d_o, lse, delta, dq, dk, dv, static_cast<value_type>(scale),
+                call.causal));
+          });
+        });
+        return;
+      case KernelFamily::exact_fp32:
+        if constexpr (has_exact_fp32_kernels<ExecSpace, value_type>()) {
+          preprocess();
+          with_fused_head_dim(call.head_dim, [&](auto d) {
+            Kokkos::deep_copy(space, dq, 0.0f);
+            run(exact_fp32_t<decltype(d)::value>(q, k, v, d_o, lse, delta, dq, dk, dv,
+                                                 static_cast<float>(scale), call.causal));
+          });
+        }
+        return;
+      case KernelFamily::portable: return;
+    }
+  }
+
+  /// The 16-bit backward: D and the zeroed fp32 dQ accumulator, the kernel,
+  /// the grouped-query sum of dK and dV, dq rounded from the accumulator.
+  template <class Preprocess>
+  static void launch_16bit(KernelFamily family, const ExecSpace& space, const Q& q, const K& k,
+                           const V& v, const O& o, const Lse& lse, const DO& d_o, const DQ& dq,
+                           const DK& dk, const DV& dv, const Delta& delta, float scale,
+                           const FusedCall& call, const Preprocess& preprocess) {
+    Kokkos::View<unsigned char*, typename ExecSpace::memory_space> dq_bytes;
+    AccView dq_acc;
+    // D and a zeroed accumulator: on CUDA in one pass with 16-byte accesses
+    // (prep.hpp), elsewhere by the portable kernels.
+    bool prepared = false;
+#if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
+    if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
+      if (reinterpret_cast<std::uintptr_t>(o.data()) % 16 == 0) {
+        dq_acc = dq_accumulator<float>(space, dq, dq_bytes);
+        with_fused_head_dim<true>(call.head_dim, [&](auto d) {
+          BackwardPrep16Kernel<Format, decltype(d)::value>(
+              reinterpret_cast<const std::uint16_t*>(o.data()),
+              reinterpret_cast<const std::uint16_t*>(d_o.data()), delta.data(), dq_acc.data(),
+              static_cast<int>(q.extent(0)), static_cast<int>(q.extent(1)),
+              static_cast<int>(q.extent(2)))
+              .launch(space);
+        });
+        prepared = true;
+      }
+    }
+#endif
+    if (!prepared) {
+      preprocess();
+      dq_acc = zeroed_dq_accumulator<float>(space, dq, dq_bytes);
+    }
+    // Grouped-query heads: the kernels write fp32 dK and dV per query head,
+    // summed per k/v head below (as FlashAttention-2 sums its expanded dK,
+    // dV; here in fp32, so rounded once).
+    const int heads = static_cast<int>(q.extent(2));
+    const long dkv_half =
+        call.grouped ? long(q.extent(0)) * long(k.extent(1)) * heads * call.head_dim : 0;
+    Kokkos::View<unsigned char*, typename ExecSpace::memory_space> dkv_bytes;
+    if (call.grouped)
+      dkv_bytes = workspace(space, WorkspaceSlot::dkv_grouped,
+                            workspace_bytes<float>(2 * std::size_t(dkv_half)),
+                            "kfa::bwd::dkv_grouped");
+    float* const dkv_grouped = call.grouped ? reinterpret_cast<float*>(dkv_bytes.data()) : nullptr;
+    auto run = [&](auto kernel) {
+      if (call.grouped) kernel.write_grouped(dkv_grouped, dkv_grouped + dkv_half);
+      kernel.set_league_group_teams(call.league_group_teams);
+      kernel.launch(space);
+    };
+    with_fused_head_dim<true>(call.head_dim, [&](auto d) {
+      constexpr int D = decltype(d)::value;
+#if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
+      if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
+        if (family == KernelFamily::wgmma) {
+          run(wgmma_t<D>(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, call.causal));
+          return;
+        }
+      }
+#endif
+      if constexpr (D != 256) {
+        if (family == KernelFamily::mma_sync_team_policy) {
+          run(mma_sync_t<D, 1>(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, call.causal));
+          return;
+        }
+      }
+      run(mma_sync_t<D, 3>(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, call.causal));
+    });
+    if (call.grouped) sum_grouped_dk_dv(space, dkv_grouped, dkv_half, heads, dk, dv);
+#if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
+    if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
+      if (dq.span_is_contiguous() && reinterpret_cast<std::uintptr_t>(dq.data()) % 16 == 0) {
+        ConvertDq16Kernel<Format>(dq_acc.data(), reinterpret_cast<std::uint16_t*>(dq.data()),
+                                  static_cast<long>(dq.size()))
+            .launch(space);
+        return;
+      }
+    }
+#endif
+    convert_dq(space, dq_acc, dq);
+  }
+};
+
+}  // namespace Impl
+}  // namespace kfa
+
+#endif

@@ -1,0 +1,233 @@
+#ifndef KFA_DETAIL_BACKEND_CUDA_FUSED_FORWARD_HPP
+#define KFA_DETAIL_BACKEND_CUDA_FUSED_FORWARD_HPP
+
+// The fused CUDA forwards of one call's View types, by kernel family: each
+// family's kernel type per head dim and tile shape, whether its tiles fit the
+// GPU of an execution space, and its launch. kernel_choice.hpp decides which
+// family runs; this file only knows how each one is built. On host backends
+// (and in host-compiled translation units) no family applies.
+
+#include <kfa/options.hpp>
+
+#include <kfa/detail/attention/kernel_family.hpp>
+
+#include <kfa/detail/backend/cuda/forward/exact_fp32.hpp>
+#include <kfa/detail/backend/cuda/forward/fp32_fp64.hpp>
+#include <kfa/detail/backend/cuda/forward/mma_sync.hpp>
+#include <kfa/detail/backend/cuda/forward/wgmma.hpp>
+
+#include <type_traits>
+
+namespace kfa {
+namespace Impl {
+
+/// What the fused kernels need of a call beyond its Views.
+struct FusedCall {
+  int head_dim;
+  bool causal;
+  bool grouped;  // k and v with fewer heads than q
+  Fp32Matmul fp32_matmul;
+  int league_group_teams;
+};
+
+/// Returns f(std::integral_constant<int, D>) for D = head_dim, one of the
+/// head dims of the fused CUDA kernels: 64, 128, and 256 where With256 (the
+/// 16-bit kernels). The caller has checked head_dim.
+template <bool With256 = false, class F>
+decltype(auto) with_fused_head_dim(int head_dim, F&& f) {
+  if constexpr (With256) {
+    if (head_dim == 256) return f(std::integral_constant<int, 256>());
+  }
+  return head_dim == 64 ? f(std::integral_constant<int, 64>())
+                        : f(std::integral_constant<int, 128>());
+}
+
+/// Calls f(atom) with the tensor-core atom of the fp32/fp64 kernels for
+/// (ExecSpace, ValueType, fp32_matmul) and returns true, or returns false
+/// where that family does not run (host backends, 16-bit types,
+/// Fp32Matmul::ieee).
+template <class ExecSpace, class ValueType, class F>
+bool with_fp32_fp64_atom(Fp32Matmul fp32_matmul, F&& f) {
+#ifdef KOKKOS_ENABLE_CUDA
+  if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
+    if constexpr (std::is_same<ValueType, double>::value) {
+      f(cuda_mma::Fp64Atom{});
+      return true;
+    } else if constexpr (std::is_same<ValueType, float>::value) {
+      switch (fp32_matmul) {
+        case Fp32Matmul::split_tf32: f(cuda_mma::Tf32x3Atom{}); return true;
+        case Fp32Matmul::tf32: f(cuda_mma::Tf32Atom<1>{}); return true;
+        case Fp32Matmul::ieee: return false;
+      }
+    }
+  }
+#endif
+  (void)fp32_matmul;
+  (void)f;
+  return false;
+}
+
+/// True where the exact fp32 kernels exist: fp32 on the CUDA backend.
+template <class ExecSpace, class ValueType>
+constexpr bool has_exact_fp32_kernels() {
+#ifdef KOKKOS_ENABLE_CUDA
+  return std::is_same<ExecSpace, Kokkos::Cuda>::value && std::is_same<ValueType, float>::value;
+#else
+  return false;
+#endif
+}
+
+template <class ExecSpace, class Q, class K, class V, class O, class Lse>
+struct FusedForward {
+  using value_type = typename Q::non_const_value_type;
+  using Format = typename MmaFormat<ExecSpace, value_type>::type;
+  /// fp16/bf16 on CUDA: the wgmma and mma.sync families.
+  static constexpr bool k16Bit = !std::is_void<Format>::value;
+
+  template <int D, bool Grouped>
+  using mma_sync_t = FlashForwardMmaKernel<ExecSpace, D, Format, Q, K, V, O, Lse,
+                                           FwdMmaLargeShape<D>, Grouped>;
+  template <int D, bool Grouped>
+  using mma_sync_team_policy_t = FlashForwardMmaKernel<ExecSpace, D, Format, Q, K, V, O, Lse,
+                                                       FwdMmaPolicyShape<D>, Grouped>;
+  template <int D>
+  using exact_fp32_t = FlashForwardExactFp32Kernel<ExecSpace, D, Q, K, V, O, Lse>;
+  template <class Atom, int D>
+  using fp32_fp64_t = FlashForwardFp32Fp64Kernel<ExecSpace, D, typename Fp32Fp64FwdAtom<Atom>::type,
+                                                 Q, K, V, O, Lse>;
+#if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
+  template <int D>
+  using wgmma_t = FlashForwardWgmmaKernel<ExecSpace, D, Format, Q, K, V, O, Lse>;
+  /// Short causal sequences at head_dim 64: teams of one warpgroup, so that
+  /// the few query blocks still fill the GPU.
+  template <int D>
+  using wgmma_short_causal_t = FlashForwardWgmmaKernelIn<WgmmaFwdShortCausalShape<D>, ExecSpace, D,
+                                                         Format, Q, K, V, O, Lse>;
+
+  /// The wgmma tile shape for the call: 1 short causal, 0 the default, -1
+  /// none fits.
+  template <int D>
+  static int wgmma_shape(const ExecSpace& space, const FusedCall& call, long seqlen_k) {
+    if constexpr (D == 64) {
+      if (wgmma_fwd_short_causal<D>(call.causal, seqlen_k) && wgmma_short_causal_t<D>::fits(space))
+        return 1;
+    }
+    return wgmma_t<D>::fits(space) ? 0 : -1;
+  }
+#endif
+
+  /// Whether `family`'s kernel for the call has its tiles (and, for wgmma,
+  /// its device code) on `space`'s GPU. The call's shape and options are
+  /// checked by the choice table, not here.
+  static bool fits(KernelFamily family, const ExecSpace& space, const FusedCall& call,
+                   long seqlen_k) {
+    (void)space, (void)seqlen_k;
+    switch (family) {
+      case KernelFamily::wgmma:
+#if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
+        if constexpr (k16Bit && std::is_same<ExecSpace, Kokkos::Cuda>::value) {
+          return wgmma_available(space) &&
+                 with_fused_head_dim<true>(call.head_dim, [&](auto d) {
+                   return wgmma_shape<decltype(d)::value>(space, call, seqlen_k) >= 0;
+                 });
+        }
+#endif
+        return false;
+      case KernelFamily::mma_sync:
+        if constexpr (k16Bit) {
+          return with_fused_head_dim<true>(call.head_dim, [&](auto d) {
+            constexpr int D = decltype(d)::value;
+            return call.grouped ? mma_sync_t<D, true>::fits(space)
+                                : mma_sync_t<D, false>::fits(space);
+          });
+        }
+        return false;
+      case KernelFamily::mma_sync_team_policy: return k16Bit;
+      case KernelFamily::fp32_fp64: {
+        bool fits = false;
+        with_fp32_fp64_atom<ExecSpace, value_type>(call.fp32_matmul, [&](auto atom) {
+          fits = with_fused_head_dim(call.head_dim, [&](auto d) {
+            return fp32_fp64_t<decltype(atom), decltype(d)::value>::fits(space);
+          });
+        });
+        return fits;
+      }
+      case KernelFamily::exact_fp32:
+        if constexpr (has_exact_fp32_kernels<ExecSpace, value_type>()) {
+          return call.fp32_matmul == Fp32Matmul::ieee &&
+                 with_fused_head_dim(call.head_dim, [&](auto d) {
+                   return exact_fp32_t<decltype(d)::value>::fits(space);
+                 });
+        }
+        return false;
+      case KernelFamily::portable: return false;
+    }
+    return false;
+  }
+
+  /// Launches `family`'s kernel (one that fits) on the call. 16-bit
+  /// kernels take the scale as float, the fp32/fp64 ones in their type.
+  static void launch(KernelFamily family, const ExecSpace& space, const Q& q, const K& k,
+                     const V& v, const O& o, const Lse& lse, double scale,
+                     const FusedCall& call) {
+    auto run = [&](auto kernel) {
+      kernel.set_league_group_teams(call.league_group_teams);
+      kernel.launch(space);
+    };
+    const float scale16 = static_cast<float>(scale);
+    switch (family) {
+      case KernelFamily::wgmma:
+#if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
+        if constexpr (k16Bit && std::is_same<ExecSpace, Kokkos::Cuda>::value) {
+          with_fused_head_dim<true>(call.head_dim, [&](auto d) {
+            constexpr int D = decltype(d)::value;
+            if (wgmma_shape<D>(space, call, long(k.extent(1))) == 1)
+              run(wgmma_short_causal_t<D>(q, k, v, o, lse, scale16, call.causal));
+            else
+              run(wgmma_t<D>(q, k, v, o, lse, scale16, call.causal));
+          });
+        }
+#endif
+        return;
+      case KernelFamily::mma_sync:
+      case KernelFamily::mma_sync_team_policy:
+        if constexpr (k16Bit) {
+          const bool large = family == KernelFamily::mma_sync;
+          with_fused_head_dim<true>(call.head_dim, [&](auto d) {
+            constexpr int D = decltype(d)::value;
+            if (large && call.grouped)
+              run(mma_sync_t<D, true>(q, k, v, o, lse, scale16, call.causal));
+            else if (large)
+              run(mma_sync_t<D, false>(q, k, v, o, lse, scale16, call.causal));
+            else if (call.grouped)
+              run(mma_sync_team_policy_t<D, true>(q, k, v, o, lse, scale16, call.causal));
+            else
+              run(mma_sync_team_policy_t<D, false>(q, k, v, o, lse, scale16, call.causal));
+          });
+        }
+        return;
+      case KernelFamily::fp32_fp64:
+        with_fp32_fp64_atom<ExecSpace, value_type>(call.fp32_matmul, [&](auto atom) {
+          with_fused_head_dim(call.head_dim, [&](auto d) {
+            run(fp32_fp64_t<decltype(atom), decltype(d)::value>(
+                q, k, v, o, lse, static_cast<value_type>(scale), call.causal));
+          });
+        });
+        return;
+      case KernelFamily::exact_fp32:
+        if constexpr (has_exact_fp32_kernels<ExecSpace, value_type>()) {
+          with_fused_head_dim(call.head_dim, [&](auto d) {
+            run(exact_fp32_t<decltype(d)::value>(q, k, v, o, lse, static_cast<float>(scale),
+                                                 call.causal));
+          });
+        }
+        return;
+      case KernelFamily::portable: return;
+    }
+  }
+};
+
+}  // namespace Impl
+}  // namespace kfa
+
+#endif

@@ -1,0 +1,114 @@
+// The kernel-choice table (kfa/detail/attention/kernel_choice.hpp): which
+// kernel family serves a call, per backend, value type, shape, options and
+// KernelPolicy. The numerical tests check what each family computes; these
+// check that a call reaches the family the table promises.
+
+#include "kfa_test_helpers.hpp"
+
+#include <kfa/detail/attention/kernel_choice.hpp>
+
+namespace kfa_test {
+namespace {
+
+using kfa::Impl::KernelFamily;
+
+template <class C>
+class KernelChoice : public ::testing::Test {};
+TYPED_TEST_SUITE(KernelChoice, AllConfigs);
+
+/// The families a forward and a backward call of `shape` with `opt` get.
+template <class C>
+std::pair<KernelFamily, KernelFamily> families(const Shape& s, const kfa::AttentionOptions& opt) {
+  using Space = typename C::space;
+  using T = typename C::value_type;
+  using Acc = kfa::accumulator_t<T>;
+  using mem = typename Space::memory_space;
+  Kokkos::View<T****, Kokkos::LayoutRight, mem> q("q", s.batch, s.seqlen_q, s.heads, s.head_dim),
+      k("k", s.batch, s.seqlen_k, kv_heads(s), s.head_dim),
+      v("v", s.batch, s.seqlen_k, kv_heads(s), s.head_dim),
+      o("o", s.batch, s.seqlen_q, s.heads, s.head_dim);
+  Kokkos::View<Acc***, Kokkos::LayoutRight, mem> lse("lse", s.batch, s.heads, s.seqlen_q);
+  using namespace kfa::Impl;
+  const Space space;
+  const auto seq = batch_sequences(q, k);
+  const auto fwd = choose_forward_kernel<NoScoreMod, Space>(space, in4(q), in4(k), in4(v), out4(o),
+                                                            seq, opt);
+  using Delta = Kokkos::View<Acc***, Kokkos::LayoutRight, mem>;
+  const auto bwd =
+      choose_backward_kernel<NoScoreMod, Space, decltype(in4(q)), decltype(in4(k)),
+                             decltype(in4(v)), decltype(in4(o)), decltype(in3(lse)),
+                             decltype(in4(o)), decltype(out4(o)), decltype(out4(k)),
+                             decltype(out4(v)), Delta>(space, in4(q), in4(k), in4(v), in4(o),
+                                                       out4(o), out4(k), out4(v), seq, opt);
+  return {fwd, bwd};
+}
+
+TYPED_TEST(KernelChoice, TablePerTypeAndPolicy) {
+  if (is_duplicate_config<TypeParam>()) GTEST_SKIP() << "half is float here";
+  using Space = typename TypeParam::space;
+  using T = typename TypeParam::value_type;
+  const Shape dense{2, 130, 200, 4, 64};
+  const kfa::AttentionOptions plain;
+  const auto [fwd, bwd] = families<TypeParam>(dense, plain);
+  if constexpr (is_host_space<Space>()) {
+    EXPECT_EQ(fwd, KernelFamily::portable);
+    EXPECT_EQ(bwd, KernelFamily::portable);
+  } else {
+#ifdef KOKKOS_ENABLE_CUDA
+    constexpr bool k16 = !std::is_same<T, float>::value && !std::is_same<T, double>::value;
+    kfa::AttentionOptions no_wgmma, no_opt_in, split;
+    no_wgmma.kernel_policy.wgmma = false;
+    no_opt_in.kernel_policy.opt_in_shared_memory = false;
+    split.fp32_matmul = kfa::Fp32Matmul::split_tf32;
+    const bool hopper = kfa::Impl::wgmma_available(Space());
+    if constexpr (k16) {
+      const KernelFamily best = hopper ? KernelFamily::wgmma : KernelFamily::mma_sync;
+      EXPECT_EQ(fwd, best);
+      EXPECT_EQ(bwd, best);
+      EXPECT_EQ(families<TypeParam>(dense, no_wgmma).first, KernelFamily::mma_sync);
+      EXPECT_EQ(families<TypeParam>(dense, no_wgmma).second, KernelFamily::mma_sync);
+      EXPECT_EQ(families<TypeParam>(dense, no_opt_in).first, KernelFamily::mma_sync_team_policy);
+      EXPECT_EQ(families<TypeParam>(dense, no_opt_in).second,
+                KernelFamily::mma_sync_team_policy);
+      // Grouped-query heads and head_dim 256 stay on the 16-bit kernels.
+      EXPECT_EQ(families<TypeParam>({1, 100, 100, 4, 128, 2}, plain).first, best);
+      EXPECT_EQ(families<TypeParam>({1, 100, 100, 2, 256}, plain).second, best);
+    } else {
+      const KernelFamily ieee =
+          std::is_same<T, float>::value ? KernelFamily::exact_fp32 : KernelFamily::fp32_fp64;
+      EXPECT_EQ(fwd, ieee);
+      EXPECT_EQ(bwd, ieee);
+      EXPECT_EQ(families<TypeParam>(dense, split).first, KernelFamily::fp32_fp64);
+      EXPECT_EQ(families<TypeParam>(dense, no_opt_in).first, KernelFamily::portable);
+      // Grouped-query heads: the portable kernels for fp32 and fp64.
+      EXPECT_EQ(families<TypeParam>({1, 100, 100, 4, 64, 2}, plain).first,
+                KernelFamily::portable);
+    }
+    (void)no_wgmma;
+#endif
+  }
+}
+
+// What the fused kernels do not take goes to the portable kernels on every
+// backend: windows, softcap, dropout, head dims outside 64/128(/256), an
+// explicit team size, deterministic backward.
+TYPED_TEST(KernelChoice, VariantsRunThePortableKernels) {
+  if (is_duplicate_config<TypeParam>()) GTEST_SKIP() << "half is float here";
+  const Shape dense{1, 100, 120, 2, 64};
+  kfa::AttentionOptions window, softcap, dropout, team, det;
+  window.window_left = 16;
+  softcap.softcap = 30;
+  dropout.dropout_p = 0.1;
+  team.team_size = 2;
+  det.deterministic = true;
+  for (const auto& opt : {window, softcap, dropout, team}) {
+    EXPECT_EQ(families<TypeParam>(dense, opt).first, KernelFamily::portable);
+    EXPECT_EQ(families<TypeParam>(dense, opt).second, KernelFamily::portable);
+  }
+  EXPECT_EQ(families<TypeParam>({1, 100, 120, 2, 96}, {}).first, KernelFamily::portable);
+  EXPECT_EQ(families<TypeParam>(dense, det).second, KernelFamily::portable);
+  EXPECT_STREQ(kfa::Impl::to_string(KernelFamily::exact_fp32), "exact_fp32");
+}
+
+}  // namespace
+}  // namespace kfa_test
