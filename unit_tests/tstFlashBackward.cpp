@@ -171,21 +171,30 @@ TEST(FlashBackwardCuda, WorkspaceCachedPerStream) {
   EXPECT_EQ(f.extent(0), 1024u);  // a new buffer after the release
 }
 
+/// The 16-bit backward, causal and not, on `shapes` in bf16 and fp16 with
+/// `policy` pinning a path.
+void check_16bit_backward(const std::vector<Shape>& shapes,
+                          const kfa::Experimental::KernelPolicy& policy) {
+  for (bool causal : {false, true})
+    for (std::size_t i = 0; i < shapes.size(); ++i) {
+      if (i % 2 == 0)
+        check_backward<Config<Kokkos::Cuda, kfa::bfloat16>>(shapes[i], causal, false, policy);
+      else
+        check_backward<Config<Kokkos::Cuda, kfa::half, true>>(shapes[i], causal, false, policy);
+    }
+}
+
 // Where the GPU grants opt-in shared memory the tensor-core kernels run in
 // their large shapes (launched by the backend layer); elsewhere in the shapes
 // that fit Kokkos' TeamPolicy scratch. The typed tests above run the former
-// on this GPU; this one runs the latter, forward and backward.
+// on this GPU; this one runs the latter, forward and backward (head_dim 256:
+// the portable kernels).
 TEST(FlashBackwardCuda, TeamPolicyShapesWithoutOptInSharedMemory) {
   kfa::Experimental::KernelPolicy policy;
   policy.opt_in_shared_memory = false;
-  using C16 = Config<Kokkos::Cuda, kfa::bfloat16>;
-  using C16h = Config<Kokkos::Cuda, kfa::half, true>;
-  for (bool causal : {false, true}) {
-    check_backward<C16>({2, 190, 333, 2, 64}, causal, false, policy);
-    check_backward<C16>({1, 300, 129, 2, 128}, causal, false, policy);
-    check_backward<C16h>({1, 129, 300, 2, 128}, causal, false, policy);
-    check_backward<C16>({1, 130, 100, 1, 256}, causal, false, policy);  // portable kernels
-  }
+  check_16bit_backward({{2, 190, 333, 2, 64}, {1, 129, 300, 2, 128}, {1, 300, 129, 2, 128},
+                        {1, 130, 100, 1, 256}},
+                       policy);
 }
 
 // On Hopper with sm_90a code the typed tests run the wgmma kernels; this
@@ -195,16 +204,9 @@ TEST(FlashBackwardCuda, TeamPolicyShapesWithoutOptInSharedMemory) {
 TEST(FlashBackwardCuda, MmaSyncKernelsWithoutWgmma) {
   kfa::Experimental::KernelPolicy policy;
   policy.wgmma = false;
-  using C16 = Config<Kokkos::Cuda, kfa::bfloat16>;
-  using C16h = Config<Kokkos::Cuda, kfa::half, true>;
-  for (bool causal : {false, true}) {
-    check_backward<C16>({2, 190, 333, 2, 64}, causal, false, policy);
-    check_backward<C16>({1, 300, 129, 2, 128}, causal, false, policy);
-    check_backward<C16h>({1, 129, 300, 2, 128}, causal, false, policy);
-    check_backward<C16h>({1, 1023, 1024, 1, 64}, causal, false, policy);
-    check_backward<C16>({2, 300, 257, 2, 256}, causal, false, policy);
-    check_backward<C16h>({1, 129, 300, 3, 256}, causal, false, policy);
-  }
+  check_16bit_backward({{2, 190, 333, 2, 64}, {1, 129, 300, 2, 128}, {1, 300, 129, 2, 128},
+                        {1, 1023, 1024, 1, 64}, {2, 300, 257, 2, 256}, {1, 129, 300, 3, 256}},
+                       policy);
 }
 
 // The Hopper backward on more shapes than the typed tests: query and key

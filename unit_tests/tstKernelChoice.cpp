@@ -31,8 +31,10 @@ std::pair<KernelFamily, KernelFamily> families(const Shape& s, const kfa::Attent
   using namespace kfa::Impl;
   const Space space;
   const auto seq = batch_sequences(q, k);
-  const auto fwd = choose_forward_kernel<NoScoreMod, Space>(space, in4(q), in4(k), in4(v), out4(o),
-                                                            seq, opt);
+  const auto fwd =
+      choose_forward_kernel<NoScoreMod, Space, decltype(in4(q)), decltype(in4(k)),
+                            decltype(in4(v)), decltype(out4(o)), decltype(out3(lse))>(
+          space, in4(q), in4(k), in4(v), out4(o), seq, opt);
   using Delta = Kokkos::View<Acc***, Kokkos::LayoutRight, mem>;
   const auto bwd =
       choose_backward_kernel<NoScoreMod, Space, decltype(in4(q)), decltype(in4(k)),
@@ -40,7 +42,7 @@ std::pair<KernelFamily, KernelFamily> families(const Shape& s, const kfa::Attent
                              decltype(in4(o)), decltype(out4(o)), decltype(out4(k)),
                              decltype(out4(v)), Delta>(space, in4(q), in4(k), in4(v), in4(o),
                                                        out4(o), out4(k), out4(v), seq, opt);
-  return {fwd, bwd};
+  return std::make_pair(fwd, bwd);
 }
 
 TYPED_TEST(KernelChoice, TablePerTypeAndPolicy) {

@@ -35,6 +35,7 @@
 #include <kfa/detail/backend/cuda/fused_backward.hpp>
 #include <kfa/detail/backend/cuda/fused_forward.hpp>
 
+#include <array>
 #include <cstdint>
 #include <initializer_list>
 #include <type_traits>
@@ -72,12 +73,13 @@ inline FusedCall fused_call(const AttentionOptions& options, int head_dim, int h
 /// The fused rows of the table that a value type can have, in order.
 template <bool Is16Bit>
 struct FusedRows {
-  static constexpr KernelFamily rows[] = {KernelFamily::fp32_fp64, KernelFamily::exact_fp32};
+  static constexpr std::array<KernelFamily, 2> rows = {KernelFamily::fp32_fp64,
+                                                       KernelFamily::exact_fp32};
 };
 template <>
 struct FusedRows<true> {
-  static constexpr KernelFamily rows[] = {KernelFamily::wgmma, KernelFamily::mma_sync,
-                                          KernelFamily::mma_sync_team_policy};
+  static constexpr std::array<KernelFamily, 3> rows = {
+      KernelFamily::wgmma, KernelFamily::mma_sync, KernelFamily::mma_sync_team_policy};
 };
 
 /// Whether the call's KernelPolicy lets `family` run.

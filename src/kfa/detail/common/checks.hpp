@@ -231,6 +231,22 @@ void check_forward_arguments(const char* function, const Q& q, const K& k, const
   }
 }
 
+/// Throws when dq, dk or dv overlap an input of the backward or each other.
+template <class Q, class K, class V, class O, class Lse, class DO, class DQ, class DK, class DV>
+void check_gradients_disjoint(const char* function, const Q& q, const K& k, const V& v,
+                              const O& o, const Lse& lse, const DO& d_o, const DQ& dq,
+                              const DK& dk, const DV& dv) {
+  auto overlaps_inputs = [&](const auto& out) {
+    return overlaps(out, q) || overlaps(out, k) || overlaps(out, v) || overlaps(out, o) ||
+           overlaps(out, lse) || overlaps(out, d_o);
+  };
+  if (overlaps_inputs(dq) || overlaps_inputs(dk) || overlaps_inputs(dv) || overlaps(dq, dk) ||
+      overlaps(dq, dv) || overlaps(dk, dv)) {
+    throw_invalid(function, "the outputs dq, dk and dv must not overlap the inputs or "
+                            "each other");
+  }
+}
+
 template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO,
           class DQ, class DK, class DV>
 void check_backward_arguments(const char* function, const Q& q, const K& k, const V& v,
@@ -260,15 +276,7 @@ void check_backward_arguments(const char* function, const Q& q, const K& k, cons
     check_extents_like(function, "dq", kShapeQ, dq, q);
     check_extents_like(function, "dk", kShapeK, dk, k);
     check_extents_like(function, "dv", kShapeK, dv, k);
-    auto overlaps_inputs = [&](const auto& out) {
-      return overlaps(out, q) || overlaps(out, k) || overlaps(out, v) ||
-             overlaps(out, o) || overlaps(out, lse) || overlaps(out, d_o);
-    };
-    if (overlaps_inputs(dq) || overlaps_inputs(dk) || overlaps_inputs(dv) ||
-        overlaps(dq, dk) || overlaps(dq, dv) || overlaps(dk, dv)) {
-      throw_invalid(function, "the outputs dq, dk and dv must not overlap the inputs or "
-                              "each other");
-    }
+    check_gradients_disjoint(function, q, k, v, o, lse, d_o, dq, dk, dv);
     check_options(function, options);
   }
 }
@@ -474,15 +482,7 @@ void check_varlen_backward_arguments(const char* function, const Q& q, const K& 
     check_contiguous(function, "dq", dq);
     check_contiguous(function, "dk", dk);
     check_contiguous(function, "dv", dv);
-    auto overlaps_inputs = [&](const auto& out) {
-      return overlaps(out, q) || overlaps(out, k) || overlaps(out, v) ||
-             overlaps(out, o) || overlaps(out, lse) || overlaps(out, d_o);
-    };
-    if (overlaps_inputs(dq) || overlaps_inputs(dk) || overlaps_inputs(dv) ||
-        overlaps(dq, dk) || overlaps(dq, dv) || overlaps(dk, dv)) {
-      throw_invalid(function, "the outputs dq, dk and dv must not overlap the inputs or "
-                              "each other");
-    }
+    check_gradients_disjoint(function, q, k, v, o, lse, d_o, dq, dk, dv);
   }
 }
 

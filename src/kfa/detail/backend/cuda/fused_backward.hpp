@@ -82,23 +82,8 @@ struct FusedBackward {
         }
         return false;
       case KernelFamily::mma_sync_team_policy: return k16Bit && call.head_dim != 256;
-      case KernelFamily::fp32_fp64: {
-        bool fits = false;
-        with_fp32_fp64_atom<ExecSpace, value_type>(call.fp32_matmul, [&](auto atom) {
-          fits = with_fused_head_dim(call.head_dim, [&](auto d) {
-            return fp32_fp64_t<decltype(atom), decltype(d)::value>::fits(space);
-          });
-        });
-        return fits;
-      }
-      case KernelFamily::exact_fp32:
-        if constexpr (has_exact_fp32_kernels<ExecSpace, value_type>()) {
-          return call.fp32_matmul == Fp32Matmul::ieee &&
-                 with_fused_head_dim(call.head_dim, [&](auto d) {
-                   return exact_fp32_t<decltype(d)::value>::fits(space);
-                 });
-        }
-        return false;
+      case KernelFamily::fp32_fp64:
+      case KernelFamily::exact_fp32: return fp32_fp64_family_fits<FusedBackward>(family, space, call);
       case KernelFamily::portable: return false;
     }
     return false;

@@ -77,6 +77,29 @@ constexpr bool has_exact_fp32_kernels() {
 #endif
 }
 
+/// fits() of the fp32_fp64 and exact_fp32 families, shared by the forward
+/// and the backward: Kernels names their kernel types (fp32_fp64_t<Atom, D>,
+/// exact_fp32_t<D>) and value_type.
+template <class Kernels, class ExecSpace>
+bool fp32_fp64_family_fits(KernelFamily family, const ExecSpace& space, const FusedCall& call) {
+  using value_type = typename Kernels::value_type;
+  bool fits = false;
+  if (family == KernelFamily::fp32_fp64) {
+    with_fp32_fp64_atom<ExecSpace, value_type>(call.fp32_matmul, [&](auto atom) {
+      fits = with_fused_head_dim(call.head_dim, [&](auto d) {
+        return Kernels::template fp32_fp64_t<decltype(atom), decltype(d)::value>::fits(space);
+      });
+    });
+  }
+  if constexpr (has_exact_fp32_kernels<ExecSpace, value_type>()) {
+    if (family == KernelFamily::exact_fp32 && call.fp32_matmul == Fp32Matmul::ieee)
+      fits = with_fused_head_dim(call.head_dim, [&](auto d) {
+        return Kernels::template exact_fp32_t<decltype(d)::value>::fits(space);
+      });
+  }
+  return fits;
+}
+
 template <class ExecSpace, class Q, class K, class V, class O, class Lse>
 struct FusedForward {
   using value_type = typename Q::non_const_value_type;
@@ -143,23 +166,8 @@ struct FusedForward {
         }
         return false;
       case KernelFamily::mma_sync_team_policy: return k16Bit;
-      case KernelFamily::fp32_fp64: {
-        bool fits = false;
-        with_fp32_fp64_atom<ExecSpace, value_type>(call.fp32_matmul, [&](auto atom) {
-          fits = with_fused_head_dim(call.head_dim, [&](auto d) {
-            return fp32_fp64_t<decltype(atom), decltype(d)::value>::fits(space);
-          });
-        });
-        return fits;
-      }
-      case KernelFamily::exact_fp32:
-        if constexpr (has_exact_fp32_kernels<ExecSpace, value_type>()) {
-          return call.fp32_matmul == Fp32Matmul::ieee &&
-                 with_fused_head_dim(call.head_dim, [&](auto d) {
-                   return exact_fp32_t<decltype(d)::value>::fits(space);
-                 });
-        }
-        return false;
+      case KernelFamily::fp32_fp64:
+      case KernelFamily::exact_fp32: return fp32_fp64_family_fits<FusedForward>(family, space, call);
       case KernelFamily::portable: return false;
     }
     return false;
@@ -181,10 +189,13 @@ struct FusedForward {
         if constexpr (k16Bit && std::is_same<ExecSpace, Kokkos::Cuda>::value) {
           with_fused_head_dim<true>(call.head_dim, [&](auto d) {
             constexpr int D = decltype(d)::value;
-            if (wgmma_shape<D>(space, call, long(k.extent(1))) == 1)
-              run(wgmma_short_causal_t<D>(q, k, v, o, lse, scale16, call.causal));
-            else
-              run(wgmma_t<D>(q, k, v, o, lse, scale16, call.causal));
+            if constexpr (D == 64) {
+              if (wgmma_shape<D>(space, call, long(k.extent(1))) == 1) {
+                run(wgmma_short_causal_t<D>(q, k, v, o, lse, scale16, call.causal));
+                return;
+              }
+            }
+            run(wgmma_t<D>(q, k, v, o, lse, scale16, call.causal));
           });
         }
 #endif
