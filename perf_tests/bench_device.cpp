@@ -212,7 +212,7 @@ struct LibraryWgmmaShape {
   using at = kfa::Impl::WgmmaFwdShape<HeadDim>;
 };
 template <int BlockN, int MinBlocks, int WarpGroups, bool Tma = false, int Stages = 2,
-          bool Realloc = false, bool PingPong = false, bool Persistent = false>
+          bool Realloc = false, bool Persistent = false>
 struct FixedWgmmaShape {
   template <int HeadDim>
   struct at {
@@ -222,7 +222,6 @@ struct FixedWgmmaShape {
     static constexpr bool kTma = Tma;
     static constexpr int kStages = Stages;
     static constexpr bool kRealloc = Realloc;
-    static constexpr bool kPingPong = PingPong;
     static constexpr bool kPersistent = Persistent;
   };
 };
@@ -252,18 +251,17 @@ struct CpAsyncWgmmaShape {
 };
 /// A producer warpgroup whose registers the others take: Warpgroups
 /// warpgroups, BlockN keys (at head_dim 256: 64), persistent teams or not.
-template <int WarpGroups, int BlockN, int Stages = 2, bool PingPong = false,
-          bool Persistent = true>
+template <int WarpGroups, int BlockN, int Stages = 2, bool Persistent = true>
 struct WsWgmmaShape {
   template <int HeadDim>
   using at = typename FixedWgmmaShape<HeadDim == 256 ? 64 : BlockN, 1, WarpGroups, true, Stages,
-                                      true, PingPong, Persistent>::template at<HeadDim>;
+                                      true, Persistent>::template at<HeadDim>;
 };
 template <bool Persistent = true>
 struct Ws3WgmmaShape {
   template <int HeadDim>
-  using at = typename WsWgmmaShape<3, HeadDim == 64 ? 128 : 64, 2, false,
-                                   Persistent>::template at<HeadDim>;
+  using at =
+      typename WsWgmmaShape<3, HeadDim == 64 ? 128 : 64, 2, Persistent>::template at<HeadDim>;
 };
 
 /// The Hopper (wgmma) forward with the scale folded or not, in one of the
@@ -608,16 +606,14 @@ std::function<void()> backward_variant(const Args& a, View4 q, View4 k, View4 v,
 /// (wgmma) shapes: "wgmma_nofold", "wgmma_2wg", "wgmma_n128", "wgmma_n64",
 /// "wgmma_3wg", and with bulk tensor copies from a producer warp (RESULTS
 /// v37) "wgmma_tma", "wgmma_tma_s3" (3 K/V stages), "wgmma_tma_1wg" (teams
-/// of one warpgroup), "wgmma_tma_n128" (d 64: 128-key blocks),
-/// "wgmma_tma_pp" (wgmma_tma at d 128, the warpgroups' products in turns);
-/// with the producer a warpgroup whose registers the computing warpgroups
-/// take (RESULTS v38-v40), one persistent team per SM: "wgmma_ws" (two
+/// of one warpgroup), "wgmma_tma_n128" (d 64: 128-key blocks); with the
+/// producer a warpgroup whose registers the computing warpgroups take
+/// (RESULTS v38-v40), one persistent team per SM: "wgmma_ws" (two
 /// warpgroups, 128-key blocks, the library's at d 128; at d 256 64-key
 /// blocks), "wgmma_ws_np" (wgmma_ws with a team per tile, v38; the
-/// library's at d 256), "wgmma_ws_pp" (products in turns),
-/// "wgmma_ws_pp_s3" (and 3 K/V stages), "wgmma_ws_3wg" (three warpgroups;
-/// 128 keys at d 64, the library's there; 64 at d 128), "wgmma_ws_3wg_np"
-/// (the same, a team per tile); "wgmma_cpasync" (the library's shape
+/// library's at d 256), "wgmma_ws_3wg" (three warpgroups; 128 keys at d 64,
+/// the library's there; 64 at d 128), "wgmma_ws_3wg_np" (the same, a team
+/// per tile); "wgmma_cpasync" (the library's shape
 /// before v38, and for short causal sequences since v40).
 /// fp32: "split_tf32" and "tf32" (Fp32Matmul options of the library's
 /// dispatch), "simt_bn16" (the exact kernel with 16-key blocks, three teams
@@ -728,18 +724,10 @@ std::function<void()> forward_variant(const Args& a, View4 q, View4 k, View4 v, 
       return wgmma_forward<true, T, TmaWgmmaShape<3, 64, 3>>(a, q, k, v, o, lse);
     if (a.fwd_variant == "wgmma_tma_1wg")  // teams of 1 warpgroup: 3 (d 64) or 2 per SM
       return wgmma_forward<true, T, TmaWgmmaShape<1, 64, 2, 1, 3, 2>>(a, q, k, v, o, lse);
-    if (a.fwd_variant == "wgmma_tma_pp")  // 2 warpgroups, 64 keys, turns
-      return wgmma_forward<true, T, FixedWgmmaShape<64, 1, 2, true, 2, false, true>>(a, q, k, v,
-                                                                                  o, lse);
     if (a.fwd_variant == "wgmma_ws")  // producer warpgroup, 2 warpgroups, 128 keys
       return wgmma_forward<true, T, WsWgmmaShape<2, 128>, true>(a, q, k, v, o, lse);
     if (a.fwd_variant == "wgmma_ws_np")  // wgmma_ws, a team per tile
-      return wgmma_forward<true, T, WsWgmmaShape<2, 128, 2, false, false>, true>(a, q, k, v, o,
-                                                                                lse);
-    if (a.fwd_variant == "wgmma_ws_pp")  // wgmma_ws, turns
-      return wgmma_forward<true, T, WsWgmmaShape<2, 128, 2, true>>(a, q, k, v, o, lse);
-    if (a.fwd_variant == "wgmma_ws_pp_s3")  // wgmma_ws_pp, 3 stages
-      return wgmma_forward<true, T, WsWgmmaShape<2, 128, 3, true>>(a, q, k, v, o, lse);
+      return wgmma_forward<true, T, WsWgmmaShape<2, 128, 2, false>, true>(a, q, k, v, o, lse);
     if (a.fwd_variant == "wgmma_ws_3wg")  // 3 warpgroups, 128 keys at d 64, 64 at 128
       return wgmma_forward<true, T, Ws3WgmmaShape<>>(a, q, k, v, o, lse);
     if (a.fwd_variant == "wgmma_ws_3wg_np")  // wgmma_ws_3wg, a team per tile
@@ -753,8 +741,7 @@ std::function<void()> forward_variant(const Args& a, View4 q, View4 k, View4 v, 
     throw std::invalid_argument(
         "--fwd-variant must be default, policy, policy_m2, large_8w, mma_large, wgmma_nofold, "
         "wgmma_2wg, wgmma_n128, wgmma_n64, wgmma_3wg, wgmma_tma, wgmma_tma_n128, wgmma_tma_s3, "
-        "wgmma_tma_1wg, wgmma_tma_pp, wgmma_ws, wgmma_ws_np, wgmma_ws_pp, wgmma_ws_pp_s3, "
-        "wgmma_ws_3wg, wgmma_ws_3wg_np, "
+        "wgmma_tma_1wg, wgmma_ws, wgmma_ws_np, wgmma_ws_3wg, wgmma_ws_3wg_np, "
         "wgmma_cpasync or large_n32");
   }
 }

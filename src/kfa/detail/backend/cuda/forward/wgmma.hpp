@@ -35,8 +35,6 @@
 // - Else every thread copies its share by cp.async and the team meets at a
 //   barrier every block (WgmmaFwdShortCausalShape: 64 rows, 64 keys, 41 KB
 //   at head_dim 64).
-// PingPong (bench_device's wgmma_*_pp, not the library's): the two
-// warpgroups issue their products in turns.
 
 #include <kfa/detail/attention/mask.hpp>
 
@@ -64,7 +62,7 @@ namespace Impl {
 /// shape before (cp.async, teams of one warpgroup and 64-key blocks, four
 /// per SM at 64 and two at 128): d 128 664 against 482 (cuDNN 669),
 /// causal 597 against 471 (604); d 64 513 against 398 (478); d 256 688
-/// against 605 (730). The ping-pong turns (PingPong) measured 1% slower.
+/// against 605 (730).
 template <int HeadDim>
 struct WgmmaFwdShape {
   static constexpr int kBlockN = HeadDim == 256 ? 64 : 128;
@@ -73,7 +71,6 @@ struct WgmmaFwdShape {
   static constexpr bool kTma = true;
   static constexpr int kStages = 2;
   static constexpr bool kRealloc = true;
-  static constexpr bool kPingPong = false;
   static constexpr bool kPersistent = HeadDim != 256;
 };
 
@@ -89,7 +86,6 @@ struct WgmmaFwdShortCausalShape {
   static constexpr bool kTma = false;
   static constexpr int kStages = 2;
   static constexpr bool kRealloc = false;
-  static constexpr bool kPingPong = false;
   static constexpr bool kPersistent = false;
 };
 
@@ -122,7 +118,6 @@ template <class ExecSpace, int HeadDim, class Format, class QView, class KView, 
           int WarpGroups = WgmmaFwdShape<HeadDim>::kWarpGroups,
           bool Tma = WgmmaFwdShape<HeadDim>::kTma, int Stages = WgmmaFwdShape<HeadDim>::kStages,
           bool Realloc = WgmmaFwdShape<HeadDim>::kRealloc,
-          bool PingPong = WgmmaFwdShape<HeadDim>::kPingPong,
           bool Persistent = WgmmaFwdShape<HeadDim>::kPersistent>
 class FlashForwardWgmmaKernel : public Fused16Forward, public WgmmaFwdMaps<Tma> {
  public:
@@ -145,10 +140,6 @@ class FlashForwardWgmmaKernel : public Fused16Forward, public WgmmaFwdMaps<Tma> 
   /// block's registers split unevenly, as 128-key blocks at head_dim 128
   /// need (FlashAttention-3's register reallocation).
   static constexpr bool kRealloc = Realloc;
-  /// PingPong (with Tma and two warpgroups): the warpgroups take turns to
-  /// issue their products (named barriers), so that one's softmax runs
-  /// while the other's products do.
-  static constexpr bool kPingPong = PingPong;
   /// Persistent (with Tma): one team per SM (kMinBlocksPerSM) that runs
   /// tile after tile, the producer loading the next tile's Q, K and V while
   /// the warpgroups finish the current one, instead of a team per tile
@@ -161,8 +152,6 @@ class FlashForwardWgmmaKernel : public Fused16Forward, public WgmmaFwdMaps<Tma> 
   static constexpr bool kPersistent = Persistent;
   static_assert(!Persistent || Tma, "kfa: persistent teams need the producer (Tma)");
   static_assert(!Realloc || Tma, "kfa: register reallocation needs the producer (Tma)");
-  static_assert(!PingPong || (Tma && WarpGroups == 2),
-                "kfa: ping-pong turns are for two warpgroups fed by the producer (Tma)");
   static constexpr int kWarps = 4 * kWarpGroups + (kRealloc ? 4 : kTma ? 1 : 0);
   static constexpr int kProducerRegs = 24;
   /// What the block's 64K registers leave to a computing thread, in steps
@@ -483,17 +472,6 @@ class FlashForwardWgmmaKernel : public Fused16Forward, public WgmmaFwdMaps<Tma> 
         return;
       }
       if constexpr (kRealloc) setmaxnreg_inc<kConsumerRegs>();
-      // Ping-pong: warpgroup g issues its products once it holds barrier
-      // 1 + g, and then passes the turn to the other (barriers of 256
-      // threads: one warpgroup's sync and the other's arrival). Per tile
-      // each takes num_kv_blocks + 1 turns, the first is warpgroup 0's, and
-      // warpgroup 1 does not pass its last (no arrival left pending).
-      auto take_turn = [&] {
-        if constexpr (kPingPong) named_barrier_sync(1 + wg, 256);
-      };
-      auto pass_turn = [&] {
-        if constexpr (kPingPong) named_barrier_arrive(2 - wg, 256);
-      };
       int g = 0;
       for (int n = 0;; ++n) {
         mbarrier_wait(full_q, std::uint32_t(n & 1));
@@ -501,7 +479,6 @@ class FlashForwardWgmmaKernel : public Fused16Forward, public WgmmaFwdMaps<Tma> 
         if (tile >= m_num_tiles) break;
         set_tile(tile);
         start_rows();
-        if (kPingPong && wg == 1 && num_kv_blocks > 0) pass_turn();
         // Q is released once the last S that reads it is done.
         if (num_kv_blocks == 0) {
           __syncwarp();  // every lane has read the tile's index
@@ -511,9 +488,8 @@ class FlashForwardWgmmaKernel : public Fused16Forward, public WgmmaFwdMaps<Tma> 
           const int gj = g + kv_block;
           const int stage = gj % kStages, prev = (gj + kStages - 1) % kStages;
           mbarrier_wait(full_k(stage), parity(gj));
-          take_turn();
           block_step(
-              kv_block, gj, [&] { mbarrier_wait(full_v(prev), parity(gj - 1)); }, pass_turn,
+              kv_block, gj, [&] { mbarrier_wait(full_v(prev), parity(gj - 1)); }, [] {},
               [&] {
                 if (lane == 0) {
                   mbarrier_arrive(free_k(stage));
@@ -527,10 +503,7 @@ class FlashForwardWgmmaKernel : public Fused16Forward, public WgmmaFwdMaps<Tma> 
         if (num_kv_blocks > 0) {
           const int last = g + num_kv_blocks - 1;
           mbarrier_wait(full_v(last % kStages), parity(last));
-          take_turn();
-          last_pv(last % kStages, [&] {
-            if (wg == 0) pass_turn();
-          });
+          last_pv(last % kStages, [] {});
           if (lane == 0) mbarrier_arrive(free_v(last % kStages));
         }
         write_rows();
@@ -615,7 +588,7 @@ using FlashForwardWgmmaKernelIn =
     FlashForwardWgmmaKernel<ExecSpace, HeadDim, Format, QView, KView, VView, OView, LseView,
                             FoldScale, Shape::kBlockN, Shape::kMinBlocksPerSM,
                             Shape::kWarpGroups, Shape::kTma, Shape::kStages, Shape::kRealloc,
-                            Shape::kPingPong, Shape::kPersistent>;
+                            Shape::kPersistent>;
 
 }  // namespace Impl
 }  // namespace kfa
