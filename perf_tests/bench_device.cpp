@@ -432,20 +432,22 @@ std::function<void()> exact_fp32_backward_at(const Args& a, View4 q, View4 k, Vi
 #endif
 
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
-/// The Hopper (wgmma) backwards' kernels: FlashBackwardWgmmaKernel with
-/// DqFirst, DqTma and DqLag (head_dim 64 or 128), and
-/// FlashBackwardWgmmaProductSplitKernel with DqOverlap and DqStaged
-/// (head_dim 256).
-template <bool DqFirst, bool DqTma, bool DqLag, bool EarlyDv = false, bool Pipelined = false,
-          bool DqWide = false>
+/// The Hopper (wgmma) backwards' kernels: FlashBackwardWgmmaKernel in the
+/// shape of DqTma, EarlyDv, Pipelined and DqWide (kfa::Impl::WgmmaBwdShape's
+/// members; head_dim 64 or 128), and FlashBackwardWgmmaProductSplitKernel
+/// with DqOverlap and DqStaged (head_dim 256).
+template <bool DqTma, bool EarlyDv = false, bool Pipelined = false, bool DqWide = false>
 struct WgmmaBwdPick {
   static constexpr bool kD256 = false;
   static constexpr bool kD64 = !Pipelined;  // Pipelined runs head_dim 128 only
+  struct Shape {
+    static constexpr bool kDqTma = DqTma, kEarlyDv = EarlyDv, kPipelined = Pipelined,
+                          kDqWide = DqWide;
+  };
   template <int D, class Format, class View4, class View3, class Acc>
   using kernel = kfa::Impl::FlashBackwardWgmmaKernel<Kokkos::DefaultExecutionSpace, D, Format,
                                                      View4, View4, View4, View4, View3, View3,
-                                                     Acc, View4, View4, DqFirst, DqTma, DqLag,
-                                                     EarlyDv, Pipelined, false, DqWide>;
+                                                     Acc, View4, View4, Shape>;
 };
 template <bool DqOverlap, bool DqStaged = true>
 struct Wgmma256BwdPick {
@@ -520,9 +522,7 @@ std::function<void()> wgmma_backward(const Args& a, View4 q, View4 k, View4 v, V
 /// bf16/fp16 on a build with sm_90a code (RESULTS v41-v43): "wgmma" (the
 /// Hopper backward with one bulk reduction per dQ row, v41), "wgmma_dqtma"
 /// (bulk tensor reductions: the library's at head_dim 64, and at 128
-/// before v47), "wgmma_dqfirst" and
-/// "wgmma_dqfirst_tma" (dK's products after dQ's), "wgmma_dqlag" (dQ one
-/// block late, v43), "wgmma_early_dv" (Pᵀ while dPᵀ's products run, dV's
+/// before v47), "wgmma_early_dv" (Pᵀ while dPᵀ's products run, dV's
 /// products before dSᵀ, v46), "wgmma_pipelined" (early_dv with one team
 /// barrier a block, the next block's products issued behind dQ's stores,
 /// head_dim 128: the library's there from v47 to v49),
@@ -574,28 +574,22 @@ std::function<void()> backward_variant(const Args& a, View4 q, View4 k, View4 v,
   auto wgmma = [&](auto pick) {
     return wgmma_backward<decltype(pick), T>(a, q, k, v, o, lse, d_o, dq, dk, dv);
   };
-  if (a.bwd_variant == "wgmma") return wgmma(WgmmaBwdPick<false, false, false>());
-  if (a.bwd_variant == "wgmma_dqfirst") return wgmma(WgmmaBwdPick<true, false, false>());
-  if (a.bwd_variant == "wgmma_dqtma") return wgmma(WgmmaBwdPick<false, true, false>());
-  if (a.bwd_variant == "wgmma_dqfirst_tma") return wgmma(WgmmaBwdPick<true, true, false>());
-  if (a.bwd_variant == "wgmma_dqlag") return wgmma(WgmmaBwdPick<false, true, true>());
-  if (a.bwd_variant == "wgmma_early_dv")
-    return wgmma(WgmmaBwdPick<false, true, false, true>());
-  if (a.bwd_variant == "wgmma_pipelined")
-    return wgmma(WgmmaBwdPick<false, true, false, true, true>());
+  if (a.bwd_variant == "wgmma") return wgmma(WgmmaBwdPick<false>());
+  if (a.bwd_variant == "wgmma_dqtma") return wgmma(WgmmaBwdPick<true>());
+  if (a.bwd_variant == "wgmma_early_dv") return wgmma(WgmmaBwdPick<true, true>());
+  if (a.bwd_variant == "wgmma_pipelined") return wgmma(WgmmaBwdPick<true, true, true>());
   if (a.bwd_variant == "wgmma_pipelined_wide")
-    return wgmma(WgmmaBwdPick<false, true, false, true, true, true>());
-  if (a.bwd_variant == "wgmma_dqtma_wide")
-    return wgmma(WgmmaBwdPick<false, true, false, false, false, true>());
+    return wgmma(WgmmaBwdPick<true, true, true, true>());
+  if (a.bwd_variant == "wgmma_dqtma_wide") return wgmma(WgmmaBwdPick<true, false, false, true>());
   if (a.bwd_variant == "wgmma256") return wgmma(Wgmma256BwdPick<false>());
   if (a.bwd_variant == "wgmma256_overlap") return wgmma(Wgmma256BwdPick<true>());
   if (a.bwd_variant == "wgmma256_direct") return wgmma(Wgmma256BwdPick<false, false>());
 #endif
   (void)q, (void)k, (void)v, (void)o, (void)lse, (void)d_o, (void)dq, (void)dk, (void)dv;
   throw std::invalid_argument(
-      "--bwd-variant needs fp32 or fp64, or wgmma, wgmma_dqfirst, wgmma_dqtma, "
-      "wgmma_dqfirst_tma, wgmma_dqlag, wgmma_early_dv, wgmma_pipelined, wgmma_pipelined_wide, "
-      "wgmma_dqtma_wide, wgmma256, wgmma256_overlap or wgmma256_direct (bf16, fp16 on CUDA)");
+      "--bwd-variant needs fp32 or fp64, or wgmma, wgmma_dqtma, wgmma_early_dv, "
+      "wgmma_pipelined, wgmma_pipelined_wide, wgmma_dqtma_wide, wgmma256, wgmma256_overlap or "
+      "wgmma256_direct (bf16, fp16 on CUDA)");
 }
 
 /// 16-bit types: "policy": the shape that fits Kokkos' TeamPolicy scratch

@@ -508,8 +508,7 @@ bool try_backward_mma(const ExecSpace& space, const Q& q, const K& k, const V& v
           // v47) and dQ's tensor reductions in boxes of 32 fp32 a row
           // (DqWide, v49; at 64 they lost 4-7%, and the boxes of 8 stay).
           using wgmma_t = FlashBackwardWgmmaKernel<ExecSpace, D, Format, Q, K, V, DO, Lse, Delta,
-                                                   AccView, DK, DV, false, true, false, D == 128,
-                                                   D == 128, false, D == 128>;
+                                                   AccView, DK, DV>;
           if (use_opt_in_shared_memory() && use_wgmma_kernels() && wgmma_available(space) &&
               wgmma_t::fits(space)) {
             launch(wgmma_t(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, options.causal));
