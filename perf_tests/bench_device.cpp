@@ -59,7 +59,7 @@ struct Args {
   /// mma_forward_variant(). (Earlier variants, lb3 and w8, are in RESULTS.md.)
   std::string fwd_variant = "default";
   /// Backward kernel variant (backward_variant()), after the library's
-  /// forward: "default" or a tile shape of the fp64 wide backward.
+  /// forward: "default" or a tile shape of the fp32/fp64 backward at fp64.
   std::string bwd_variant = "default";
   /// Whether the library's 16-bit kernels may take the Hopper (wgmma) path.
   bool wgmma = true;
@@ -331,7 +331,7 @@ std::function<void()> fp32_fp64_forward_shape(const Args& a, View4 q, View4 k, V
   throw std::invalid_argument("--fwd-variant needs head_dim 64 or 128");
 }
 
-/// A wide forward shape that multiplies O by fp64's lazy rescale factor in
+/// An fp32/fp64 forward shape that multiplies O by fp64's lazy rescale factor in
 /// every block (the "rescale_o" variant, the library before RESULTS v33).
 template <class Shape>
 struct RescaleOAlwaysShape : Shape {
@@ -376,7 +376,7 @@ std::function<void()> exact_fp32_forward(const Args& a, View4 q, View4 k, View4 
                              MinBlocksPerSM, FastExp, DmmaScores>(q, k, v, o, lse, scale, causal)
           .launch(Space());
     };
-  throw std::invalid_argument("--fwd-variant simt_* needs head_dim 64 or 128");
+  throw std::invalid_argument("--fwd-variant exact_fp32_* needs head_dim 64 or 128");
 }
 
 /// A backward kernel other than the library's: D (delta) by the library's
@@ -517,7 +517,7 @@ std::function<void()> wgmma_backward(const Args& a, View4 q, View4 k, View4 v, V
 /// dimension: the library's shape at head_dim 128); "s2" (the library's
 /// shape with two stages of Q and dO and one team per SM, the default
 /// before run 46); at head_dim 128 "one_softmax" (the first warp of a pair
-/// takes every exponential, before RESULTS v35). fp32: "simt_ffma" (the
+/// takes every exponential, before RESULTS v35). fp32: "exact_fp32_ffma" (the
 /// exact kernel with Sᵀ and dPᵀ by fp32 FMAs, before RESULTS v30).
 /// bf16/fp16 on a build with sm_90a code (RESULTS v41-v43): "wgmma" (the
 /// Hopper backward with one bulk reduction per dQ row, v41), "wgmma_dqtma"
@@ -540,12 +540,12 @@ std::function<void()> backward_variant(const Args& a, View4 q, View4 k, View4 v,
   namespace mma = kfa::Impl::cuda_mma;
 #ifdef KOKKOS_ENABLE_CUDA
   if constexpr (std::is_same<T, float>::value) {
-    if (a.bwd_variant == "simt_ffma" && a.head_dim == 64)
+    if (a.bwd_variant == "exact_fp32_ffma" && a.head_dim == 64)
       return exact_fp32_backward_at<64, false>(a, q, k, v, o, lse, d_o, dq, dk, dv);
-    if (a.bwd_variant == "simt_ffma" && a.head_dim == 128)
+    if (a.bwd_variant == "exact_fp32_ffma" && a.head_dim == 128)
       return exact_fp32_backward_at<128, false>(a, q, k, v, o, lse, d_o, dq, dk, dv);
-    throw std::invalid_argument("--bwd-variant for fp32 must be default or simt_ffma (head_dim "
-                                "64 or 128)");
+    throw std::invalid_argument(
+        "--bwd-variant for fp32 must be default or exact_fp32_ffma (head_dim 64 or 128)");
   }
 #endif
   if constexpr (std::is_same<T, double>::value) {
@@ -610,14 +610,14 @@ std::function<void()> backward_variant(const Args& a, View4 q, View4 k, View4 v,
 /// per tile); "wgmma_cpasync" (the library's shape
 /// before v38, and for short causal sequences since v40).
 /// fp32: "split_tf32" and "tf32" (Fp32Matmul options of the library's
-/// dispatch), "simt_bn16" (the exact kernel with 16-key blocks, three teams
-/// per SM), "simt_2teams" (64-key blocks at head_dim 64, 32 at 128, two
-/// teams per SM: the shape before RESULTS run 48), "simt_expf" (the exact
+/// dispatch), "exact_fp32_bn16" (the exact kernel with 16-key blocks, three teams
+/// per SM), "exact_fp32_2teams" (64-key blocks at head_dim 64, 32 at 128, two
+/// teams per SM: the shape before RESULTS run 48), "exact_fp32_expf" (the exact
 /// kernel with expf, before RESULTS v26),
-/// "simt_ffma" (the exact kernel with S by fp32 FMAs, before RESULTS v30),
+/// "exact_fp32_ffma" (the exact kernel with S by fp32 FMAs, before RESULTS v30),
 /// "split_tf32_accum" (3xTF32 with every product summed inside the
 /// tensor core, the default before RESULTS v23), "portable" (the portable
-/// team kernel, as without opt-in shared memory), "wide_128": 3xTF32 with
+/// team kernel, as without opt-in shared memory), "fp32_fp64_128": 3xTF32 with
 /// 128 query rows (4 warps x 2 atoms), 32 keys, one team per SM.
 /// fp64: "m8n8k4": the m8n8k4 atom in its shapes (the default before
 /// m16n8k8); "bn8": m16n8k8 with 8-key blocks, two teams per SM (the d 128
@@ -640,14 +640,14 @@ std::function<void()> forward_variant(const Args& a, View4 q, View4 k, View4 v, 
     }
 #ifdef KOKKOS_ENABLE_CUDA
     using kfa::Impl::exact_fp32_block_n;
-    if (a.fwd_variant == "simt_bn16")
+    if (a.fwd_variant == "exact_fp32_bn16")
       return exact_fp32_forward<16, 16, 3, true>(a, q, k, v, o, lse);
-    if (a.fwd_variant == "simt_2teams")
+    if (a.fwd_variant == "exact_fp32_2teams")
       return exact_fp32_forward<64, 32, 2, true>(a, q, k, v, o, lse);
-    if (a.fwd_variant == "simt_expf")
+    if (a.fwd_variant == "exact_fp32_expf")
       return exact_fp32_forward<exact_fp32_block_n<64>(), exact_fp32_block_n<128>(), kfa::Impl::exact_fp32_teams_per_sm(),
                           false>(a, q, k, v, o, lse);
-    if (a.fwd_variant == "simt_ffma")
+    if (a.fwd_variant == "exact_fp32_ffma")
       return exact_fp32_forward<exact_fp32_block_n<64, false>(), exact_fp32_block_n<128, false>(),
                           kfa::Impl::exact_fp32_teams_per_sm<false>(), true, false>(a, q, k, v, o, lse);
 #endif
@@ -663,12 +663,13 @@ std::function<void()> forward_variant(const Args& a, View4 q, View4 k, View4 v, 
 #ifdef KOKKOS_ENABLE_CUDA
     if (a.fwd_variant == "split_tf32_accum")
       return fp32_fp64_forward_default<mma::Tf32Atom<3, false>>(a, q, k, v, o, lse);
-    if (a.fwd_variant == "wide_128")
+    if (a.fwd_variant == "fp32_fp64_128")
       return fp32_fp64_forward_shape<Fp32Fp64FwdShape<4, 2, 32, 1>, mma::Tf32x3Atom>(a, q, k, v, o, lse);
 #endif
     throw std::invalid_argument(
-        "--fwd-variant for fp32 must be default, split_tf32, split_tf32_accum, tf32, simt_bn16, "
-        "simt_2teams, simt_expf, simt_ffma, portable or wide_128");
+        "--fwd-variant for fp32 must be default, split_tf32, split_tf32_accum, tf32, "
+        "exact_fp32_bn16, exact_fp32_2teams, exact_fp32_expf, exact_fp32_ffma, portable or "
+        "fp32_fp64_128");
   } else if constexpr (std::is_same<T, double>::value) {
 #ifdef KOKKOS_ENABLE_CUDA
     if (a.fwd_variant == "m8n8k4") return fp32_fp64_forward_default<mma::Fp64Atom>(a, q, k, v, o, lse);

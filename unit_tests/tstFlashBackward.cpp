@@ -462,7 +462,7 @@ void check_fp32_fp64_backward_shape(const Shape& s, bool causal) {
 
 // The exact fp32 backward with Sᵀ and dPᵀ on the fp64 tensor cores (the
 // default on sm_90+) and on fp32 FMAs (the default before, bench_device's
-// simt_ffma), both held to fp32 arithmetic's error.
+// exact_fp32_ffma), both held to fp32 arithmetic's error.
 template <int HeadDim, bool DmmaScores>
 void check_exact_fp32_backward(const Shape& s, bool causal) {
   using View4 = DeviceView4<float, Kokkos::Cuda>;

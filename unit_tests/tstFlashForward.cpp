@@ -515,9 +515,9 @@ TEST(FlashForwardCuda, Fp32Fp64TensorCoreTileShapes) {
 }
 
 // The exact fp32 forward with S on the fp64 tensor cores (the default on
-// sm_90+) and on fp32 FMAs (the default before, bench_device's simt_ffma),
-// both held to fp32 arithmetic's error; and scores that grow along the keys
-// (many rescales of O per row).
+// sm_90+) and on fp32 FMAs (the default before, bench_device's
+// exact_fp32_ffma), both held to fp32 arithmetic's error; and scores that
+// grow along the keys (many rescales of O per row).
 template <int HeadDim, bool DmmaScores>
 void check_exact_fp32_forward(const Shape& s, bool causal, double key_ramp = 0) {
   using Kernel =
