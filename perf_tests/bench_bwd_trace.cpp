@@ -40,44 +40,9 @@
 #include <string>
 #include <vector>
 
-namespace {
-
-struct Args {
-  int batch = 2, seqlen = 8192, heads = 16, teams = 16, blocks = 64;
-  bool causal = false, narrow = false;
-};
-
-Args parse(int argc, char* argv[]) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string s = argv[i];
-    auto next = [&]() {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "bench_bwd_trace: %s needs a value\n", s.c_str());
-        std::exit(1);
-      }
-      return std::atoi(argv[++i]);
-    };
-    if (s == "--batch") a.batch = next();
-    else if (s == "--seqlen") a.seqlen = next();
-    else if (s == "--heads") a.heads = next();
-    else if (s == "--teams") a.teams = next();
-    else if (s == "--blocks") a.blocks = next();
-    else if (s == "--causal") a.causal = true;
-    else if (s == "--narrow") a.narrow = true;
-    else {
-      std::fprintf(stderr,
-                   "usage: bench_bwd_trace [--batch B] [--seqlen N] [--heads H] [--causal] "
-                   "[--teams T] [--blocks M] [--narrow]\n");
-      std::exit(1);
-    }
-  }
-  if (a.batch < 1 || a.seqlen < 1 || a.heads < 1 || a.teams < 1 || a.blocks < 4) {
-    std::fprintf(stderr, "bench_bwd_trace: sizes must be positive, --blocks at least 4\n");
-    std::exit(1);
-  }
-  return a;
-}
+// The probe and the shapes are outside the anonymous namespace: nvcc warns
+// of its members where a compilation pass has no wgmma kernel to call them.
+namespace bwd_trace {
 
 /// FlashBackwardWgmmaKernel's probe here (kfa::Impl::NoProbe says where the
 /// kernel calls it): the SM clock (clock64) at the block events, taken by
@@ -143,6 +108,52 @@ struct ClockProbe {
 struct NarrowDqShape : kfa::Impl::WgmmaBwdShape<128> {
   static constexpr bool kDqWide = false;
 };
+
+}  // namespace bwd_trace
+
+namespace {
+
+using bwd_trace::ClockProbe;
+using bwd_trace::kBlockEvents;
+using bwd_trace::kTeamEvents;
+using bwd_trace::NarrowDqShape;
+
+struct Args {
+  int batch = 2, seqlen = 8192, heads = 16, teams = 16, blocks = 64;
+  bool causal = false, narrow = false;
+};
+
+Args parse(int argc, char* argv[]) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string s = argv[i];
+    auto next = [&]() {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "bench_bwd_trace: %s needs a value\n", s.c_str());
+        std::exit(1);
+      }
+      return std::atoi(argv[++i]);
+    };
+    if (s == "--batch") a.batch = next();
+    else if (s == "--seqlen") a.seqlen = next();
+    else if (s == "--heads") a.heads = next();
+    else if (s == "--teams") a.teams = next();
+    else if (s == "--blocks") a.blocks = next();
+    else if (s == "--causal") a.causal = true;
+    else if (s == "--narrow") a.narrow = true;
+    else {
+      std::fprintf(stderr,
+                   "usage: bench_bwd_trace [--batch B] [--seqlen N] [--heads H] [--causal] "
+                   "[--teams T] [--blocks M] [--narrow]\n");
+      std::exit(1);
+    }
+  }
+  if (a.batch < 1 || a.seqlen < 1 || a.heads < 1 || a.teams < 1 || a.blocks < 4) {
+    std::fprintf(stderr, "bench_bwd_trace: sizes must be positive, --blocks at least 4\n");
+    std::exit(1);
+  }
+  return a;
+}
 
 double median(std::vector<double> x) {
   if (x.empty()) return 0;
