@@ -1,8 +1,8 @@
 // Phase timeline of the Hopper backward at head_dim 128 (the library's
-// FlashBackwardWgmmaKernel with Pipelined, bf16), from inside the kernel:
-// the first thread of each warpgroup of the first --teams teams reads the
-// SM clock (clock64) at ten points of each query block (the kernel's Trace
-// option, WgmmaBwdTrace). Prints, per phase, the median cycles a block
+// FlashBackwardWgmmaKernel, pipelined, bf16), from inside the kernel: the
+// first thread of each warpgroup of the first --teams teams reads the SM
+// clock (clock64) at ten points of each query block (ClockProbe, the
+// kernel's probe). Prints, per phase, the median cycles a block
 // spends in it over the traced blocks (the first two and the last of each
 // team left out), for each warpgroup, beside the block's whole period, and
 // how far apart the two warpgroups are at the team barrier. Then, from every
@@ -16,7 +16,8 @@
 //                   [--teams 16] [--blocks 64] [--narrow]
 //
 // --narrow traces the kernel with dQ's tensor reductions in boxes of 8
-// fp32 a row (the library's before RESULTS v49) instead of 32.
+// fp32 a row (kDqWide false: the library's before RESULTS v49) instead of
+// 32.
 //
 // The inputs are random (q, k, v, dO in [-1, 1]); O and lse come from the
 // library's forward. The library's backward runs 3 times first (warm-up),
@@ -39,7 +40,83 @@
 #include <string>
 #include <vector>
 
+// The probe and the shapes are outside the anonymous namespace: nvcc warns
+// of its members where a compilation pass has no wgmma kernel to call them.
+namespace bwd_trace {
+
+/// FlashBackwardWgmmaKernel's probe here (kfa::Impl::NoProbe says where the
+/// kernel calls it): the SM clock (clock64) at the block events, taken by
+/// the first thread of each warpgroup of the first `teams` teams, for their
+/// first `blocks` query blocks, at trace[((team · 2 + warpgroup) · blocks +
+/// block) · kBlockEvents + event]. And for each of the first `team_count`
+/// teams, by its first thread, at team_trace[team · kTeamEvents + event]:
+/// 0 the SM's index, 1 to 5 the SM clock at the team events (1 the team's
+/// start, 2 its first query block's top, 3 the end of its last block, 4
+/// its dK and dV stores issued, 5 its end); 6 and 7 the global timer (ns)
+/// at its start and end.
+constexpr int kBlockEvents = 10;
+constexpr int kTeamEvents = 8;
+struct ClockProbe {
+  long long* m_trace = nullptr;
+  int m_trace_teams = 0, m_trace_blocks = 0;
+  long long* m_team_trace = nullptr;
+  int m_team_trace_count = 0;
+
+  void set_trace(long long* trace, int teams, int blocks) {
+    m_trace = trace;
+    m_trace_teams = teams;
+    m_trace_blocks = blocks;
+  }
+  void set_team_trace(long long* team_trace, int team_count) {
+    m_team_trace = team_trace;
+    m_team_trace_count = team_count;
+  }
+
+  KOKKOS_FORCEINLINE_FUNCTION void team_event(int team, int tid, int event) const {
+#if defined(__CUDA_ARCH__)
+    if (tid != 0 || team >= m_team_trace_count) return;
+    long long* const t = m_team_trace + long(team) * kTeamEvents;
+    long long now;
+    if (event == 1 || event == 5) {
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+      t[event == 1 ? 6 : 7] = now;
+    }
+    if (event == 1) {
+      unsigned sm;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      t[0] = sm;
+    }
+    t[event] = clock64();
+#else
+    (void)team, (void)tid, (void)event;
+#endif
+  }
+
+  KOKKOS_FORCEINLINE_FUNCTION void block_event(int team, int tid, int wg, int block,
+                                               int event) const {
+#if defined(__CUDA_ARCH__)
+    if (tid % 128 == 0 && team < m_trace_teams && block < m_trace_blocks)
+      m_trace[((team * 2 + wg) * m_trace_blocks + block) * kBlockEvents + event] = clock64();
+#else
+    (void)team, (void)tid, (void)wg, (void)block, (void)event;
+#endif
+  }
+};
+
+/// The library's shape at head_dim 128 with dQ's reductions in boxes of 8
+/// fp32 a row (--narrow).
+struct NarrowDqShape : kfa::Impl::WgmmaBwdShape<128> {
+  static constexpr bool kDqWide = false;
+};
+
+}  // namespace bwd_trace
+
 namespace {
+
+using bwd_trace::ClockProbe;
+using bwd_trace::kBlockEvents;
+using bwd_trace::kTeamEvents;
+using bwd_trace::NarrowDqShape;
 
 struct Args {
   int batch = 2, seqlen = 8192, heads = 16, teams = 16, blocks = 64;
@@ -85,7 +162,7 @@ double median(std::vector<double> x) {
 }
 
 /// Where the teams' time goes (the last run of the traced kernel, every
-/// team; WgmmaBwdTrace's team events): per team, the cycles from its start
+/// team; ClockProbe's team events): per team, the cycles from its start
 /// to its first query block's top (prologue: K, V and the first stages
 /// loaded), through its blocks, to its last dQ tile handed over and its dK
 /// and dV stored, to its end; per SM, the cycles between one team's end and
@@ -93,8 +170,7 @@ double median(std::vector<double> x) {
 /// SMs sat idle before their first team and after their last.
 template <class TeamTrace>
 void team_report(const TeamTrace& tt, int league, int seqlen, int block_m, bool causal) {
-  constexpr int kE = kfa::Impl::kWgmmaBwdTeamEvents;
-  auto ev = [&](int team, int e) { return tt(std::size_t(team) * kE + e); };
+  auto ev = [&](int team, int e) { return tt(std::size_t(team) * kTeamEvents + e); };
   std::vector<double> prologue, loop, per_block, last_dq_stores, final_wait, total;
   std::vector<std::vector<int>> by_sm;
   long long t_begin = 0, t_end = 0;
@@ -163,7 +239,7 @@ void team_report(const TeamTrace& tt, int league, int seqlen, int block_m, bool 
               mean(idle_after));
 }
 
-template <bool DqWide>
+template <class Shape>
 void run(const Args& a) {
   using Space = Kokkos::Cuda;
   using T = kfa::bfloat16;
@@ -173,9 +249,10 @@ void run(const Args& a) {
   using Format = kfa::Impl::MmaFormat<Space, T>::type;
   constexpr int kD = 128;
   using Kernel = kfa::Impl::FlashBackwardWgmmaKernel<Space, kD, Format, View4, View4, View4, View4,
-                                                     View3, View3, Acc, View4, View4, false, true,
-                                                     false, true, true, true, DqWide>;
-  constexpr int kEvents = kfa::Impl::kWgmmaBwdTraceEvents;
+                                                     View3, View3, Acc, View4, View4, Shape,
+                                                     ClockProbe>;
+  static_assert(Kernel::kPipelined, "bench_bwd_trace: the phases are the pipelined loop's");
+  constexpr int kEvents = kBlockEvents;
   const Space space;
   if (!kfa::Impl::wgmma_available(space) || !Kernel::fits(space)) {
     std::fprintf(stderr, "bench_bwd_trace: needs a Hopper GPU and a build with sm_90a code\n");
@@ -204,7 +281,6 @@ void run(const Args& a) {
   Kokkos::View<long long*, Space::memory_space> trace("trace", std::size_t(a.teams) * 2 *
                                                                    a.blocks * kEvents);
   const int league = B * H * ((N + Kernel::kBlockN - 1) / Kernel::kBlockN);
-  constexpr int kTeamEvents = kfa::Impl::kWgmmaBwdTeamEvents;
   Kokkos::View<long long*, Space::memory_space> team_trace("team_trace",
                                                            std::size_t(league) * kTeamEvents);
   Kernel kernel(q, k, v, d_o, lse, delta, acc, dk, dv, scale, a.causal);
@@ -264,7 +340,7 @@ void run(const Args& a) {
   }
   const double lib = median(lib_ms), trc = median(traced_ms);
   const double flops = 2.5 * 4.0 * B * H * double(N) * N * kD / (a.causal ? 2 : 1);
-  std::printf("# dQ reductions in boxes of %d fp32 a row\n", DqWide ? 32 : 8);
+  std::printf("# dQ reductions in boxes of %d fp32 a row\n", Kernel::kDqBoxCols);
   std::printf("# bf16 B %d N %d H %d d %d%s: library backward %.3f ms (%.1f TFLOP/s), traced "
               "kernel + prep %.3f ms\n",
               B, N, H, kD, a.causal ? " causal" : "", lib, flops / (lib * 1e-3) / 1e12, trc);
@@ -286,8 +362,8 @@ int main(int argc, char* argv[]) {
   const Args a = parse(argc, argv);
   Kokkos::ScopeGuard guard(argc, argv);
   if (a.narrow)
-    run<false>(a);
+    run<NarrowDqShape>(a);
   else
-    run<true>(a);
+    run<kfa::Impl::WgmmaBwdShape<128>>(a);
   return 0;
 }

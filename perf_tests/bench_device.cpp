@@ -59,7 +59,7 @@ struct Args {
   /// mma_forward_variant(). (Earlier variants, lb3 and w8, are in RESULTS.md.)
   std::string fwd_variant = "default";
   /// Backward kernel variant (backward_variant()), after the library's
-  /// forward: "default" or a tile shape of the fp64 wide backward.
+  /// forward: "default" or a tile shape of the fp32/fp64 backward at fp64.
   std::string bwd_variant = "default";
   /// Whether the library's 16-bit kernels may take the Hopper (wgmma) path.
   bool wgmma = true;
@@ -212,7 +212,7 @@ struct LibraryWgmmaShape {
   using at = kfa::Impl::WgmmaFwdShape<HeadDim>;
 };
 template <int BlockN, int MinBlocks, int WarpGroups, bool Tma = false, int Stages = 2,
-          bool Realloc = false, bool PingPong = false, bool Persistent = false>
+          bool Realloc = false, bool Persistent = false>
 struct FixedWgmmaShape {
   template <int HeadDim>
   struct at {
@@ -222,7 +222,6 @@ struct FixedWgmmaShape {
     static constexpr bool kTma = Tma;
     static constexpr int kStages = Stages;
     static constexpr bool kRealloc = Realloc;
-    static constexpr bool kPingPong = PingPong;
     static constexpr bool kPersistent = Persistent;
   };
 };
@@ -252,18 +251,17 @@ struct CpAsyncWgmmaShape {
 };
 /// A producer warpgroup whose registers the others take: Warpgroups
 /// warpgroups, BlockN keys (at head_dim 256: 64), persistent teams or not.
-template <int WarpGroups, int BlockN, int Stages = 2, bool PingPong = false,
-          bool Persistent = true>
+template <int WarpGroups, int BlockN, int Stages = 2, bool Persistent = true>
 struct WsWgmmaShape {
   template <int HeadDim>
   using at = typename FixedWgmmaShape<HeadDim == 256 ? 64 : BlockN, 1, WarpGroups, true, Stages,
-                                      true, PingPong, Persistent>::template at<HeadDim>;
+                                      true, Persistent>::template at<HeadDim>;
 };
 template <bool Persistent = true>
 struct Ws3WgmmaShape {
   template <int HeadDim>
-  using at = typename WsWgmmaShape<3, HeadDim == 64 ? 128 : 64, 2, false,
-                                   Persistent>::template at<HeadDim>;
+  using at =
+      typename WsWgmmaShape<3, HeadDim == 64 ? 128 : 64, 2, Persistent>::template at<HeadDim>;
 };
 
 /// The Hopper (wgmma) forward with the scale folded or not, in one of the
@@ -333,7 +331,7 @@ std::function<void()> fp32_fp64_forward_shape(const Args& a, View4 q, View4 k, V
   throw std::invalid_argument("--fwd-variant needs head_dim 64 or 128");
 }
 
-/// A wide forward shape that multiplies O by fp64's lazy rescale factor in
+/// An fp32/fp64 forward shape that multiplies O by fp64's lazy rescale factor in
 /// every block (the "rescale_o" variant, the library before RESULTS v33).
 template <class Shape>
 struct RescaleOAlwaysShape : Shape {
@@ -378,7 +376,7 @@ std::function<void()> exact_fp32_forward(const Args& a, View4 q, View4 k, View4 
                              MinBlocksPerSM, FastExp, DmmaScores>(q, k, v, o, lse, scale, causal)
           .launch(Space());
     };
-  throw std::invalid_argument("--fwd-variant simt_* needs head_dim 64 or 128");
+  throw std::invalid_argument("--fwd-variant exact_fp32_* needs head_dim 64 or 128");
 }
 
 /// A backward kernel other than the library's: D (delta) by the library's
@@ -434,20 +432,22 @@ std::function<void()> exact_fp32_backward_at(const Args& a, View4 q, View4 k, Vi
 #endif
 
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
-/// The Hopper (wgmma) backwards' kernels: FlashBackwardWgmmaKernel with
-/// DqFirst, DqTma and DqLag (head_dim 64 or 128), and
-/// FlashBackwardWgmmaProductSplitKernel with DqOverlap and DqStaged
-/// (head_dim 256).
-template <bool DqFirst, bool DqTma, bool DqLag, bool EarlyDv = false, bool Pipelined = false,
-          bool DqWide = false>
+/// The Hopper (wgmma) backwards' kernels: FlashBackwardWgmmaKernel in the
+/// shape of DqTma, EarlyDv, Pipelined and DqWide (kfa::Impl::WgmmaBwdShape's
+/// members; head_dim 64 or 128), and FlashBackwardWgmmaProductSplitKernel
+/// with DqOverlap and DqStaged (head_dim 256).
+template <bool DqTma, bool EarlyDv = false, bool Pipelined = false, bool DqWide = false>
 struct WgmmaBwdPick {
   static constexpr bool kD256 = false;
   static constexpr bool kD64 = !Pipelined;  // Pipelined runs head_dim 128 only
+  struct Shape {
+    static constexpr bool kDqTma = DqTma, kEarlyDv = EarlyDv, kPipelined = Pipelined,
+                          kDqWide = DqWide;
+  };
   template <int D, class Format, class View4, class View3, class Acc>
   using kernel = kfa::Impl::FlashBackwardWgmmaKernel<Kokkos::DefaultExecutionSpace, D, Format,
                                                      View4, View4, View4, View4, View3, View3,
-                                                     Acc, View4, View4, DqFirst, DqTma, DqLag,
-                                                     EarlyDv, Pipelined, false, DqWide>;
+                                                     Acc, View4, View4, Shape>;
 };
 template <bool DqOverlap, bool DqStaged = true>
 struct Wgmma256BwdPick {
@@ -517,14 +517,12 @@ std::function<void()> wgmma_backward(const Args& a, View4 q, View4 k, View4 v, V
 /// dimension: the library's shape at head_dim 128); "s2" (the library's
 /// shape with two stages of Q and dO and one team per SM, the default
 /// before run 46); at head_dim 128 "one_softmax" (the first warp of a pair
-/// takes every exponential, before RESULTS v35). fp32: "simt_ffma" (the
+/// takes every exponential, before RESULTS v35). fp32: "exact_fp32_ffma" (the
 /// exact kernel with Sᵀ and dPᵀ by fp32 FMAs, before RESULTS v30).
 /// bf16/fp16 on a build with sm_90a code (RESULTS v41-v43): "wgmma" (the
 /// Hopper backward with one bulk reduction per dQ row, v41), "wgmma_dqtma"
 /// (bulk tensor reductions: the library's at head_dim 64, and at 128
-/// before v47), "wgmma_dqfirst" and
-/// "wgmma_dqfirst_tma" (dK's products after dQ's), "wgmma_dqlag" (dQ one
-/// block late, v43), "wgmma_early_dv" (Pᵀ while dPᵀ's products run, dV's
+/// before v47), "wgmma_early_dv" (Pᵀ while dPᵀ's products run, dV's
 /// products before dSᵀ, v46), "wgmma_pipelined" (early_dv with one team
 /// barrier a block, the next block's products issued behind dQ's stores,
 /// head_dim 128: the library's there from v47 to v49),
@@ -542,12 +540,12 @@ std::function<void()> backward_variant(const Args& a, View4 q, View4 k, View4 v,
   namespace mma = kfa::Impl::cuda_mma;
 #ifdef KOKKOS_ENABLE_CUDA
   if constexpr (std::is_same<T, float>::value) {
-    if (a.bwd_variant == "simt_ffma" && a.head_dim == 64)
+    if (a.bwd_variant == "exact_fp32_ffma" && a.head_dim == 64)
       return exact_fp32_backward_at<64, false>(a, q, k, v, o, lse, d_o, dq, dk, dv);
-    if (a.bwd_variant == "simt_ffma" && a.head_dim == 128)
+    if (a.bwd_variant == "exact_fp32_ffma" && a.head_dim == 128)
       return exact_fp32_backward_at<128, false>(a, q, k, v, o, lse, d_o, dq, dk, dv);
-    throw std::invalid_argument("--bwd-variant for fp32 must be default or simt_ffma (head_dim "
-                                "64 or 128)");
+    throw std::invalid_argument(
+        "--bwd-variant for fp32 must be default or exact_fp32_ffma (head_dim 64 or 128)");
   }
 #endif
   if constexpr (std::is_same<T, double>::value) {
@@ -576,28 +574,22 @@ std::function<void()> backward_variant(const Args& a, View4 q, View4 k, View4 v,
   auto wgmma = [&](auto pick) {
     return wgmma_backward<decltype(pick), T>(a, q, k, v, o, lse, d_o, dq, dk, dv);
   };
-  if (a.bwd_variant == "wgmma") return wgmma(WgmmaBwdPick<false, false, false>());
-  if (a.bwd_variant == "wgmma_dqfirst") return wgmma(WgmmaBwdPick<true, false, false>());
-  if (a.bwd_variant == "wgmma_dqtma") return wgmma(WgmmaBwdPick<false, true, false>());
-  if (a.bwd_variant == "wgmma_dqfirst_tma") return wgmma(WgmmaBwdPick<true, true, false>());
-  if (a.bwd_variant == "wgmma_dqlag") return wgmma(WgmmaBwdPick<false, true, true>());
-  if (a.bwd_variant == "wgmma_early_dv")
-    return wgmma(WgmmaBwdPick<false, true, false, true>());
-  if (a.bwd_variant == "wgmma_pipelined")
-    return wgmma(WgmmaBwdPick<false, true, false, true, true>());
+  if (a.bwd_variant == "wgmma") return wgmma(WgmmaBwdPick<false>());
+  if (a.bwd_variant == "wgmma_dqtma") return wgmma(WgmmaBwdPick<true>());
+  if (a.bwd_variant == "wgmma_early_dv") return wgmma(WgmmaBwdPick<true, true>());
+  if (a.bwd_variant == "wgmma_pipelined") return wgmma(WgmmaBwdPick<true, true, true>());
   if (a.bwd_variant == "wgmma_pipelined_wide")
-    return wgmma(WgmmaBwdPick<false, true, false, true, true, true>());
-  if (a.bwd_variant == "wgmma_dqtma_wide")
-    return wgmma(WgmmaBwdPick<false, true, false, false, false, true>());
+    return wgmma(WgmmaBwdPick<true, true, true, true>());
+  if (a.bwd_variant == "wgmma_dqtma_wide") return wgmma(WgmmaBwdPick<true, false, false, true>());
   if (a.bwd_variant == "wgmma256") return wgmma(Wgmma256BwdPick<false>());
   if (a.bwd_variant == "wgmma256_overlap") return wgmma(Wgmma256BwdPick<true>());
   if (a.bwd_variant == "wgmma256_direct") return wgmma(Wgmma256BwdPick<false, false>());
 #endif
   (void)q, (void)k, (void)v, (void)o, (void)lse, (void)d_o, (void)dq, (void)dk, (void)dv;
   throw std::invalid_argument(
-      "--bwd-variant needs fp32 or fp64, or wgmma, wgmma_dqfirst, wgmma_dqtma, "
-      "wgmma_dqfirst_tma, wgmma_dqlag, wgmma_early_dv, wgmma_pipelined, wgmma_pipelined_wide, "
-      "wgmma_dqtma_wide, wgmma256, wgmma256_overlap or wgmma256_direct (bf16, fp16 on CUDA)");
+      "--bwd-variant needs fp32 or fp64, or wgmma, wgmma_dqtma, wgmma_early_dv, "
+      "wgmma_pipelined, wgmma_pipelined_wide, wgmma_dqtma_wide, wgmma256, wgmma256_overlap or "
+      "wgmma256_direct (bf16, fp16 on CUDA)");
 }
 
 /// 16-bit types: "policy": the shape that fits Kokkos' TeamPolicy scratch
@@ -608,26 +600,24 @@ std::function<void()> backward_variant(const Args& a, View4 q, View4 k, View4 v,
 /// (wgmma) shapes: "wgmma_nofold", "wgmma_2wg", "wgmma_n128", "wgmma_n64",
 /// "wgmma_3wg", and with bulk tensor copies from a producer warp (RESULTS
 /// v37) "wgmma_tma", "wgmma_tma_s3" (3 K/V stages), "wgmma_tma_1wg" (teams
-/// of one warpgroup), "wgmma_tma_n128" (d 64: 128-key blocks),
-/// "wgmma_tma_pp" (wgmma_tma at d 128, the warpgroups' products in turns);
-/// with the producer a warpgroup whose registers the computing warpgroups
-/// take (RESULTS v38-v40), one persistent team per SM: "wgmma_ws" (two
+/// of one warpgroup), "wgmma_tma_n128" (d 64: 128-key blocks); with the
+/// producer a warpgroup whose registers the computing warpgroups take
+/// (RESULTS v38-v40), one persistent team per SM: "wgmma_ws" (two
 /// warpgroups, 128-key blocks, the library's at d 128; at d 256 64-key
 /// blocks), "wgmma_ws_np" (wgmma_ws with a team per tile, v38; the
-/// library's at d 256), "wgmma_ws_pp" (products in turns),
-/// "wgmma_ws_pp_s3" (and 3 K/V stages), "wgmma_ws_3wg" (three warpgroups;
-/// 128 keys at d 64, the library's there; 64 at d 128), "wgmma_ws_3wg_np"
-/// (the same, a team per tile); "wgmma_cpasync" (the library's shape
+/// library's at d 256), "wgmma_ws_3wg" (three warpgroups; 128 keys at d 64,
+/// the library's there; 64 at d 128), "wgmma_ws_3wg_np" (the same, a team
+/// per tile); "wgmma_cpasync" (the library's shape
 /// before v38, and for short causal sequences since v40).
 /// fp32: "split_tf32" and "tf32" (Fp32Matmul options of the library's
-/// dispatch), "simt_bn16" (the exact kernel with 16-key blocks, three teams
-/// per SM), "simt_2teams" (64-key blocks at head_dim 64, 32 at 128, two
-/// teams per SM: the shape before RESULTS run 48), "simt_expf" (the exact
+/// dispatch), "exact_fp32_bn16" (the exact kernel with 16-key blocks, three teams
+/// per SM), "exact_fp32_2teams" (64-key blocks at head_dim 64, 32 at 128, two
+/// teams per SM: the shape before RESULTS run 48), "exact_fp32_expf" (the exact
 /// kernel with expf, before RESULTS v26),
-/// "simt_ffma" (the exact kernel with S by fp32 FMAs, before RESULTS v30),
+/// "exact_fp32_ffma" (the exact kernel with S by fp32 FMAs, before RESULTS v30),
 /// "split_tf32_accum" (3xTF32 with every product summed inside the
 /// tensor core, the default before RESULTS v23), "portable" (the portable
-/// team kernel, as without opt-in shared memory), "wide_128": 3xTF32 with
+/// team kernel, as without opt-in shared memory), "fp32_fp64_128": 3xTF32 with
 /// 128 query rows (4 warps x 2 atoms), 32 keys, one team per SM.
 /// fp64: "m8n8k4": the m8n8k4 atom in its shapes (the default before
 /// m16n8k8); "bn8": m16n8k8 with 8-key blocks, two teams per SM (the d 128
@@ -650,14 +640,14 @@ std::function<void()> forward_variant(const Args& a, View4 q, View4 k, View4 v, 
     }
 #ifdef KOKKOS_ENABLE_CUDA
     using kfa::Impl::exact_fp32_block_n;
-    if (a.fwd_variant == "simt_bn16")
+    if (a.fwd_variant == "exact_fp32_bn16")
       return exact_fp32_forward<16, 16, 3, true>(a, q, k, v, o, lse);
-    if (a.fwd_variant == "simt_2teams")
+    if (a.fwd_variant == "exact_fp32_2teams")
       return exact_fp32_forward<64, 32, 2, true>(a, q, k, v, o, lse);
-    if (a.fwd_variant == "simt_expf")
+    if (a.fwd_variant == "exact_fp32_expf")
       return exact_fp32_forward<exact_fp32_block_n<64>(), exact_fp32_block_n<128>(), kfa::Impl::exact_fp32_teams_per_sm(),
                           false>(a, q, k, v, o, lse);
-    if (a.fwd_variant == "simt_ffma")
+    if (a.fwd_variant == "exact_fp32_ffma")
       return exact_fp32_forward<exact_fp32_block_n<64, false>(), exact_fp32_block_n<128, false>(),
                           kfa::Impl::exact_fp32_teams_per_sm<false>(), true, false>(a, q, k, v, o, lse);
 #endif
@@ -672,12 +662,13 @@ std::function<void()> forward_variant(const Args& a, View4 q, View4 k, View4 v, 
 #ifdef KOKKOS_ENABLE_CUDA
     if (a.fwd_variant == "split_tf32_accum")
       return fp32_fp64_forward_default<mma::Tf32Atom<3, false>>(a, q, k, v, o, lse);
-    if (a.fwd_variant == "wide_128")
+    if (a.fwd_variant == "fp32_fp64_128")
       return fp32_fp64_forward_shape<Fp32Fp64FwdShape<4, 2, 32, 1>, mma::Tf32x3Atom>(a, q, k, v, o, lse);
 #endif
     throw std::invalid_argument(
-        "--fwd-variant for fp32 must be default, split_tf32, split_tf32_accum, tf32, simt_bn16, "
-        "simt_2teams, simt_expf, simt_ffma, portable or wide_128");
+        "--fwd-variant for fp32 must be default, split_tf32, split_tf32_accum, tf32, "
+        "exact_fp32_bn16, exact_fp32_2teams, exact_fp32_expf, exact_fp32_ffma, portable or "
+        "fp32_fp64_128");
   } else if constexpr (std::is_same<T, double>::value) {
 #ifdef KOKKOS_ENABLE_CUDA
     if (a.fwd_variant == "m8n8k4") return fp32_fp64_forward_default<mma::Fp64Atom>(a, q, k, v, o, lse);
@@ -727,18 +718,10 @@ std::function<void()> forward_variant(const Args& a, View4 q, View4 k, View4 v, 
       return wgmma_forward<true, T, TmaWgmmaShape<3, 64, 3>>(a, q, k, v, o, lse);
     if (a.fwd_variant == "wgmma_tma_1wg")  // teams of 1 warpgroup: 3 (d 64) or 2 per SM
       return wgmma_forward<true, T, TmaWgmmaShape<1, 64, 2, 1, 3, 2>>(a, q, k, v, o, lse);
-    if (a.fwd_variant == "wgmma_tma_pp")  // 2 warpgroups, 64 keys, turns
-      return wgmma_forward<true, T, FixedWgmmaShape<64, 1, 2, true, 2, false, true>>(a, q, k, v,
-                                                                                  o, lse);
     if (a.fwd_variant == "wgmma_ws")  // producer warpgroup, 2 warpgroups, 128 keys
       return wgmma_forward<true, T, WsWgmmaShape<2, 128>, true>(a, q, k, v, o, lse);
     if (a.fwd_variant == "wgmma_ws_np")  // wgmma_ws, a team per tile
-      return wgmma_forward<true, T, WsWgmmaShape<2, 128, 2, false, false>, true>(a, q, k, v, o,
-                                                                                lse);
-    if (a.fwd_variant == "wgmma_ws_pp")  // wgmma_ws, turns
-      return wgmma_forward<true, T, WsWgmmaShape<2, 128, 2, true>>(a, q, k, v, o, lse);
-    if (a.fwd_variant == "wgmma_ws_pp_s3")  // wgmma_ws_pp, 3 stages
-      return wgmma_forward<true, T, WsWgmmaShape<2, 128, 3, true>>(a, q, k, v, o, lse);
+      return wgmma_forward<true, T, WsWgmmaShape<2, 128, 2, false>, true>(a, q, k, v, o, lse);
     if (a.fwd_variant == "wgmma_ws_3wg")  // 3 warpgroups, 128 keys at d 64, 64 at 128
       return wgmma_forward<true, T, Ws3WgmmaShape<>>(a, q, k, v, o, lse);
     if (a.fwd_variant == "wgmma_ws_3wg_np")  // wgmma_ws_3wg, a team per tile
@@ -752,8 +735,7 @@ std::function<void()> forward_variant(const Args& a, View4 q, View4 k, View4 v, 
     throw std::invalid_argument(
         "--fwd-variant must be default, policy, policy_m2, large_8w, mma_large, wgmma_nofold, "
         "wgmma_2wg, wgmma_n128, wgmma_n64, wgmma_3wg, wgmma_tma, wgmma_tma_n128, wgmma_tma_s3, "
-        "wgmma_tma_1wg, wgmma_tma_pp, wgmma_ws, wgmma_ws_np, wgmma_ws_pp, wgmma_ws_pp_s3, "
-        "wgmma_ws_3wg, wgmma_ws_3wg_np, "
+        "wgmma_tma_1wg, wgmma_ws, wgmma_ws_np, wgmma_ws_3wg, wgmma_ws_3wg_np, "
         "wgmma_cpasync or large_n32");
   }
 }

@@ -337,35 +337,38 @@ void check_backward_kernel(const Shape& s, bool causal, const std::string& shape
   check("dv", to_host(dv), dv_plain, dv_ref);
 }
 
-// The Hopper backward kernel with its options (bench_device's
-// wgmma_dqfirst, wgmma_dqtma, wgmma_dqfirst_tma, wgmma_dqlag,
-// wgmma_early_dv, wgmma_pipelined, wgmma_pipelined_wide, wgmma_dqtma_wide,
-// and the per-row dQ reductions; the dispatch takes DqTma, with EarlyDv,
-// Pipelined and DqWide at head_dim 128): dK's products after dQ's
-// (DqFirst), the dQ tile added by bulk tensor reductions (DqTma), dQ one
-// block late (DqLag), dV's products issued before dSᵀ is computed
-// (EarlyDv), one team barrier a block (Pipelined), the tensor reductions
-// in boxes of 32 fp32 a row (DqWide). dQ is read from the fp32
-// accumulator, dK and dV from the 16-bit outputs.
-template <class T, int HeadDim, bool DqFirst, bool DqTma, bool DqLag = false,
-          bool EarlyDv = false, bool Pipelined = false, bool DqWide = false>
+// The Hopper backward kernel in shapes other than the library's
+// (kfa::Impl::WgmmaBwdShape: kDqTma, with kEarlyDv, kPipelined and kDqWide
+// at head_dim 128; bench_device's wgmma, wgmma_dqtma, wgmma_early_dv,
+// wgmma_pipelined, wgmma_pipelined_wide, wgmma_dqtma_wide): the dQ tile
+// added by bulk tensor reductions (DqTma) or one bulk reduction per row,
+// dV's products issued before dSᵀ is computed (EarlyDv), one team barrier
+// a block (Pipelined), the tensor reductions in boxes of 32 fp32 a row
+// (DqWide). dQ is read from the fp32 accumulator, dK and dV from the
+// 16-bit outputs.
+template <bool DqTma, bool EarlyDv, bool Pipelined, bool DqWide>
+struct WgmmaBwdTestShape {
+  static constexpr bool kDqTma = DqTma, kEarlyDv = EarlyDv, kPipelined = Pipelined,
+                        kDqWide = DqWide;
+};
+template <class T, int HeadDim, bool DqTma, bool EarlyDv = false, bool Pipelined = false,
+          bool DqWide = false>
 void check_wgmma_backward(const Shape& s, bool causal) {
   using Space = Kokkos::Cuda;
   using View4 = DeviceView4<T, Space>;
   using View3 = DeviceView3<float, Space>;
   using Acc = DeviceView4<float, Space>;
   using Format = typename kfa::Impl::MmaFormat<Space, T>::type;
-  using Kernel = kfa::Impl::FlashBackwardWgmmaKernel<Space, HeadDim, Format, View4, View4, View4,
-                                                     View4, View3, View3, Acc, View4, View4,
-                                                     DqFirst, DqTma, DqLag, EarlyDv, Pipelined,
-                                                     false, DqWide>;
+  using Kernel =
+      kfa::Impl::FlashBackwardWgmmaKernel<Space, HeadDim, Format, View4, View4, View4, View4,
+                                          View3, View3, Acc, View4, View4,
+                                          WgmmaBwdTestShape<DqTma, EarlyDv, Pipelined, DqWide>>;
   ASSERT_EQ(s.head_dim, HeadDim);
   check_backward_kernel<T, Kernel, float>(
       s, causal,
-      std::string(DqFirst ? "dq first, " : "") +
-          (DqTma ? "dq by tensor reductions" : "dq by row reductions") +
-          (DqLag ? ", dq one block late" : "") + (EarlyDv ? ", dv before ds" : "") +
-          (Pipelined ? ", pipelined" : "") + (DqWide ? ", wide dq boxes" : ""));
+      std::string(DqTma ? "dq by tensor reductions" : "dq by row reductions") +
+          (EarlyDv ? ", dv before ds" : "") + (Pipelined ? ", pipelined" : "") +
+          (DqWide ? ", wide dq boxes" : ""));
 }
 
 // Query blocks partial and whole (the tensor reductions drop rows past the
@@ -377,41 +380,29 @@ TEST(FlashBackwardCuda, HopperWgmmaOptions) {
   }
   for (bool causal : {false, true}) {
     for (const Shape& s : {Shape{2, 256, 384, 2, 128}, Shape{1, 129, 300, 3, 128}}) {
-      check_wgmma_backward<kfa::bfloat16, 128, false, false>(s, causal);
-      check_wgmma_backward<kfa::half, 128, true, false>(s, causal);
-      check_wgmma_backward<kfa::bfloat16, 128, false, true>(s, causal);
+      check_wgmma_backward<kfa::bfloat16, 128, false>(s, causal);
+      check_wgmma_backward<kfa::bfloat16, 128, true>(s, causal);
       check_wgmma_backward<kfa::bfloat16, 128, true, true>(s, causal);
-      check_wgmma_backward<kfa::half, 128, false, true, true>(s, causal);
-      check_wgmma_backward<kfa::bfloat16, 128, false, true, false, true>(s, causal);
-      check_wgmma_backward<kfa::half, 128, false, true, false, true, true>(s, causal);
-      check_wgmma_backward<kfa::bfloat16, 128, false, true, false, true, true>(s, causal);
-      check_wgmma_backward<kfa::bfloat16, 128, false, true, false, true, true, true>(s, causal);
-      check_wgmma_backward<kfa::half, 128, false, true, false, false, false, true>(s, causal);
+      check_wgmma_backward<kfa::half, 128, true, true, true>(s, causal);
+      check_wgmma_backward<kfa::bfloat16, 128, true, true, true>(s, causal);
+      check_wgmma_backward<kfa::bfloat16, 128, true, true, true, true>(s, causal);
+      check_wgmma_backward<kfa::half, 128, true, false, false, true>(s, causal);
     }
     for (const Shape& s : {Shape{1, 520, 515, 2, 64}, Shape{2, 333, 190, 2, 64}}) {
-      check_wgmma_backward<kfa::bfloat16, 64, false, false>(s, causal);
-      check_wgmma_backward<kfa::half, 64, true, false>(s, causal);
-      check_wgmma_backward<kfa::bfloat16, 64, false, true>(s, causal);
+      check_wgmma_backward<kfa::bfloat16, 64, false>(s, causal);
+      check_wgmma_backward<kfa::bfloat16, 64, true>(s, causal);
       check_wgmma_backward<kfa::half, 64, true, true>(s, causal);
-      check_wgmma_backward<kfa::bfloat16, 64, false, true, true>(s, causal);
-      check_wgmma_backward<kfa::half, 64, false, true, false, true>(s, causal);
-      check_wgmma_backward<kfa::bfloat16, 64, false, true, false, false, false, true>(s, causal);
+      check_wgmma_backward<kfa::bfloat16, 64, true, false, false, true>(s, causal);
     }
   }
-  check_wgmma_backward<kfa::bfloat16, 128, false, true>({2, 150, 40, 2, 128}, true);
-  check_wgmma_backward<kfa::bfloat16, 128, false, true, true>({2, 150, 40, 2, 128}, true);
-  check_wgmma_backward<kfa::bfloat16, 128, false, true, false, true>({2, 150, 40, 2, 128}, true);
-  check_wgmma_backward<kfa::bfloat16, 128, false, true, false, true, true>({2, 150, 40, 2, 128},
-                                                                          true);
+  check_wgmma_backward<kfa::bfloat16, 128, true>({2, 150, 40, 2, 128}, true);
+  check_wgmma_backward<kfa::bfloat16, 128, true, true>({2, 150, 40, 2, 128}, true);
+  check_wgmma_backward<kfa::bfloat16, 128, true, true, true>({2, 150, 40, 2, 128}, true);
   // One, two and three query blocks (the pipelined prologue and stages).
   for (int n : {64, 100, 192}) {
-    check_wgmma_backward<kfa::half, 128, false, true, false, true, true>({1, n, 128, 2, 128},
-                                                                        false);
-    check_wgmma_backward<kfa::bfloat16, 128, false, true, false, true, true, true>(
-        {1, n, 128, 2, 128}, false);
+    check_wgmma_backward<kfa::half, 128, true, true, true>({1, n, 128, 2, 128}, false);
+    check_wgmma_backward<kfa::bfloat16, 128, true, true, true, true>({1, n, 128, 2, 128}, false);
   }
-  // One query block (the lagged dQ only in the epilogue).
-  check_wgmma_backward<kfa::bfloat16, 128, false, true, true>({1, 64, 128, 2, 128}, false);
 }
 
 // The Hopper backward at head_dim 256 with dQ's products issued behind dV's
@@ -471,7 +462,7 @@ void check_fp32_fp64_backward_shape(const Shape& s, bool causal) {
 
 // The exact fp32 backward with Sᵀ and dPᵀ on the fp64 tensor cores (the
 // default on sm_90+) and on fp32 FMAs (the default before, bench_device's
-// simt_ffma), both held to fp32 arithmetic's error.
+// exact_fp32_ffma), both held to fp32 arithmetic's error.
 template <int HeadDim, bool DmmaScores>
 void check_exact_fp32_backward(const Shape& s, bool causal) {
   using View4 = DeviceView4<float, Kokkos::Cuda>;

@@ -222,11 +222,9 @@ void check_mma_shape(const Shape& s, bool causal) {
 /// one team per SM, WarpGroups warpgroups a team, and with Tma the copies
 /// by a producer warp (bulk tensor copies) into Stages buffers, with
 /// Realloc from a producer warpgroup that gives its registers to the
-/// others, with PingPong the warpgroups' products in turns, with Persistent
-/// one team per SM that takes tile after tile.
+/// others, with Persistent one team per SM that takes tile after tile.
 template <int HeadDim, class T, bool FoldScale = true, int BlockN = 0, int WarpGroups = 0,
-          bool Tma = false, int Stages = 2, bool Realloc = false, bool PingPong = false,
-          bool Persistent = false>
+          bool Tma = false, int Stages = 2, bool Realloc = false, bool Persistent = false>
 void check_wgmma(const Shape& s, bool causal, double key_ramp = 0) {
   using Format = typename kfa::Impl::MmaFormat<Kokkos::Cuda, T>::type;
   using L = kfa::Impl::WgmmaFwdShape<HeadDim>;
@@ -238,7 +236,7 @@ void check_wgmma(const Shape& s, bool causal, double key_ramp = 0) {
                        lib ? L::kBlockN : BlockN, lib ? L::kMinBlocksPerSM : 1,
                        lib ? L::kWarpGroups : WarpGroups, lib ? L::kTma : Tma,
                        lib ? L::kStages : Stages, lib ? L::kRealloc : Realloc,
-                       lib ? L::kPingPong : PingPong, lib ? L::kPersistent : Persistent>,
+                       lib ? L::kPersistent : Persistent>,
                    T>(s, causal, key_ramp);
 }
 
@@ -325,17 +323,15 @@ TEST(FlashForwardCuda, HopperWgmmaTma) {
 }
 
 // The Hopper forward fed by a producer warpgroup that gives its registers
-// to the computing warpgroups (the library's shapes: RESULTS v38, v39;
-// bench_device's wgmma_ws, wgmma_ws_np, wgmma_ws_pp, wgmma_ws_pp_s3,
-// wgmma_ws_3wg): a team per tile and persistent teams, with and without the
-// warpgroups' products in turns, 2 and 3 stages, in the shapes of
-// HopperWgmmaTma plus query rows that see no key under the causal mask
-// (more queries than keys: then a tile has no key block and takes no
-// turn), a single key block, and leagues of more tiles than an H200 has
-// SMs (132: 240 and 192 tiles), so that a persistent team runs several
-// tiles (the barriers' phases carried from tile to tile, the next tile's Q
-// loaded while the last one's rows are written, tiles taken from the
-// counter).
+// to the computing warpgroups (the library's shapes; bench_device's
+// wgmma_ws, wgmma_ws_np, wgmma_ws_3wg): a team per tile and persistent
+// teams, 2 and 3 stages, in the shapes of HopperWgmmaTma plus query rows
+// that see no key under the causal mask (more queries than keys: then a
+// tile has no key block), a single key block, and leagues of more tiles
+// than an H200 has SMs (132: 240 and 192 tiles), so that a persistent team
+// runs several tiles (the barriers' phases carried from tile to tile, the
+// next tile's Q loaded while the last one's rows are written, tiles taken
+// from the counter).
 TEST(FlashForwardCuda, HopperWgmmaProducerWarpgroup) {
   if (!kfa::Impl::wgmma_available(Kokkos::Cuda())) {
     GTEST_SKIP() << "no sm_90 GPU, or this build has no sm_90a device code (KFA_CUDA_SM90A)";
@@ -346,21 +342,20 @@ TEST(FlashForwardCuda, HopperWgmmaProducerWarpgroup) {
                            Shape{1, 128, 128, 2, 128}, Shape{2, 190, 333, 4, 128, 2},
                            Shape{2, 300, 200, 40, 128}, Shape{2, 300, 200, 40, 128, 8}}) {
       check_wgmma<128, kfa::bfloat16, true, 128, 2, true, 2, true>(s, causal);
-      check_wgmma<128, kfa::bfloat16, true, 128, 2, true, 2, true, true, true>(s, causal);
-      check_wgmma<128, kfa::half, true, 128, 2, true, 2, true, true, true>(s, causal);
-      check_wgmma<128, kfa::bfloat16, true, 128, 2, true, 3, true, true, true>(s, causal);
-      check_wgmma<128, kfa::half, true, 64, 3, true, 2, true, false, true>(s, causal);
+      check_wgmma<128, kfa::bfloat16, true, 128, 2, true, 2, true, true>(s, causal);
+      check_wgmma<128, kfa::bfloat16, true, 128, 2, true, 3, true, true>(s, causal);
+      check_wgmma<128, kfa::half, true, 64, 3, true, 2, true, true>(s, causal);
       check_wgmma<128, kfa::half>(s, causal);
     }
     for (const Shape& s : {Shape{2, 190, 333, 2, 64}, Shape{1, 1000, 257, 1, 64},
                            Shape{1, 257, 300, 6, 64, 2}, Shape{2, 300, 200, 48, 64},
                            Shape{2, 400, 150, 48, 64, 12}}) {
-      check_wgmma<64, kfa::bfloat16, true, 128, 2, true, 2, true, false, true>(s, causal);
+      check_wgmma<64, kfa::bfloat16, true, 128, 2, true, 2, true, true>(s, causal);
       check_wgmma<64, kfa::half>(s, causal);
     }
     check_wgmma<256, kfa::bfloat16>(Shape{2, 130, 200, 3, 256}, causal);
-    check_wgmma<128, kfa::bfloat16, true, 128, 2, true, 3, true, true, true>(
-        Shape{1, 300, 1000, 2, 128}, causal, 4.0);
+    check_wgmma<128, kfa::bfloat16, true, 128, 2, true, 3, true, true>(Shape{1, 300, 1000, 2, 128},
+                                                                       causal, 4.0);
     check_wgmma<128, kfa::half, true, 128, 2, true, 2, true>(Shape{1, 300, 1000, 2, 128}, causal,
                                                              4.0);
   }
@@ -520,9 +515,9 @@ TEST(FlashForwardCuda, Fp32Fp64TensorCoreTileShapes) {
 }
 
 // The exact fp32 forward with S on the fp64 tensor cores (the default on
-// sm_90+) and on fp32 FMAs (the default before, bench_device's simt_ffma),
-// both held to fp32 arithmetic's error; and scores that grow along the keys
-// (many rescales of O per row).
+// sm_90+) and on fp32 FMAs (the default before, bench_device's
+// exact_fp32_ffma), both held to fp32 arithmetic's error; and scores that
+// grow along the keys (many rescales of O per row).
 template <int HeadDim, bool DmmaScores>
 void check_exact_fp32_forward(const Shape& s, bool causal, double key_ramp = 0) {
   using Kernel =

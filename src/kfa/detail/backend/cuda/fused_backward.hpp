@@ -55,8 +55,7 @@ struct FusedBackward {
       D == 256,
       FlashBackwardWgmmaProductSplitKernel<ExecSpace, Format, Q, K, V, DO, Lse, Delta, AccView, DK,
                                            DV>,
-      FlashBackwardWgmmaKernel<ExecSpace, D, Format, Q, K, V, DO, Lse, Delta, AccView, DK, DV,
-                               false, true, false, D == 128, D == 128, false, D == 128>>;
+      FlashBackwardWgmmaKernel<ExecSpace, D, Format, Q, K, V, DO, Lse, Delta, AccView, DK, DV>>;
 #endif
 
   /// Whether `family`'s kernel for the call fits `space`'s GPU (see

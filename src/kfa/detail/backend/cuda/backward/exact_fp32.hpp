@@ -5,8 +5,9 @@
 // atomics into dq, zeroed by the caller; no tf32): Sᵀ, dPᵀ and dQ on the
 // fp64 tensor cores (sm_90+; exact products, fp64 sums) while dV and dK run
 // on fp32 FMAs tiled in registers and laid out for shared-memory bandwidth
-// as in the simt forward (kfa/detail/backend/cuda/primitives/fma_tiles.hpp, RESULTS v29, v30, v31);
-// before sm_90 all five on FMAs. A team of 4 warps owns 64 keys, 16 per warp;
+// as in the exact fp32 forward
+// (kfa/detail/backend/cuda/primitives/fma_tiles.hpp); before sm_90 all
+// five on FMAs. A team of 4 warps owns 64 keys, 16 per warp;
 // per query block of kBlockM:
 //   Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ   one after the other, each as the forward's S
 //                             (cuda_mma::RowProducts): a lane ends with 2
@@ -41,7 +42,7 @@ namespace Impl {
 /// DmmaScores: Sᵀ, dPᵀ and dQ on the fp64 tensor cores
 /// (cuda_mma::dmma_row_products, dmma_tile_products: exact products, fp64
 /// sums), beside dV and dK on the FMA pipe; the default where the build has
-/// fp64 m16n8k8 (sm_90+), false is bench_device's variant simt_ffma (all
+/// fp64 m16n8k8 (sm_90+), false is bench_device's variant exact_fp32_ffma (all
 /// five on FMAs).
 template <class ExecSpace, int HeadDim, class QView, class KView, class VView, class DOView,
           class LseView, class DeltaView, class DQView, class DKView, class DVView,
@@ -67,11 +68,11 @@ class FlashBackwardExactFp32Kernel {
   static constexpr int kPitchP = kBlockN + 4;              // floats per P, dS row
   static constexpr int kChunksDQ = kHeadDim / 4;           // float4 columns of dQ
   static_assert(kHeadDim == 64 || kHeadDim == 128,
-                "kfa: the simt backward's dK, dV tile needs head_dim 64 or 128");
+                "kfa: the exact fp32 backward's dK, dV tile needs head_dim 64 or 128");
   static_assert(kBlockM / 4 * kChunksDQ == 32 * kWarps,
-                "kfa: the simt backward gives each thread 4 x 4 of dQ");
+                "kfa: the exact fp32 backward gives each thread 4 x 4 of dQ");
   static_assert(kBlockM / 16 * kHeadDim / 8 == 4 * kWarps,
-                "kfa: the simt backward's dQ on DMMA gives each warp 4 m16n8 tiles");
+                "kfa: the exact fp32 backward's dQ on DMMA gives each warp 4 m16n8 tiles");
 
   FlashBackwardExactFp32Kernel(const QView& q, const KView& k, const VView& v, const DOView& d_o,
                           const LseView& lse, const DeltaView& delta, const DQView& dq,
@@ -94,7 +95,7 @@ class FlashBackwardExactFp32Kernel {
   }
 
   void launch(const ExecSpace& space) const {
-    launch_cuda_team(space, "kfa::bwd::simt_dk_dv", *this, m_p.league(m_num_kv_blocks),
+    launch_cuda_team(space, "kfa::bwd::exact_fp32_dk_dv", *this, m_p.league(m_num_kv_blocks),
                      scratch_bytes());
   }
 
@@ -179,7 +180,7 @@ class FlashBackwardExactFp32Kernel {
       Scores::products(dpt, sV, sdO, warp, lane);
       // The next block's copies, into the stage the previous block used,
       // issued after the Sᵀ and dPᵀ products rather than right after the
-      // barrier (as in the simt forward, RESULTS v23).
+      // barrier (as in the exact fp32 forward).
       if (q_block + 1 < num_q_blocks) load_q_block(q_block + 1, 1 - stage);
 
       // Pᵀ, dSᵀ; written [query][key] to the warp's own keys of P and dS.

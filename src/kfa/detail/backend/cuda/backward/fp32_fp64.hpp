@@ -2,8 +2,9 @@
 #define KFA_DETAIL_BACKEND_CUDA_BACKWARD_FP32_FP64_HPP
 
 // Tensor-core backward for fp32 and fp64 on the CUDA backend (dK, dV per key
-// block, dQ by atomics), over the atoms of kfa/detail/backend/cuda/primitives/mma_atoms.hpp: DMMA for
-// fp64, 3xTF32 (or tf32) for fp32. The 16-bit backward's decomposition: a
+// block, dQ by atomics), over the atoms of
+// kfa/detail/backend/cuda/primitives/mma_atoms.hpp: DMMA for fp64, 3xTF32
+// (or tf32) for fp32. The 16-bit backward's decomposition: a
 // team of 4-8 warps owns kBlockN keys (one atom of rows per warp, or per
 // pair of warps with DimSplit 2: 64 keys in fp64, 128 in fp32, so Q, dO and
 // the dQ atomics pass through L2 once per that many keys); K and V stay in
@@ -51,7 +52,7 @@ struct Fp32Fp64BwdAtom<cuda_mma::Fp64Atom, HeadDim> {
 };
 #endif
 
-/// Tile shape of the wide backward: warps per team, query rows per step,
+/// Tile shape of the fp32/fp64 backward: warps per team, query rows per step,
 /// and DimSplit, the warps that share one atom of keys. With DimSplit 1 a
 /// warp owns its keys' dK and dV over the whole head dimension and computes
 /// their Sᵀ and dPᵀ itself. With DimSplit 2 (for accumulators that would
@@ -59,8 +60,7 @@ struct Fp32Fp64BwdAtom<cuda_mma::Fp64Atom, HeadDim> {
 /// computes Sᵀ and Pᵀ, the second dPᵀ, they swap those tiles through
 /// scratch, and each accumulates dK and dV for half the head dimension.
 /// The pairs are adjacent warps (2g, 2g + 1); pairs (g, g + Warps/2), which
-/// would put both warps of a pair on one scheduler, measured 3% slower
-/// (RESULTS v25).
+/// would put both warps of a pair on one scheduler, are slower.
 /// Stages: buffers of Q and dO (2: the next block's copies overlap this
 /// block's work; 1: they overlap only dQ = dS·K, and two teams share an SM
 /// where one stage lets their scratch fit).
@@ -68,7 +68,7 @@ struct Fp32Fp64BwdAtom<cuda_mma::Fp64Atom, HeadDim> {
 /// holds Sᵀ and dPᵀ for half the query tiles and computes their Pᵀ and dSᵀ
 /// (half the exponentials each), and a second swap completes both; false
 /// (a shape derived from this one, for the bench): the first warp computes
-/// every exponential while the second waits (RESULTS v35).
+/// every exponential while the second waits.
 template <int Warps, int BlockM, int DimSplit, int Stages = 2>
 struct Fp32Fp64BwdShape {
   static constexpr int kWarps = Warps;
@@ -78,13 +78,12 @@ struct Fp32Fp64BwdShape {
   static constexpr bool kSharedSoftmax = true;
 };
 
-/// The library's shapes (RESULTS.md v5-v7, v25, runs 44-49): 8 warps, but 4
-/// for fp64 m16n8k8 at head_dim 64 (64 keys, one stage of Q and dO so that
-/// two teams share an SM: 1-1.7% faster than two stages and one team since
-/// the tiles are swizzled; measured there: 8 warps and 128 keys 8% slower,
-/// their dQ pass reads dSᵀ once per 8 columns; DimSplit 2 28% slower), and at
-/// head_dim 128 8 warps in pairs (DimSplit 2, 64 keys: 39% faster than
-/// m8n8k4 with 8 keys per warp). Query rows per step are bound by registers
+/// The library's shapes: 8 warps, but 4 for fp64 m16n8k8 at head_dim 64 (64
+/// keys, one stage of Q and dO so that two teams share an SM: faster than
+/// two stages and one team, than 8 warps and 128 keys, whose dQ pass reads
+/// dSᵀ once per 8 columns, and than DimSplit 2), and at head_dim 128 8
+/// warps in pairs (DimSplit 2, 64 keys: faster than m8n8k4 with 8 keys per
+/// warp). Query rows per step are bound by registers
 /// (the dK and dV accumulators, the Sᵀ and dPᵀ tiles) and, at head_dim 128,
 /// by scratch (230 KB).
 template <class Atom, int HeadDim>
@@ -117,13 +116,13 @@ class FlashBackwardFp32Fp64Kernel {
   static constexpr int kPitchS = kBlockM + 4;   // elements per row of dSᵀ
   /// Elements of the Pᵀ / dPᵀ swap per warp (DimSplit 2): its tile, lane-major.
   static constexpr int kSwap = kSplit == 1 ? 0 : Atom::kRows * kBlockM;
-  static_assert(kHeadDim % 32 == 0, "kfa: the wide mma backward needs head_dim % 32 == 0");
+  static_assert(kHeadDim % 32 == 0, "kfa: the fp32/fp64 backward needs head_dim % 32 == 0");
   static_assert(kBlockM % Atom::kRows == 0 && kBlockM / Atom::kRows <= kWarps,
-                "kfa: the wide mma backward splits dQ rows over the warps");
+                "kfa: the fp32/fp64 backward splits dQ rows over the warps");
   static_assert(kSplit == 1 || (kSplit == 2 && kWarps % 2 == 0 && kWarps / 2 <= 15),
-                "kfa: the wide mma backward shares an atom of keys between 1 or 2 warps");
+                "kfa: the fp32/fp64 backward shares an atom of keys between 1 or 2 warps");
   static_assert(kSplit == 1 || !Shape::kSharedSoftmax || kBlockM % 16 == 0,
-                "kfa: a pair of the wide mma backward shares the softmax by 8-query tiles");
+                "kfa: a pair of the fp32/fp64 backward shares the softmax by 8-query tiles");
 
   FlashBackwardFp32Fp64Kernel(const QView& q, const KView& k, const VView& v, const DOView& d_o,
                              const LseView& lse, const DeltaView& delta, const DQView& dq,
@@ -146,7 +145,7 @@ class FlashBackwardFp32Fp64Kernel {
   }
 
   void launch(const ExecSpace& space) const {
-    launch_cuda_team(space, "kfa::bwd::mma_wide_dk_dv", *this,
+    launch_cuda_team(space, "kfa::bwd::fp32_fp64_dk_dv", *this,
                      m_p.league(m_num_kv_blocks), scratch_bytes());
   }
 

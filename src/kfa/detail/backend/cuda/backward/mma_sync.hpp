@@ -22,7 +22,7 @@
 // and V fragments and the dK, dV accumulators fill them) and at head_dim 256.
 //
 // Head dim 256 (staged shapes only) splits the head dimension over pairs of
-// warps, as the wide backward's DimSplit 2 does: the dK and dV accumulators
+// warps, as the fp32/fp64 backward's DimSplit 2 does: the dK and dV accumulators
 // of 16 keys over 256 columns would take 256 registers of one warp. The two
 // warps of a pair own the same 16 keys (64 per team); the first computes Sᵀ
 // and Pᵀ, the second dPᵀ, they swap those fp32 tiles through scratch (a
@@ -61,7 +61,7 @@ class FlashBackwardMmaKernel : public Fused16Backward {
   static constexpr int kHeadDim = HeadDim;
   /// Warps per team, 16 keys each: 8 (128 keys) with opt-in shared memory,
   /// which halves the Q and dO reads and the dQ atomics per key against 4
-  /// warps (the L2 traffic that bounded v4); 4 (64 keys) inside the
+  /// warps (L2 traffic that bounds the 4-warp team); 4 (64 keys) inside the
   /// TeamPolicy's scratch.
   static constexpr int kWarps = Stages >= 2 ? 8 : 4;
   /// Warps that share 16 keys, each owning dK and dV for 1/kSplit of the

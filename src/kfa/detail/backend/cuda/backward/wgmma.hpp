@@ -19,20 +19,19 @@
 // by the copy engine after the next block's first barrier, instead of a
 // red.global per value: by bulk tensor reductions (cp.reduce.async.bulk.
 // tensor, one thread issues the tile's head_dim / 8 boxes of [M][8] fp32;
-// DqTma, the library's, RESULTS v42) or one bulk reduction per query row.
-// At head_dim 128 the library's kernel is Pipelined (RESULTS v47): one team
-// barrier a block (before dQ's products), the next block's Sᵀ and dPᵀ
+// kDqTma, the library's) or one bulk reduction per query row.
+// At head_dim 128 the library's shape (WgmmaBwdShape) is pipelined: one
+// team barrier a block (before dQ's products), the next block's Sᵀ and dPᵀ
 // issued right behind the dQ tile's stores, Q/dO in three stages and two
 // dSᵀ tiles (226.5 KB of scratch), Pᵀ computed while dPᵀ's products run
-// and dV's products issued before dSᵀ (EarlyDv); its tensor reductions go
-// in boxes of 32 fp32 a row, 128-byte swizzled (DqWide, v49: with boxes
-// of 8 a row thread 0 waited ~1350 cycles a block for the copy engine's
-// queue, RESULTS run 95).
+// and dV's products issued before dSᵀ (kEarlyDv); its tensor reductions go
+// in boxes of 32 fp32 a row, 128-byte swizzled (kDqWide: with boxes of 8 a
+// row the issuing thread waits for the copy engine's queue every block).
 // Scratch at head_dim 128: K, V 2 x 32 KB, 2 x (Q, dO 2 x 16 KB, lse, D),
 // the dSᵀ tile 16 KB, the dQ tile 32 KB (34 KB with padded rows for the
 // per-row reductions): 177 KB; at 64: K, V 2 x 16 KB, 2 x (Q, dO 2 x 16 KB),
-// dSᵀ 32 KB, dQ 32 KB: 163 KB (DqLag doubles the dSᵀ and dQ tiles). Tiles
-// are 128-byte swizzled (kfa/detail/backend/cuda/primitives/wgmma.hpp); a dSᵀ tile is [M / 64][128
+// dSᵀ 32 KB, dQ 32 KB: 163 KB. Tiles are 128-byte swizzled
+// (kfa/detail/backend/cuda/primitives/wgmma.hpp); a dSᵀ tile is [M / 64][128
 // keys][64 queries].
 
 #include <kfa/detail/attention/mask.hpp>
@@ -49,8 +48,8 @@ namespace kfa {
 namespace Impl {
 
 /// The tensor map of the fp32 dQ accumulator of a backward whose dQ tiles
-/// are added by bulk tensor reductions (FlashBackwardWgmmaKernel's DqTma),
-/// none otherwise.
+/// are added by bulk tensor reductions (WgmmaBwdShape's kDqTma), none
+/// otherwise.
 template <bool DqTma>
 struct WgmmaBwdMaps {};
 template <>
@@ -58,36 +57,47 @@ struct WgmmaBwdMaps<true> {
   TmaMap m_map_dq;
 };
 
-/// The phase trace of a pipelined backward (FlashBackwardWgmmaKernel's
-/// Trace, perf_tests/bench_bwd_trace): the SM clock (clock64) at
-/// kWgmmaBwdTraceEvents points of each query block, taken by the first
-/// thread of each warpgroup of the first `teams` teams, for their first
-/// `blocks` query blocks, at trace[((team · 2 + warpgroup) · blocks +
-/// block) · kWgmmaBwdTraceEvents + event]. And for each of the first
-/// `team_count` teams, by its first thread, at team_trace[team ·
-/// kWgmmaBwdTeamEvents + event]: 0 the SM's index, then the SM clock at
-/// 1 the team's start, 2 its first query block's top, 3 the end of its
-/// last block, 4 its dK and dV stores issued, 5 its end; 6 and 7 the
-/// global timer (ns) at its start and end. None without Trace.
-constexpr int kWgmmaBwdTraceEvents = 10;
-constexpr int kWgmmaBwdTeamEvents = 8;
-template <bool Trace>
-struct WgmmaBwdTrace {};
-template <>
-struct WgmmaBwdTrace<true> {
-  long long* m_trace = nullptr;
-  int m_trace_teams = 0, m_trace_blocks = 0;
-  long long* m_team_trace = nullptr;
-  int m_team_trace_count = 0;
-  void set_trace(long long* trace, int teams, int blocks) {
-    m_trace = trace;
-    m_trace_teams = teams;
-    m_trace_blocks = blocks;
-  }
-  void set_team_trace(long long* team_trace, int team_count) {
-    m_team_trace = team_trace;
-    m_team_trace_count = team_count;
-  }
+/// The choices of the wgmma backward at HeadDim (FlashBackwardWgmmaKernel's
+/// Shape; perf_tests and the unit tests pass others):
+/// - kDqTma: the dQ tile goes to the accumulator by bulk tensor reductions
+///   that one thread issues (kHeadDim / 8 boxes of [kBlockM][8] fp32, each
+///   dense in scratch), else by one bulk reduction per row.
+/// - kEarlyDv: Sᵀ and dPᵀ in two commit groups; Pᵀ computed while dPᵀ's
+///   products run, dV's products issued before dSᵀ is computed, dK's
+///   before dSᵀ is stored, so that the exponentials, dSᵀ and its stores
+///   overlap the tensor cores.
+/// - kPipelined (head_dim 128, with kEarlyDv and kDqTma): one team barrier a
+///   block instead of two (FlashBackwardWgmmaKernel::kStages).
+/// - kDqWide (with kDqTma): the tensor reductions in boxes of 32 fp32 a row
+///   (128 bytes, 128-byte swizzled in scratch), kHeadDim / 32 a tile,
+///   instead of 8 a row: a quarter of the copy engine's row requests. At
+///   head_dim 64 the boxes of 8 stay: there the wide ones are the slower
+///   (why is not known).
+template <int HeadDim>
+struct WgmmaBwdShape {
+  static constexpr bool kDqTma = true;
+  static constexpr bool kEarlyDv = HeadDim == 128;
+  static constexpr bool kPipelined = HeadDim == 128;
+  static constexpr bool kDqWide = HeadDim == 128;
+};
+
+/// FlashBackwardWgmmaKernel's Probe, the library's: no hooks, no data. The
+/// kernel derives from its probe (an empty base adds nothing) and calls, in
+/// every thread (tid, of warpgroup wg, of the team of league rank `team`):
+/// - team_event(team, tid, event) at 1 the team's start, 2 its first query
+///   block's top, 3 the end of its last block, 4 its dK and dV stores
+///   issued, 5 its end;
+/// - block_event(team, tid, wg, block, event) in the team's block-th query
+///   block (from 0) at 0 the block's top, 1 Sᵀ and dPᵀ issued and the
+///   previous dQ tile handed over, 2 Sᵀ done, 3 Pᵀ computed and dV's
+///   products issued, 4 dPᵀ done, 5 dSᵀ computed and dK's products issued,
+///   6 dSᵀ stored and the copies waited for, 7 past the team barrier (dQ's
+///   products issued), 8 dV, dK and dQ done, 9 the dQ tile stored (0, 1
+///   and 6 to 9 with kPipelined only, 3 and 4 with kEarlyDv only).
+/// perf_tests/bench_bwd_trace's probe reads the clock there.
+struct NoProbe {
+  KOKKOS_FORCEINLINE_FUNCTION void team_event(int, int, int) const {}
+  KOKKOS_FORCEINLINE_FUNCTION void block_event(int, int, int, int, int) const {}
 };
 
 /// The copies of the wgmma backwards (FlashBackwardWgmmaKernel,
@@ -199,9 +209,8 @@ KOKKOS_FORCEINLINE_FUNCTION void wgmma_bwd_probabilities(float (&s)[Tiles][4], c
 /// copied out 16 bytes a thread, 512 contiguous bytes a warp. A row holds
 /// HeadDim values with its 16-byte chunk c at chunk c ^ (row % 8), so the
 /// 8 rows of a warp's puts of one chunk fall in distinct banks. Stored
-/// from the fragments instead, each warp store wrote 8 rows x 16 bytes
-/// and a head_dim 128 team took ~10,000 cycles from its last block to its
-/// end (RESULTS run 106).
+/// from the fragments instead, each warp store would write 8 rows x 16
+/// bytes, partial lines that hold up the team's end.
 template <class Elem, int HeadDim>
 struct StagedRows {
   static constexpr int kRowBytes = HeadDim * int(sizeof(Elem));
@@ -286,76 +295,36 @@ KOKKOS_FORCEINLINE_FUNCTION void store_dk_dv_staged(const Fused16Backward& kerne
 
 template <class ExecSpace, int HeadDim, class Format, class QView, class KView, class VView,
           class DOView, class LseView, class DeltaView, class DQAccView, class DKView,
-          class DVView, bool DqFirst = false, bool DqTma = true, bool DqLag = false,
-          bool EarlyDv = false, bool Pipelined = false, bool Trace = false,
-          bool DqWide = false>
+          class DVView, class Shape = WgmmaBwdShape<HeadDim>, class Probe = NoProbe>
 class FlashBackwardWgmmaKernel : public Fused16Backward,
-                                 public WgmmaBwdMaps<DqTma>,
-                                 public WgmmaBwdTrace<Trace> {
+                                 public WgmmaBwdMaps<Shape::kDqTma>,
+                                 public Probe {
  public:
   static constexpr int kHeadDim = HeadDim;
+  static constexpr bool kDqTma = Shape::kDqTma;
+  static constexpr bool kEarlyDv = Shape::kEarlyDv;
+  static constexpr bool kPipelined = Shape::kPipelined;
+  static constexpr bool kDqWide = Shape::kDqWide;
+  static constexpr bool kTensorMaps = kDqTma;  // launch_cuda_team: __grid_constant__
+  static_assert(!kPipelined || (kEarlyDv && kDqTma && HeadDim == 128),
+                "kfa: the pipelined backward runs head_dim 128 with kEarlyDv and kDqTma");
+  static_assert(!kDqWide || kDqTma, "kfa: the wide dQ boxes are tensor reductions (kDqTma)");
   static constexpr int kWarps = 8;     // 2 warpgroups
   static constexpr int kBlockN = 128;  // keys per team, 64 per warpgroup
   /// Queries per step: 128 at head_dim 64 (Sᵀ and dPᵀ 64 registers each,
   /// dK and dV 32), 64 at 128 (32 and 64).
   static constexpr int kBlockM = HeadDim == 64 ? 128 : 64;
-  /// Q/dO buffers (launch_mma_kernel: opt-in scratch), 3 with Pipelined.
-  static constexpr int kStages = Pipelined ? 3 : 2;
+  /// Q/dO buffers (launch_mma_kernel: opt-in scratch). kPipelined: three
+  /// (a block loads the one after next behind its barrier, when every
+  /// warpgroup is done with the block before) and two dSᵀ tiles (a block's
+  /// dSᵀ is written while the other warpgroup's dQ of the block before may
+  /// still read its tile), 226.5 KB of scratch; the next block's Sᵀ and dPᵀ
+  /// are issued right behind this block's stores to the dQ tile, and a
+  /// named barrier then hands the tile to the reductions.
+  static constexpr int kStages = kPipelined ? 3 : 2;
+  static constexpr int kDsTiles = kPipelined ? 2 : 1;
   static constexpr int kMinBlocksPerSM = 1;
-  /// DqFirst: dK's products issued after dQ's (FlashAttention-3's order), so
-  /// that the dQ tile's stores run beside them; else before the barrier
-  /// that precedes dQ.
-  static constexpr bool kDqFirst = DqFirst;
-  /// DqTma: the dQ tile goes to the accumulator by bulk tensor reductions
-  /// that one thread issues (kHeadDim / 8 boxes of [kBlockM][8] fp32, each
-  /// dense in scratch), else by one bulk reduction per row.
-  static constexpr bool kDqTma = DqTma;
-  static constexpr bool kTensorMaps = DqTma;  // launch_cuda_team: __grid_constant__
-  /// DqLag: dQ of a query block is computed in the next block's step,
-  /// issued after its softmax just before its dV and dK (the dSᵀ made
-  /// visible by that block's barrier), so a block has one team barrier
-  /// instead of two and dQ's stores run beside dV's and dK's products. The
-  /// dSᵀ and dQ tiles are double buffered (227 KB of scratch at head_dim
-  /// 64, the most a block has).
-  static constexpr bool kDqLag = DqLag;
-  static_assert(!DqLag || (DqTma && !DqFirst),
-                "kfa: the lagged dQ takes the tensor reductions and not DqFirst");
-  /// EarlyDv: Sᵀ and dPᵀ in two commit groups; Pᵀ computed while dPᵀ's
-  /// products run, dV's products issued before dSᵀ is computed, dK's
-  /// before dSᵀ is stored, so that the exponentials, dSᵀ and its stores
-  /// overlap the tensor cores.
-  static constexpr bool kEarlyDv = EarlyDv;
-  static_assert(!EarlyDv || (!DqFirst && !DqLag),
-                "kfa: the early dV takes neither DqFirst nor DqLag");
-  /// Pipelined (head_dim 128, with EarlyDv and DqTma): one team barrier a
-  /// block instead of two. The next block's Sᵀ and dPᵀ are issued right
-  /// behind this block's stores to the dQ tile, and a named barrier then
-  /// hands the tile to the reductions. Q/dO in three stages (a block loads the one after next
-  /// behind its barrier, when every warpgroup is done with the block
-  /// before), two dSᵀ tiles (a block's dSᵀ is written while the other
-  /// warpgroup's dQ of the block before may still read its tile): 226.5 KB
-  /// of scratch.
-  static constexpr bool kPipelined = Pipelined;
-  static_assert(!Pipelined || (EarlyDv && DqTma && HeadDim == 128),
-                "kfa: the pipelined backward runs head_dim 128 with EarlyDv and DqTma");
-  /// Trace (Pipelined, for perf_tests/bench_bwd_trace only): the clock at
-  /// the phases of each query block (WgmmaBwdTrace): 0 the block's top,
-  /// 1 Sᵀ and dPᵀ issued and the previous dQ tile handed over, 2 Sᵀ done,
-  /// 3 Pᵀ computed and dV's products issued, 4 dPᵀ done, 5 dSᵀ computed
-  /// and dK's products issued, 6 dSᵀ stored and the copies waited for,
-  /// 7 past the team barrier (dQ's products issued), 8 dV, dK and dQ
-  /// done, 9 the dQ tile stored.
-  static_assert(!Trace || Pipelined, "kfa: the phase trace is of the pipelined backward");
-  /// DqWide (with DqTma): the tensor reductions in boxes of 32 fp32 a row
-  /// (128 bytes, 128-byte swizzled in scratch), kHeadDim / 32 a tile,
-  /// instead of 8 a row: a quarter of the copy engine's row requests. The
-  /// library's at head_dim 128 (RESULTS v49); at 64 the boxes of 8 were
-  /// faster.
-  static constexpr bool kDqWide = DqWide;
-  static_assert(!DqWide || DqTma, "kfa: the wide dQ boxes are tensor reductions (DqTma)");
-  static constexpr int kDqBoxCols = DqWide ? 32 : 8;
-  static constexpr int kDqTiles = DqLag ? 2 : 1;
-  static constexpr int kDsTiles = DqLag || Pipelined ? 2 : 1;
+  static constexpr int kDqBoxCols = kDqWide ? 32 : 8;
   static_assert(kHeadDim == 64 || kHeadDim == 128,
                 "kfa: the wgmma backward runs head_dim 64 or 128");
   /// dQ split over the warpgroups: by query rows (kBlockM 128) or by head
@@ -364,14 +333,14 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
   static constexpr int kTileKV = kBlockN * kHeadDim;  // values per tile
   static constexpr int kTileQ = kBlockM * kHeadDim;
   static constexpr int kTileDS = kBlockN * kBlockM;
-  /// The dQ tile in scratch: with DqTma [kHeadDim / 8][kBlockM][8] fp32
-  /// (store_dq), else [kBlockM][kDqPitch] (8 floats of padding: a warp's 8
-  /// rows x 4 column pairs hit distinct banks in 2 wavefronts; rows stay
-  /// 16-byte aligned for the bulk copy).
+  /// The dQ tile in scratch: with kDqTma [kHeadDim / kDqBoxCols][kBlockM]
+  /// [kDqBoxCols] fp32 (store_dq), else [kBlockM][kDqPitch] (8 floats of
+  /// padding: a warp's 8 rows x 4 column pairs hit distinct banks in 2
+  /// wavefronts; rows stay 16-byte aligned for the bulk copy).
   static constexpr int kDqPitch = kHeadDim + 8;
-  static constexpr int kTileDQ = DqTma ? kBlockM * kHeadDim : kBlockM * kDqPitch;
-  static_assert(!DqWide || (2 * (2 * kTileKV + 2 * kStages * kTileQ + kDsTiles * kTileDS)) %
-                                   1024 == 0,
+  static constexpr int kTileDQ = kDqTma ? kBlockM * kHeadDim : kBlockM * kDqPitch;
+  static_assert(!kDqWide || (2 * (2 * kTileKV + 2 * kStages * kTileQ + kDsTiles * kTileDS)) %
+                                    1024 == 0,
                 "kfa: the wide dQ boxes' swizzle needs the dQ tile 1024-byte aligned");
   using policy_t = Kokkos::TeamPolicy<ExecSpace>;
 
@@ -389,7 +358,7 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
 #endif
   }
 
-  /// The GPU gives a team its scratch (and, with DqTma, the driver makes
+  /// The GPU gives a team its scratch (and, with kDqTma, the driver makes
   /// tensor maps).
   static bool fits(const ExecSpace& space) {
 #if defined(KOKKOS_ENABLE_CUDA)
@@ -408,7 +377,7 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
   KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
     return sizeof(std::uint16_t) * (2 * std::size_t(kTileKV) + 2 * kStages * std::size_t(kTileQ) +
                                     kDsTiles * std::size_t(kTileDS)) +
-           sizeof(float) * (kDqTiles * std::size_t(kTileDQ) + 2 * kStages * kBlockM) + 1024;
+           sizeof(float) * (std::size_t(kTileDQ) + 2 * kStages * kBlockM) + 1024;
   }
 
   /// Scratch free once every product and copy is done, from K's tile on:
@@ -434,26 +403,9 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
     const long row_stride = long(m_p.heads) * kHeadDim;
     const long q_offset = m_p.offset(b, h, m_p.seqlen_q, kHeadDim);
     const long k_offset = m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
-    // Trace: the team's events (WgmmaBwdTrace).
-    auto mark_team = [&](int event) {
-      if constexpr (Trace) {
-        if (tid == 0 && league < this->m_team_trace_count) {
-          long long* const t = this->m_team_trace + long(league) * kWgmmaBwdTeamEvents;
-          long long now;
-          if (event == 1 || event == 5) {
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-            t[event == 1 ? 6 : 7] = now;
-          }
-          if (event == 1) {
-            unsigned sm;
-            asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-            t[0] = sm;
-          }
-          t[event] = clock64();
-        }
-      }
-    };
-    mark_team(1);
+    // The probe's team events (NoProbe).
+    auto probe_team = [&](int event) { this->team_event(league, tid, event); };
+    probe_team(1);
 
     const std::uint32_t raw_addr = smem_address(raw);
     const std::uint32_t base_addr = (raw_addr + 1023) & ~std::uint32_t(1023);
@@ -463,7 +415,7 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
     std::uint16_t* const sQ0 = sV + kTileKV;  // stage s: Q, then dO
     std::uint16_t* const sdS = sQ0 + 2 * kStages * kTileQ;
     float* const sdQ = reinterpret_cast<float*>(sdS + kDsTiles * kTileDS);
-    float* const s_stats0 = sdQ + kDqTiles * kTileDQ;  // stage s: lse, D
+    float* const s_stats0 = sdQ + kTileDQ;  // stage s: lse, D
     auto stage_q = [&](int s) { return sQ0 + 2 * s * kTileQ; };
     auto stage_stats = [&](int s) { return s_stats0 + 2 * s * kBlockM; };
     auto addr = [&](const void* p) {
@@ -496,14 +448,9 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
     const int key0 = key_begin + warp * 16 + lane / 4;
     const int first_q_block = m_p.mask.row_begin(key_begin) / kBlockM;
     const int num_q_blocks = (m_p.seqlen_q + kBlockM - 1) / kBlockM;
-    // Trace: the clock at `event` of query block q_block.
-    auto mark = [&](int q_block, int event) {
-      if constexpr (Trace) {
-        const int blk = q_block - first_q_block;
-        if (tid % 128 == 0 && league < this->m_trace_teams && blk < this->m_trace_blocks)
-          this->m_trace[((league * 2 + wg) * this->m_trace_blocks + blk) * kWgmmaBwdTraceEvents +
-                        event] = clock64();
-      }
+    // The probe's events of query block q_block (NoProbe).
+    auto probe_block = [&](int q_block, int event) {
+      this->block_event(league, tid, wg, q_block - first_q_block, event);
     };
     const std::uint32_t k_addr = addr(sK) + wg * 64 * 128;  // this warpgroup's 64 keys
     const std::uint32_t v_addr = addr(sV) + wg * 64 * 128;
@@ -520,7 +467,7 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
       const std::uint64_t desc_v = sw128_descriptor(v_addr, 16, 1024);
       const std::uint64_t desc_q = sw128_descriptor(q_addr, 16, 1024);
       const std::uint64_t desc_do = sw128_descriptor(do_addr, 16, 1024);
-      // EarlyDv: all of Sᵀ's k-steps, then all of dPᵀ's, one commit group
+      // kEarlyDv: all of Sᵀ's k-steps, then all of dPᵀ's, one commit group
       // each; else interleaved in one group.
 #pragma unroll
       for (int pass = 0; pass < (kEarlyDv ? 2 : 1); ++pass) {
@@ -544,10 +491,10 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
     // to the accumulator, one bulk reduction per row: lane l < kDqRowsPerWarp
     // of warp w adds row w · kDqRowsPerWarp + l. (A bulk copy's operands are
     // uniform: the compiler issues a warp's in a loop over its active lanes,
-    // so rows spread over all warps take 8 turns a warp at head_dim 128
-    // where rows on warpgroup 0's threads took 32 on two warps, which the
-    // other warps then waited for at the next barrier: RESULTS v41.)
-    // With DqTma thread 0 adds the whole tile, box after box.
+    // so rows spread over all warps take 8 turns a warp at head_dim 128,
+    // where rows on warpgroup 0's threads would take 32 on two warps, which
+    // the other warps would wait for at the next barrier.)
+    // With kDqTma thread 0 adds the whole tile, box after box.
     constexpr int kDqRowsPerWarp = kBlockM / kWarps;
     const int dq_row = warp * kDqRowsPerWarp + lane;
     const bool dq_issuer = kDqTma ? tid == 0 : lane < kDqRowsPerWarp;
@@ -565,11 +512,7 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
       }
       bulk_commit();
     };
-    // A block's dQ and dSᵀ tiles (DqLag: alternating; the block before the
-    // first takes the second).
-    auto dq_tile = [&](int q_block) {
-      return sdQ + ((q_block - first_q_block + kDqTiles) % kDqTiles) * kTileDQ;
-    };
+    // A block's dSᵀ tile (kPipelined: alternating).
     auto ds_tile = [&](int q_block) {
       return sdS + ((q_block - first_q_block + kDsTiles) % kDsTiles) * kTileDS;
     };
@@ -598,7 +541,7 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
     };
     // dQ (finished) to a tile: rows dq_row0 + 16·(warp in group) + lane / 4
     // (+ 8), columns dq_col0 + 8n + 2·(lane % 4); visible to the bulk copy
-    // after the fence and the next barrier. With DqTma, value (r, c) at
+    // after the fence and the next barrier. With kDqTma, value (r, c) at
     // float (c / 8)·kBlockM·8 + r·8 + c % 8: a warp's 8 rows of a box are
     // 256 contiguous bytes, two wavefronts.
     auto store_dq = [&](float* tile) {
@@ -636,8 +579,8 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
     if constexpr (kPipelined) {
       // K, V and the first block's stage waited for; the second block's
       // stage stays in flight during the first block, whose end waits for
-      // it (the loop's wait before its barrier). Waiting for both here, a
-      // team spent ~4,300 cycles before its first block (RESULTS run 107).
+      // it (the loop's wait before its barrier). Waiting for both here would
+      // delay the team's first block.
       cp_async_commit();
       if (first_q_block + 1 < num_q_blocks) load_q_block(first_q_block + 1, 1);
       cp_async_commit();
@@ -649,26 +592,24 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
     for (int q_block = first_q_block; q_block < num_q_blocks; ++q_block) {
       const int row_begin = q_block * kBlockM;
       const int stage = stage_of(q_block);
-      if constexpr (Trace)
-        if (q_block == first_q_block) mark_team(2);
+      if (q_block == first_q_block) probe_team(2);
       if constexpr (kPipelined) {
         // This block's stage complete and visible since the previous
         // block's barrier (or the one above); issued right behind the
         // previous block's dQ stores, in the same iteration as its wait
         // (products in flight across the loop's back edge: ptxas
         // serializes the pipeline, C7514).
-        mark(q_block, 0);
+        probe_block(q_block, 0);
         issue_scores(stage);
         // The previous block's dQ tile, once every thread has stored its
         // part, to the accumulator while this block's products and softmax
         // run (its reads waited for before this block's barrier; issued
-        // behind that barrier instead, they held up the next stores: run
-        // 86).
+        // behind that barrier instead, they would hold up the next stores).
         if (q_block > first_q_block) {
           named_barrier_sync(1, kWarps * 32);
           add_dq(row_begin - kBlockM, sdQ);
         }
-        mark(q_block, 1);
+        probe_block(q_block, 1);
       } else {
         cp_async_wait<0>();
         fence_proxy_async();
@@ -678,14 +619,10 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
         team.team_barrier();
         issue_scores(stage);
         // While the tensor cores run: the dQ tile written before the barrier
-        // (the previous block's, with DqLag the one before) is added to the
-        // accumulator, and the next block loads into the previous one's
-        // stage (no product in flight reads it).
-        {
-          const int lag = kDqLag ? 2 : 1;
-          if (q_block - lag >= first_q_block)
-            add_dq(row_begin - lag * kBlockM, dq_tile(q_block - lag));
-        }
+        // (the previous block's) is added to the accumulator, and the next
+        // block loads into the previous one's stage (no product in flight
+        // reads it).
+        if (q_block > first_q_block) add_dq(row_begin - kBlockM, sdQ);
         if (q_block + 1 < num_q_blocks) load_q_block(q_block + 1, stage_of(q_block + 1));
         cp_async_commit();
       }
@@ -693,7 +630,7 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
       const std::uint32_t do_addr = q_addr + kTileQ * 2;
       const float* s_lse = stage_stats(stage);
       const float* s_delta = s_lse + kBlockM;
-      // Sᵀ (EarlyDv: dPᵀ's products still running), or both.
+      // Sᵀ (kEarlyDv: dPᵀ's products still running), or both.
       if constexpr (kEarlyDv) {
         wgmma_wait<1>();
       } else {
@@ -701,13 +638,12 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
         fence_operands(dpt_flat);
       }
       fence_operands(st_flat);
-      mark(q_block, 2);
+      probe_block(q_block, 2);
 
       // dV += Pᵀ·dO, dK += dSᵀ·Q (reduction over the queries: dO and Q
       // N-major, 16 query rows per k-step, column blocks of 64 head dims):
-      // both before the barrier, or with DqFirst dV before it and dK after
-      // dQ, so that dQ's stores overlap dK's products (DqLag: below), or
-      // with EarlyDv dV as soon as Pᵀ is in registers.
+      // both before the barrier, or with kEarlyDv dV as soon as Pᵀ is in
+      // registers.
       std::uint32_t p_frag[kBlockM / 16][4], ds_frag[kBlockM / 16][4];
       const std::uint64_t desc_do_n =
           sw128_descriptor(do_addr, sw128_block_bytes(kBlockM), 1024);
@@ -729,7 +665,7 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
       };
 
       // Pᵀ and dSᵀ in registers (rows = keys, columns = queries): in one
-      // pass, or with EarlyDv Pᵀ first, dV's products issued, then dSᵀ
+      // pass, or with kEarlyDv Pᵀ first, dV's products issued, then dSᵀ
       // once dPᵀ is in.
       wgmma_bwd_probabilities(st, s_lse, m_scale, m_p.mask, row_begin, key_begin,
                               key_begin + kBlockN, key0, lane, [&](int n, int e, int col) {
@@ -757,10 +693,10 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
       if constexpr (kEarlyDv) {
         pack_frags(true, false);
         issue_dv_dk(true, false);
-        mark(q_block, 3);
+        probe_block(q_block, 3);
         wgmma_wait<1>();  // dPᵀ; dV runs on
         fence_operands(dpt_flat);
-        mark(q_block, 4);
+        probe_block(q_block, 4);
 #pragma unroll
         for (int n = 0; n < kTilesS; ++n)
 #pragma unroll
@@ -772,27 +708,10 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
       } else {
         pack_frags(true, true);
       }
-      // EarlyDv: dK's products too before dSᵀ's stores (which read its
+      // kEarlyDv: dK's products too before dSᵀ's stores (which read its
       // register operands).
       if constexpr (kEarlyDv) issue_dv_dk(false, true);
-      mark(q_block, 5);
-      if constexpr (kDqLag) {
-        // The previous block's dQ (its dSᵀ complete since the barrier),
-        // then this block's dV and dK; dQ to its tile (last read by the
-        // reductions of the block before, which their issuer waited for
-        // before the barrier) while they run. In the first block the
-        // product and its tile are garbage that no reduction reads (the
-        // tiles are the block before the first's): so every block issues
-        // the same products, which ptxas needs to keep the wgmma pipeline
-        // (conditional ones are serialized, C7514). This block's dSᵀ goes
-        // to the other tile, which the products of the block before last
-        // read, done before the barrier.
-        issue_dq(ds_tile(q_block - 1));
-        issue_dv_dk(true, true);
-        wgmma_wait<1>();
-        fence_operands(dq_flat);
-        store_dq(dq_tile(q_block - 1));
-      }
+      probe_block(q_block, 5);
       // dSᵀ to scratch, swizzled: key r, queries 64·b + c, c + 1 at byte
       // b·(the bytes of a 128-key column block) + r·128 + ((c / 8) ^
       // (r % 8))·16 + (c % 8)·2.
@@ -813,26 +732,16 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
         }
       }
 
-      if constexpr (kDqLag) {
-        // dSᵀ visible to the next block's dQ after its barrier; the tile
-        // that block writes read by its reductions before that barrier.
-        fence_proxy_async();
-        if (dq_issuer) bulk_wait_read();
-        wgmma_wait<0>();  // dV, dK (their operands p_frag, ds_frag)
-        fence_operands(dv_flat);
-        fence_operands(dk_flat);
-        continue;
-      }
       if constexpr (kPipelined) {
         // dSᵀ visible to wgmma, the next block's stage (loaded behind the
         // previous barrier) complete, the dQ tile read by the reductions.
         cp_async_wait<0>();
         fence_proxy_async();
         if (dq_issuer) bulk_wait_read();
-        mark(q_block, 6);
+        probe_block(q_block, 6);
         team.team_barrier();
         issue_dq(ds_tile(q_block));
-        mark(q_block, 7);
+        probe_block(q_block, 7);
         // While the tensor cores run: the block after next into the stage
         // of the block before, whose products every warpgroup waited for
         // before the barrier.
@@ -842,12 +751,12 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
         fence_operands(dv_flat);
         fence_operands(dk_flat);
         fence_operands(dq_flat);
-        mark(q_block, 8);
+        probe_block(q_block, 8);
         store_dq(sdQ);
-        mark(q_block, 9);
+        probe_block(q_block, 9);
         continue;
       }
-      if constexpr (!kEarlyDv) issue_dv_dk(true, !kDqFirst);
+      if constexpr (!kEarlyDv) issue_dv_dk(true, true);
 
       fence_proxy_async();
       // The dQ tile's bulk reads (issued after the first barrier) are done
@@ -856,32 +765,17 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
       // The whole dSᵀ tile is in scratch, visible to wgmma.
       team.team_barrier();
       issue_dq(ds_tile(q_block));
-      if constexpr (kDqFirst) {
-        issue_dv_dk(false, true);
-        wgmma_wait<1>();  // dV and dQ of this block; dK runs on
-      } else {
-        wgmma_wait<0>();  // dQ, and dV, dK of this block
-      }
+      wgmma_wait<0>();  // dQ, and dV, dK of this block
       fence_operands(dv_flat);
       fence_operands(dq_flat);
       store_dq(sdQ);
-      if constexpr (kDqFirst) wgmma_wait<0>();  // dK (its operand ds_frag)
       fence_operands(dk_flat);
     }
-    mark_team(3);
+    probe_team(3);
     if (first_q_block < num_q_blocks) {
       const int last = num_q_blocks - 1;
       team.team_barrier();
-      if constexpr (kDqLag) {
-        // The last block's dQ, and the tile before it.
-        issue_dq(ds_tile(last));
-        if (last > first_q_block) add_dq((last - 1) * kBlockM, dq_tile(last - 1));
-        wgmma_wait<0>();
-        fence_operands(dq_flat);
-        store_dq(dq_tile(last));
-        team.team_barrier();
-      }
-      add_dq(last * kBlockM, dq_tile(last));
+      add_dq(last * kBlockM, sdQ);
     }
     // dK and dV to memory through scratch (StagedRows) while the copy
     // engine adds the last dQ tile: K's and V's tiles and the stages are
@@ -896,14 +790,14 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
           Rows::template put<Format>(tile_k, row0, lane, acc_dk[0], m_scale);
           Rows::template put<Format>(tile_v, row0, lane, acc_dv[0], 1.f);
         });
-    mark_team(4);
+    probe_team(4);
     // The last dQ tile read by the copy engine before the team ends. The
     // reductions themselves need not be complete: the copy engine finishes
     // them before the kernel is (FlashAttention-3's and CUTLASS' epilogues
     // end the same way), and only a later kernel (convert_dq) reads the
     // accumulator.
     if (dq_issuer) bulk_wait_read();
-    mark_team(5);
+    probe_team(5);
 #else
     (void)team;
     (void)raw;

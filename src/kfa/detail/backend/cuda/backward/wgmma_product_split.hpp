@@ -56,8 +56,8 @@ class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward {
   static constexpr int kTileQ = kBlockM * kHeadDim;
   static constexpr int kTileDS = kBlockN * kBlockM;
   /// DqOverlap: dQ's products issued while dV's or dK's run (their A
-  /// fragments still live beside dQ's accumulators: ptxas spills 72 bytes;
-  /// RESULTS v44), else after them.
+  /// fragments still live beside dQ's accumulators: ptxas spills 72 bytes),
+  /// else after them.
   static constexpr bool kDqOverlap = DqOverlap;
   /// DqStaged: dQ's reductions go out in whole rows (each warp passes its
   /// fragments through 2 KB of scratch, 32 columns at a time, and adds 4
@@ -228,8 +228,7 @@ class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward {
     // dQ (finished) of the block at row_begin added to the accumulator by
     // reductions (red.global.add). Straight from the fragments, a warp's
     // 8-byte reduction covers 8 rows: 8 partial lines, and the load/store
-    // unit's queue, not L2, bounded the kernel (RESULTS run 79: 45% of the
-    // samples waiting to issue them). Staged (the library's), each warp
+    // unit's queue, not L2, bounds the kernel. Staged (the library's), each warp
     // writes 32 columns of its 16 rows at a time to its 2 KB of the dPᵀ
     // exchange (free since barrier 2; 16-byte chunks XOR-swizzled by row),
     // then adds 4 whole 128-byte rows per instruction (16-byte

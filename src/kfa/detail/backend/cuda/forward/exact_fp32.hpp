@@ -3,9 +3,9 @@
 
 // Exact fp32 forward on the CUDA backend (no tf32): S on the fp64 tensor
 // cores (sm_90+; exact products, fp64 sums, rounded once to fp32) while
-// P·V runs on fp32 FMAs, so the two pipes of equal rate work side by side
-// (RESULTS v30: +20% over S on FMAs too); before sm_90 both on FMAs, tiled
-// in registers and laid out for shared-memory bandwidth (kfa/detail/backend/cuda/primitives/fma_tiles.hpp).
+// P·V runs on fp32 FMAs, so the two pipes of equal rate work side by side;
+// before sm_90 both on FMAs, tiled in registers and laid out for
+// shared-memory bandwidth (kfa/detail/backend/cuda/primitives/fma_tiles.hpp).
 // A team of 4 warps owns 64 query rows, 16 per warp:
 //   S:   cuda_mma::RowProducts: a lane ends with 2 rows by kBlockN/4 keys
 //        (the m16n8 accumulator's layout; 4 rows by kBlockN/8 keys from
@@ -40,7 +40,7 @@ namespace Impl {
 /// Keys per K/V block and teams per multiprocessor of the library's shapes.
 /// S on the fp64 tensor cores (192 registers at two teams, 160-164 at
 /// three): 32 keys at head_dim 64 and 16 at 128, three teams (63 and 73
-/// KB; +10% and +2% over two teams with 64 and 32 keys, RESULTS v30). S on
+/// KB; faster than two teams with 64 and 32 keys). S on
 /// fp32 FMAs (234-254 registers): 64 and 32 keys, two teams (104, 110 KB).
 template <int HeadDim, bool DmmaScores = exact_fp32_dmma_scores()>
 constexpr int exact_fp32_block_n() {
@@ -53,11 +53,11 @@ constexpr int exact_fp32_teams_per_sm() {
 
 /// FastExp: the exponentials as one FFMA and ex2.approx (log2 e folded into
 /// the shift; relative error 2^-22, as expf's 2 ulp) instead of expf's nine
-/// instructions (RESULTS v26); false is bench_device's variant simt_expf.
+/// instructions; false is bench_device's variant exact_fp32_expf.
 /// DmmaScores: S on the fp64 tensor cores (cuda_mma::dmma_row_products:
 /// exact products, fp64 sums), beside P·V on the FMA pipe; the default
 /// where the build has fp64 m16n8k8 (sm_90+), false is bench_device's
-/// variant simt_ffma (S by fp32 FMAs, exact_fp32_row_products).
+/// variant exact_fp32_ffma (S by fp32 FMAs, exact_fp32_row_products).
 template <class ExecSpace, int HeadDim, class QView, class KView, class VView, class OView,
           class LseView, int BlockN = exact_fp32_block_n<HeadDim>(),
           int MinBlocksPerSM = exact_fp32_teams_per_sm(), bool FastExp = true,
@@ -81,8 +81,8 @@ class FlashForwardExactFp32Kernel {
   static constexpr int kPitch = kHeadDim + Scores::kPad;   // floats per Q, K, V row
   static constexpr int kPitchP = kBlockM + 4;              // floats per Pᵀ row
   static_assert(kHeadDim == 64 || kHeadDim == 128,
-                "kfa: the simt forward's O tile needs head_dim 64 or 128");
-  static_assert(kBlockN % 8 == 0, "kfa: the simt forward streams multiples of 8 keys");
+                "kfa: the exact fp32 forward's O tile needs head_dim 64 or 128");
+  static_assert(kBlockN % 8 == 0, "kfa: the exact fp32 forward streams multiples of 8 keys");
 
   FlashForwardExactFp32Kernel(const QView& q, const KView& k, const VView& v, const OView& o,
                          const LseView& lse, float scale, bool causal)
@@ -100,7 +100,7 @@ class FlashForwardExactFp32Kernel {
   }
 
   void launch(const ExecSpace& space) const {
-    launch_cuda_team(space, "kfa::fwd::simt_main_loop", *this,
+    launch_cuda_team(space, "kfa::fwd::exact_fp32_main_loop", *this,
                      m_p.league(m_num_q_blocks), scratch_bytes());
   }
 
@@ -180,7 +180,7 @@ class FlashForwardExactFp32Kernel {
       Scores::products(s, sQ, k_tile, warp, lane);
       // Block j+1's copies, into the stage block j-1 used, issued between
       // the S and the P·V products rather than in a burst right after the
-      // barrier, where they delayed the first S loads (RESULTS v23: +6%).
+      // barrier, where they would delay the first S loads.
       if (kv_block + 1 < num_kv_blocks) load_kv(kv_block + 1);
       cp_async_commit();
 

@@ -2,8 +2,9 @@
 #define KFA_DETAIL_BACKEND_CUDA_FORWARD_FP32_FP64_HPP
 
 // Tensor-core forward for fp32 and fp64 on the CUDA backend, written once
-// over a tensor-core atom (kfa/detail/backend/cuda/primitives/mma_atoms.hpp): DMMA for fp64, 3xTF32
-// for fp32 (fp32 precision; plain tf32 when the options ask for it). The
+// over a tensor-core atom (kfa/detail/backend/cuda/primitives/mma_atoms.hpp):
+// DMMA for fp64, 3xTF32 for fp32 (fp32 precision; plain tf32 when the
+// options ask for it). The
 // shape is the 16-bit kernel's opt-in one: a team of Warps warps owns
 // Warps·MTiles·kRows query rows kept in scratch; K and V blocks of BlockN
 // keys are double buffered with cp.async, so block j+1 loads during all of
@@ -15,7 +16,7 @@
 // P·V from its accumulators. Scratch rows are padded by 4 elements, and
 // fp64's tiles swizzled (swizzle_col), which makes every fragment load of
 // both atoms conflict-free (two wavefronts, the minimum, for 64-bit loads;
-// before the swizzle fp64's V fragments took four, RESULTS v29). Launched by
+// without the swizzle fp64's V fragments take four). Launched by
 // launch_cuda_team with opt-in shared memory; where the GPU grants less, the
 // portable kernels run.
 
@@ -30,11 +31,11 @@
 namespace kfa {
 namespace Impl {
 
-/// Tile shape of the wide tensor-core forward: warps per team, atoms of
+/// Tile shape of the fp32/fp64 tensor-core forward: warps per team, atoms of
 /// query rows per warp, keys per K/V block, teams per multiprocessor; and
 /// kRescaleOAlways: with fp64's lazy rescale, O multiplied by the factor in
 /// every block (true; a shape derived from this one, for the bench) or only
-/// in blocks where the running max moved (RESULTS v33).
+/// in blocks where the running max moved.
 template <int Warps, int MTiles, int BlockN, int MinBlocksPerSM>
 struct Fp32Fp64FwdShape {
   static constexpr int kWarps = Warps;
@@ -58,14 +59,13 @@ struct Fp32Fp64FwdAtom<cuda_mma::Fp64Atom> {
 };
 #endif
 
-/// The library's shapes (RESULTS.md, v5-v7, v23): fp64 m16n8k8 at head_dim
-/// 64 with 64 query rows (16 per warp) and 32-key blocks, two teams per
-/// multiprocessor; at 128 one team of 8 warps (128 rows) with 16-key blocks
-/// (203 KB), which reads Q's fragments once per 16 keys instead of 8: 39.5
-/// TFLOP/s against 34.2 with two 4-warp teams and 8-key blocks (v23), 22.7
-/// with one 4-warp team and 16 keys (v7). fp32: 64 rows at head_dim 128 and
-/// 128 at 64 (32-key blocks), two teams per multiprocessor; m8n8k4 fp64:
-/// two teams at 64, one at 128.
+/// The library's shapes: fp64 m16n8k8 at head_dim 64 with 64 query rows
+/// (16 per warp) and 32-key blocks, two teams per multiprocessor; at 128
+/// one team of 8 warps (128 rows) with 16-key blocks (203 KB), which reads
+/// Q's fragments once per 16 keys instead of 8 (faster than two 4-warp
+/// teams with 8-key blocks or one with 16 keys). fp32: 64 rows at head_dim
+/// 128 and 128 at 64 (32-key blocks), two teams per multiprocessor; m8n8k4
+/// fp64: two teams at 64, one at 128.
 template <class Atom, int HeadDim>
 struct Fp32Fp64FwdDefaultShape;
 template <int HeadDim>
@@ -102,8 +102,8 @@ class FlashForwardFp32Fp64Kernel {
   static constexpr int kBlockN = Shape::kBlockN;
   static constexpr int kPitch = kHeadDim + 4;  // elements per scratch row
   static constexpr int kScratchRows = kBlockM + 2 * kStages * kBlockN;
-  static_assert(kHeadDim % 32 == 0, "kfa: the wide mma forward needs head_dim % 32 == 0");
-  static_assert(kBlockN % 8 == 0, "kfa: the wide mma forward streams multiples of 8 keys");
+  static_assert(kHeadDim % 32 == 0, "kfa: the fp32/fp64 forward needs head_dim % 32 == 0");
+  static_assert(kBlockN % 8 == 0, "kfa: the fp32/fp64 forward streams multiples of 8 keys");
 
   FlashForwardFp32Fp64Kernel(const QView& q, const KView& k, const VView& v, const OView& o,
                             const LseView& lse, value_type scale, bool causal)
@@ -122,7 +122,7 @@ class FlashForwardFp32Fp64Kernel {
   }
 
   void launch(const ExecSpace& space) const {
-    launch_cuda_team(space, "kfa::fwd::mma_wide_main_loop", *this,
+    launch_cuda_team(space, "kfa::fwd::fp32_fp64_main_loop", *this,
                      m_p.league(m_num_q_blocks), scratch_bytes());
   }
 
@@ -188,8 +188,8 @@ class FlashForwardFp32Fp64Kernel {
       // K_j and V_j (and Q) are in scratch for every warp, and every warp is
       // done with block j-1, whose stage block j+1 now reuses.
       team.team_barrier();
-      // Right after the barrier: issued after S_j instead, the copies
-      // measured no faster here (RESULTS v23), unlike the simt forward's.
+      // Right after the barrier: issued after S_j instead (as the exact
+      // fp32 forward does), the copies gain nothing here.
       if (kv_block + 1 < num_kv_blocks) load_kv(kv_block + 1);
       cp_async_commit();
       scores(s, sQ, sK(kv_block % kStages), warp);
@@ -211,11 +211,9 @@ class FlashForwardFp32Fp64Kernel {
   /// kLazyRescale (a warp vote), else P is taken against the old max (P <=
   /// e^16) and the rescale factor is 1: as exact, since P stays fp64
   /// through P·V, and most blocks skip the fp64 exponential of the factor
-  /// and the multiplies of O by it (the latter spilled in RESULTS v18, at
-  /// 37 more registers; since v33 it fits: +4.5% at head_dim 128). fp32 rescales
-  /// every block: there P is rounded to tf32 for P·V, where the exact max
-  /// keeps the largest P at exactly 1 (the 16-bit forward measured twice
-  /// the error otherwise, RESULTS v16).
+  /// and the multiplies of O by it. fp32 rescales every block: there P is
+  /// rounded to tf32 for P·V, where the exact max keeps the largest P at
+  /// exactly 1 (with a stale max the 16-bit forward's error doubles).
   static constexpr bool kLazy = !kBase2;
   static constexpr double kLazyRescale = 16;
   static constexpr int kSteps = kHeadDim / Atom::kDepth;  // k-steps of Q·Kᵀ

@@ -77,8 +77,8 @@ using FwdMmaPolicyShape = std::conditional_t<(HeadDim > 128), FwdMmaShape<4, 1, 
 
 /// Grouped: fewer k/v heads than query heads (K and V read from the query
 /// head's k/v head with their own row stride). A template parameter, not a
-/// run-time value: a second stride in every K/V load costs this kernel 2-10%
-/// (its d 128 shape already spills; RESULTS v28), so the call with as many
+/// run-time value: a second stride in every K/V load slows this kernel (its
+/// d 128 shape already spills), so the call with as many
 /// k/v heads as query heads keeps the single-stride code.
 template <class ExecSpace, int HeadDim, class Format, class QView, class KView, class VView,
           class OView, class LseView, class Shape = FwdMmaPolicyShape<HeadDim>,
@@ -298,7 +298,7 @@ class FlashForwardMmaKernel : public Fused16Forward {
                                                   float (&row_sum)[kRows], int row_begin,
                                                   int row0, int key_begin) const {
     // The mask inside the loop over the scores at head_dim 128 and up
-    // (fwd_softmax_scores' MaskPerScore; RESULTS v36).
+    // (fwd_softmax_scores' MaskPerScore).
     fwd_softmax_update<(kHeadDim >= 128)>(
         s, acc_o, row_max, row_sum, m_p.mask,
         m_p.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin, key_begin + kBlockN),

@@ -31,7 +31,7 @@ KOKKOS_FORCEINLINE_FUNCTION void for_each_score(F&& f) {
 /// under one test of the tile's needs_mask, so that a tile with no masked
 /// element runs no per-element test: a test inside the elements' loop
 /// became a branch (and a convergence barrier) per element where registers
-/// were short (RESULTS v36). Each row's visible keys are taken once
+/// were short. Each row's visible keys are taken once
 /// (AttentionMask::visible_keys) and moved to this lane's columns, so that
 /// a score costs a compare of its column (a constant of the unrolled loop)
 /// and a select, two where a left window bounds the keys too.
@@ -65,10 +65,10 @@ KOKKOS_FORCEINLINE_FUNCTION void fwd_mask_scores(float (&s)[MTiles][TilesS][4],
 /// rescaled by (fwd_rescale), kept apart for a pipeline whose O is still
 /// being written by the tensor cores. `needs_mask`: whether the tile may
 /// hold masked elements (else the element mask is skipped).
-/// MaskPerScore: the mask tested inside the loop over the scores, as
-/// before RESULTS v36, for the mma.sync forward at head_dim 128 and up:
-/// at 255 registers, the separate mask pass made it spill more and run
-/// 10-13% slower there (and 15% faster at 64).
+/// MaskPerScore: the mask tested inside the loop over the scores, for the
+/// mma.sync forward at head_dim 128 and up: at 255 registers, the separate
+/// mask pass makes it spill more and run slower there (at 64 the separate
+/// pass is the faster).
 template <bool MaskPerScore = false, int MTiles, int TilesS>
 KOKKOS_FORCEINLINE_FUNCTION void fwd_softmax_scores(float (&s)[MTiles][TilesS][4],
                                                     float (&row_max)[2 * MTiles],
@@ -82,8 +82,8 @@ KOKKOS_FORCEINLINE_FUNCTION void fwd_softmax_scores(float (&s)[MTiles][TilesS][4
 #pragma unroll
   for (int r = 0; r < kRows; ++r) block_max[r] = row_max[r];
   if constexpr (MaskPerScore) {
-    // Written out as before v36 (not with for_each_score): this form keeps
-    // that kernel's SASS byte-identical to the one measured (RESULTS run 63).
+    // Written out (not with for_each_score): this form keeps that kernel's
+    // SASS identical to the tuned one.
     const int lane = lane_id();
 #pragma unroll
     for (int mt = 0; mt < MTiles; ++mt)

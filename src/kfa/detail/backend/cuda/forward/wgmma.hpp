@@ -15,19 +15,21 @@
 // One wgmma instruction is a 64 x N x 16 product of a whole warpgroup,
 // issued once instead of 4·N/8 mma.sync, with its operands read by the
 // tensor cores from scratch: no ldmatrix, no fragment registers for Q, K
-// or V. Scratch tiles are 128-byte swizzled (kfa/detail/backend/cuda/primitives/wgmma.hpp).
+// or V. Scratch tiles are 128-byte swizzled
+// (kfa/detail/backend/cuda/primitives/wgmma.hpp).
 //
 // How the tiles reach scratch:
 // - Tma (the library's shapes, WgmmaFwdShape): by bulk tensor copies
-//   (kfa/detail/backend/cuda/primitives/tma.hpp) that a producer issues, each block's arrival and
-//   release told by barriers in scratch, so the warpgroups issue no copies
+//   (kfa/detail/backend/cuda/primitives/tma.hpp) that a producer issues,
+//   each block's arrival and release told by barriers in scratch, so the
+//   warpgroups issue no copies
 //   and meet at no team barrier (FlashAttention-3's warp specialisation).
 //   With Realloc the producer is a warpgroup that keeps 24 registers a
 //   thread and the computing warpgroups take the rest (setmaxnreg), 240
 //   each for two: S, P and O of 64 x 128 per warpgroup fit, so blocks are
 //   128 keys. Without it the producer is one more warp, and the block's
 //   warps share the registers evenly (168 a thread with nine warps, too
-//   few for 128-key blocks: RESULTS v37). With Persistent one team per SM
+//   few for 128-key blocks). With Persistent one team per SM
 //   runs tile after tile.
 //   Scratch at head_dim 128, 128 rows, 128 keys: Q 32 KB, K and V
 //   2 x 2 x 32 KB, 161 KB with the alignment slack and barriers; at 256,
@@ -35,8 +37,6 @@
 // - Else every thread copies its share by cp.async and the team meets at a
 //   barrier every block (WgmmaFwdShortCausalShape: 64 rows, 64 keys, 41 KB
 //   at head_dim 64).
-// PingPong (bench_device's wgmma_*_pp, not the library's): the two
-// warpgroups issue their products in turns.
 
 #include <kfa/detail/attention/mask.hpp>
 
@@ -53,18 +53,13 @@
 namespace kfa {
 namespace Impl {
 
-
 /// The shape of the wgmma forward, by head_dim: teams of 128 query rows
 /// (two warpgroups; 192, three, at 64) fed by a producer warpgroup's bulk
 /// tensor copies, whose registers the others take (Realloc: 240 a thread
 /// for two, 160 for three; S, P and O of 64 rows x 128 keys fit without
 /// spills), 128-key blocks (64 at 256, where O alone takes 128 registers).
 /// At 64 and 128 one persistent team per SM (Persistent), at 256 a team per
-/// tile. RESULTS v38-v40 (runs 64-67), TFLOP/s at bf16 N 8192 against the
-/// shape before (cp.async, teams of one warpgroup and 64-key blocks, four
-/// per SM at 64 and two at 128): d 128 664 against 482 (cuDNN 669),
-/// causal 597 against 471 (604); d 64 513 against 398 (478); d 256 688
-/// against 605 (730). The ping-pong turns (PingPong) measured 1% slower.
+/// tile.
 template <int HeadDim>
 struct WgmmaFwdShape {
   static constexpr int kBlockN = HeadDim == 256 ? 64 : 128;
@@ -73,14 +68,13 @@ struct WgmmaFwdShape {
   static constexpr bool kTma = true;
   static constexpr int kStages = 2;
   static constexpr bool kRealloc = true;
-  static constexpr bool kPingPong = false;
   static constexpr bool kPersistent = HeadDim != 256;
 };
 
 /// The shape for short sequences under the causal mask (head_dim 64;
 /// wgmma_fwd_short_causal): teams of one warpgroup (64 query rows) with
 /// 64-key blocks by cp.async, four per SM at 64 (two at 128), whose tiles
-/// of few key blocks overlap on an SM (the library's shape before v38).
+/// of few key blocks overlap on an SM.
 template <int HeadDim>
 struct WgmmaFwdShortCausalShape {
   static constexpr int kBlockN = 64;
@@ -89,18 +83,14 @@ struct WgmmaFwdShortCausalShape {
   static constexpr bool kTma = false;
   static constexpr int kStages = 2;
   static constexpr bool kRealloc = false;
-  static constexpr bool kPingPong = false;
   static constexpr bool kPersistent = false;
 };
 
 /// Whether a forward at HeadDim over seqlen_k keys takes
-/// WgmmaFwdShortCausalShape: causal, head_dim 64 and at most 1024 keys.
-/// RESULTS run 102, bf16 causal, TFLOP/s of the short shape against
-/// WgmmaFwdShape's, both with v52's mask: d 64 N 512 224 against 194,
-/// N 1024 285 against 261, N 2048 333 against 355, N 4096 363 against
-/// 413; d 128 N 512 232 against 267, N 1024 314 against 410. (Run 67 had
-/// set 4096 keys at d 64 and 1024 at 128: the masked blocks, which the
-/// short shape has fewer of, cost more then.)
+/// WgmmaFwdShortCausalShape: causal, head_dim 64 and at most 1024 keys,
+/// where its overlapping teams beat WgmmaFwdShape's persistent ones (from
+/// 2048 keys at 64, and at every length at 128, the persistent shape is
+/// the faster).
 template <int HeadDim>
 inline bool wgmma_fwd_short_causal(bool causal, long seqlen_k) {
   return causal && HeadDim == 64 && seqlen_k <= 1024;
@@ -122,13 +112,11 @@ template <class ExecSpace, int HeadDim, class Format, class QView, class KView, 
           int WarpGroups = WgmmaFwdShape<HeadDim>::kWarpGroups,
           bool Tma = WgmmaFwdShape<HeadDim>::kTma, int Stages = WgmmaFwdShape<HeadDim>::kStages,
           bool Realloc = WgmmaFwdShape<HeadDim>::kRealloc,
-          bool PingPong = WgmmaFwdShape<HeadDim>::kPingPong,
           bool Persistent = WgmmaFwdShape<HeadDim>::kPersistent>
 class FlashForwardWgmmaKernel : public Fused16Forward, public WgmmaFwdMaps<Tma> {
  public:
   /// FoldScale: the softmax scale folded into the exponent's FFMA
-  /// (fwd_softmax_scores_folded) instead of a multiply per score (+2-5% on
-  /// the H200, RESULTS v12).
+  /// (fwd_softmax_scores_folded) instead of a multiply per score.
   static constexpr bool kFoldScale = FoldScale;
   static constexpr int kHeadDim = HeadDim;
   static constexpr int kWarpGroups = WarpGroups;
@@ -145,10 +133,6 @@ class FlashForwardWgmmaKernel : public Fused16Forward, public WgmmaFwdMaps<Tma> 
   /// block's registers split unevenly, as 128-key blocks at head_dim 128
   /// need (FlashAttention-3's register reallocation).
   static constexpr bool kRealloc = Realloc;
-  /// PingPong (with Tma and two warpgroups): the warpgroups take turns to
-  /// issue their products (named barriers), so that one's softmax runs
-  /// while the other's products do.
-  static constexpr bool kPingPong = PingPong;
   /// Persistent (with Tma): one team per SM (kMinBlocksPerSM) that runs
   /// tile after tile, the producer loading the next tile's Q, K and V while
   /// the warpgroups finish the current one, instead of a team per tile
@@ -156,13 +140,11 @@ class FlashForwardWgmmaKernel : public Fused16Forward, public WgmmaFwdMaps<Tma> 
   /// league rank, the next ones come from a counter in device memory
   /// (atomicAdd, in league order), so that the longest tiles go first and
   /// each next one to the first team free, as the block scheduler hands
-  /// out teams (a fixed round robin measured 14-22% slower under the
-  /// causal mask from N 4096, RESULTS run 66).
+  /// out teams (a fixed round robin leaves teams idle under the causal
+  /// mask, whose tiles differ in length).
   static constexpr bool kPersistent = Persistent;
   static_assert(!Persistent || Tma, "kfa: persistent teams need the producer (Tma)");
   static_assert(!Realloc || Tma, "kfa: register reallocation needs the producer (Tma)");
-  static_assert(!PingPong || (Tma && WarpGroups == 2),
-                "kfa: ping-pong turns are for two warpgroups fed by the producer (Tma)");
   static constexpr int kWarps = 4 * kWarpGroups + (kRealloc ? 4 : kTma ? 1 : 0);
   static constexpr int kProducerRegs = 24;
   /// What the block's 64K registers leave to a computing thread, in steps
@@ -483,17 +465,6 @@ class FlashForwardWgmmaKernel : public Fused16Forward, public WgmmaFwdMaps<Tma> 
         return;
       }
       if constexpr (kRealloc) setmaxnreg_inc<kConsumerRegs>();
-      // Ping-pong: warpgroup g issues its products once it holds barrier
-      // 1 + g, and then passes the turn to the other (barriers of 256
-      // threads: one warpgroup's sync and the other's arrival). Per tile
-      // each takes num_kv_blocks + 1 turns, the first is warpgroup 0's, and
-      // warpgroup 1 does not pass its last (no arrival left pending).
-      auto take_turn = [&] {
-        if constexpr (kPingPong) named_barrier_sync(1 + wg, 256);
-      };
-      auto pass_turn = [&] {
-        if constexpr (kPingPong) named_barrier_arrive(2 - wg, 256);
-      };
       int g = 0;
       for (int n = 0;; ++n) {
         mbarrier_wait(full_q, std::uint32_t(n & 1));
@@ -501,7 +472,6 @@ class FlashForwardWgmmaKernel : public Fused16Forward, public WgmmaFwdMaps<Tma> 
         if (tile >= m_num_tiles) break;
         set_tile(tile);
         start_rows();
-        if (kPingPong && wg == 1 && num_kv_blocks > 0) pass_turn();
         // Q is released once the last S that reads it is done.
         if (num_kv_blocks == 0) {
           __syncwarp();  // every lane has read the tile's index
@@ -511,9 +481,8 @@ class FlashForwardWgmmaKernel : public Fused16Forward, public WgmmaFwdMaps<Tma> 
           const int gj = g + kv_block;
           const int stage = gj % kStages, prev = (gj + kStages - 1) % kStages;
           mbarrier_wait(full_k(stage), parity(gj));
-          take_turn();
           block_step(
-              kv_block, gj, [&] { mbarrier_wait(full_v(prev), parity(gj - 1)); }, pass_turn,
+              kv_block, gj, [&] { mbarrier_wait(full_v(prev), parity(gj - 1)); }, [] {},
               [&] {
                 if (lane == 0) {
                   mbarrier_arrive(free_k(stage));
@@ -527,10 +496,7 @@ class FlashForwardWgmmaKernel : public Fused16Forward, public WgmmaFwdMaps<Tma> 
         if (num_kv_blocks > 0) {
           const int last = g + num_kv_blocks - 1;
           mbarrier_wait(full_v(last % kStages), parity(last));
-          take_turn();
-          last_pv(last % kStages, [&] {
-            if (wg == 0) pass_turn();
-          });
+          last_pv(last % kStages, [] {});
           if (lane == 0) mbarrier_arrive(free_v(last % kStages));
         }
         write_rows();
@@ -615,7 +581,7 @@ using FlashForwardWgmmaKernelIn =
     FlashForwardWgmmaKernel<ExecSpace, HeadDim, Format, QView, KView, VView, OView, LseView,
                             FoldScale, Shape::kBlockN, Shape::kMinBlocksPerSM,
                             Shape::kWarpGroups, Shape::kTma, Shape::kStages, Shape::kRealloc,
-                            Shape::kPingPong, Shape::kPersistent>;
+                            Shape::kPersistent>;
 
 }  // namespace Impl
 }  // namespace kfa

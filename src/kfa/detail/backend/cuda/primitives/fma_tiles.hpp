@@ -1,16 +1,18 @@
 #ifndef KFA_DETAIL_BACKEND_CUDA_PRIMITIVES_FMA_TILES_HPP
 #define KFA_DETAIL_BACKEND_CUDA_PRIMITIVES_FMA_TILES_HPP
 
-// The score products of the exact fp32 kernels (kfa/detail/backend/cuda/forward/exact_fp32.hpp:
-// S = Q·Kᵀ; kfa/detail/backend/cuda/backward/exact_fp32.hpp: Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ), two ways:
+// The score products of the exact fp32 kernels
+// (kfa/detail/backend/cuda/forward/exact_fp32.hpp: S = Q·Kᵀ;
+// kfa/detail/backend/cuda/backward/exact_fp32.hpp: Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ),
+// two ways:
 //  - dmma_row_products (sm_90+, the default there): on the fp64 tensor
 //    cores, exact products summed in fp64, while the kernels' other
-//    products run on the FMA pipe (RESULTS v30);
+//    products run on the FMA pipe;
 //  - exact_fp32_row_products: fp32 FMAs tiled in registers, laid out for the
-//    cost of shared-memory loads, which bounded them (RESULTS v29): on the
-//    H200 a 128-bit load costs 2 wavefronts when each quarter-warp reads
-//    one or two 16-byte chunks and 4 otherwise (however many lanes share a
-//    chunk), and an SM serves one wavefront per cycle against 4 warp FMAs.
+//    cost of shared-memory loads, which bound them: on the H200 a 128-bit
+//    load costs 2 wavefronts when each quarter-warp reads one or two
+//    16-byte chunks and 4 otherwise (however many lanes share a chunk), and
+//    an SM serves one wavefront per cycle against 4 warp FMAs.
 // RowProducts<Dmma, ...> says where either leaves a lane's sums.
 
 #include <kfa/detail/backend/cuda/primitives/mma.hpp>
@@ -80,7 +82,7 @@ KOKKOS_FORCEINLINE_FUNCTION void exact_fp32_row_products(float (&out)[4][Cols], 
 /// to fp64 exactly, every product exact, the sums in fp64, the result
 /// rounded once to fp32; no precision is traded for the speed. The FMA
 /// pipe stays free for the kernel's other products, which the fp64 tensor
-/// pipe runs beside (the H200 has the same rate on both, RESULTS v30).
+/// pipe runs beside (the H200 has the same rate on both).
 /// Lane (g, t) holds the head-dim pair 2t, 2t + 1 of every 8 as the
 /// fragments' k = t and t + 4 (A and B agree, so the sum is unchanged):
 /// one 8-byte load per row, and with Pitch % 32 == 8 the 8 rows a warp

@@ -108,8 +108,7 @@ KOKKOS_FORCEINLINE_FUNCTION T* aligned_scratch(void* raw) {
 /// f(std::true_type()) for a tile with masked elements, f(std::false_type())
 /// for one without: the backwards' P (and dS) code in two copies, the
 /// unmasked one free of the per-element mask. Left to ptxas, that choice
-/// came and went with the size of the kernels' parameters (RESULTS v28: 22%
-/// of the wgmma backward, 9% of the fp64 one).
+/// comes and goes with the size of the kernels' parameters.
 template <class F>
 KOKKOS_FORCEINLINE_FUNCTION void unswitch_mask(bool needs_mask, F&& f) {
   if (needs_mask)
@@ -201,7 +200,7 @@ KOKKOS_FORCEINLINE_FUNCTION void bulk_wait() {
 /// 16·k + 4 doubles (an 8-bank step per row) both the fragments that read 4
 /// consecutive rows (ldmatrix-like: load_a, load_b_t) and those that read
 /// every other row (load_b_perm, load_a_t_perm) are conflict-free; without
-/// it the second kind took two wavefronts per half-warp (RESULTS v29).
+/// it the second kind takes two wavefronts per half-warp.
 template <bool Swizzle>
 KOKKOS_FORCEINLINE_FUNCTION constexpr int swizzle_col(int row, int col) {
   return Swizzle ? col ^ (row & 4) : col;

@@ -139,7 +139,7 @@ struct Fp64x16Atom {
 /// fp32 adds (round to nearest), instead of accumulating everything inside
 /// the tensor core, whose accumulation loses precision the longer a sum
 /// runs in it: with O accumulated over every K/V block there, 3xTF32's O
-/// error was 25-30x higher at N 4096 (RESULTS v23).
+/// error grows many times over on long sequences.
 template <int Passes, bool FreshSums = (Passes == 3)>
 struct Tf32Atom {
   static_assert(Passes == 1 || Passes == 3, "kfa: tf32 products take 1 or 3 passes");

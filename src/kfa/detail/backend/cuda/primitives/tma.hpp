@@ -5,10 +5,11 @@
 // [batch][rows][heads][head_dim] operands (16-bit, and the backward's fp32
 // dQ accumulator), the bulk tensor copy (cp.async.bulk.tensor) of a
 // [rows][64] box of one head into a 128-byte swizzled scratch tile (the
-// layout of kfa/detail/backend/cuda/primitives/wgmma.hpp) and its reverse that adds a [rows][8] fp32
-// box to global memory (cp.reduce.async.bulk.tensor), and the
-// shared-memory barriers (mbarrier) that tell a copy's arrival and a tile's
-// release between a producer warp and the warps that compute.
+// layout of kfa/detail/backend/cuda/primitives/wgmma.hpp) and its reverse
+// that adds a [rows][8] fp32 box to global memory
+// (cp.reduce.async.bulk.tensor), and the shared-memory barriers (mbarrier)
+// that tell a copy's arrival and a tile's release between a producer warp
+// and the warps that compute.
 //
 // A tensor map is a 128-byte descriptor that the copy engine reads from
 // kernel parameter, constant or global memory. The kernels that use one
