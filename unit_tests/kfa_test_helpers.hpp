@@ -47,6 +47,19 @@ using AllConfigs = ::testing::Types<
 #endif
     >;
 
+/// Every enabled backend's execution space.
+using AllSpaces = ::testing::Types<
+#ifdef KOKKOS_ENABLE_CUDA
+    Kokkos::Cuda,
+#endif
+#ifdef KOKKOS_ENABLE_OPENMP
+    Kokkos::OpenMP,
+#endif
+#ifdef KOKKOS_ENABLE_SERIAL
+    Kokkos::Serial
+#endif
+    >;
+
 /// Kokkos 3.4 host builds make kfa::half plain float: skip the duplicate.
 template <class C>
 bool is_duplicate_config() {

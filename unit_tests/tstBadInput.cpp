@@ -9,17 +9,7 @@ namespace {
 
 template <class Space>
 class BadInput : public ::testing::Test {};
-using Spaces = ::testing::Types<
-#ifdef KOKKOS_ENABLE_CUDA
-    Kokkos::Cuda,
-#endif
-#ifdef KOKKOS_ENABLE_OPENMP
-    Kokkos::OpenMP,
-#endif
-#ifdef KOKKOS_ENABLE_SERIAL
-    Kokkos::Serial
-#endif
-    >;
+using Spaces = AllSpaces;
 TYPED_TEST_SUITE(BadInput, Spaces);
 
 /// Expects f() to throw std::invalid_argument whose message contains every

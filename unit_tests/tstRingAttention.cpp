@@ -249,17 +249,7 @@ TYPED_TEST(RingAttention, HostStagedTransport) {
 
 template <class Space>
 class RingAttentionChecks : public ::testing::Test {};
-using Spaces = ::testing::Types<
-#ifdef KOKKOS_ENABLE_CUDA
-    Kokkos::Cuda,
-#endif
-#ifdef KOKKOS_ENABLE_OPENMP
-    Kokkos::OpenMP,
-#endif
-#ifdef KOKKOS_ENABLE_SERIAL
-    Kokkos::Serial
-#endif
-    >;
+using Spaces = AllSpaces;
 TYPED_TEST_SUITE(RingAttentionChecks, Spaces);
 
 /// Expects f() to throw std::invalid_argument whose message contains every

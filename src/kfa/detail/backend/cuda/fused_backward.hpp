@@ -65,12 +65,10 @@ struct FusedBackward {
     switch (family) {
       case KernelFamily::wgmma:
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
-        if constexpr (k16Bit && std::is_same<ExecSpace, Kokkos::Cuda>::value) {
-          return wgmma_available(space) &&
-                 with_fused_head_dim<true>(call.head_dim, [&](auto d) {
-                   return wgmma_t<decltype(d)::value>::fits(space);
-                 });
-        }
+        if constexpr (k16Bit)
+          return wgmma_family_fits(space, call, [&](auto d) {
+            return wgmma_t<decltype(d)::value>::fits(space);
+          });
 #endif
         return false;
       case KernelFamily::mma_sync:

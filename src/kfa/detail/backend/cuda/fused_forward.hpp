@@ -77,6 +77,19 @@ constexpr bool has_exact_fp32_kernels() {
 #endif
 }
 
+/// The wgmma row's fits(): the GPU of `space` runs this translation unit's
+/// sm_90a device code, and `tile_fits(head_dim_tag)` holds at the call's
+/// head dim.
+template <class ExecSpace, class TileFits>
+bool wgmma_family_fits(const ExecSpace& space, const FusedCall& call, TileFits&& tile_fits) {
+#if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
+  if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value)
+    return wgmma_available(space) && with_fused_head_dim<true>(call.head_dim, tile_fits);
+#endif
+  (void)space, (void)call, (void)tile_fits;
+  return false;
+}
+
 /// fits() of the fp32_fp64 and exact_fp32 families, shared by the forward
 /// and the backward: Kernels names their kernel types (fp32_fp64_t<Atom, D>,
 /// exact_fp32_t<D>) and value_type.
@@ -148,12 +161,10 @@ struct FusedForward {
     switch (family) {
       case KernelFamily::wgmma:
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
-        if constexpr (k16Bit && std::is_same<ExecSpace, Kokkos::Cuda>::value) {
-          return wgmma_available(space) &&
-                 with_fused_head_dim<true>(call.head_dim, [&](auto d) {
-                   return wgmma_shape<decltype(d)::value>(space, call, seqlen_k) >= 0;
-                 });
-        }
+        if constexpr (k16Bit)
+          return wgmma_family_fits(space, call, [&](auto d) {
+            return wgmma_shape<decltype(d)::value>(space, call, seqlen_k) >= 0;
+          });
 #endif
         return false;
       case KernelFamily::mma_sync:
