@@ -31,8 +31,11 @@ std::pair<KernelFamily, KernelFamily> families(const Shape& s, const kfa::Attent
   using namespace kfa::Impl;
   const Space space;
   const auto seq = batch_sequences(q, k);
-  const auto fwd = choose_forward_kernel<NoScoreMod, Space>(space, in4(q), in4(k), in4(v), out4(o),
-                                                            seq, opt);
+  // Lse is not deduced (the choice does not take lse), so every type is named.
+  const auto fwd =
+      choose_forward_kernel<NoScoreMod, Space, decltype(in4(q)), decltype(in4(k)),
+                            decltype(in4(v)), decltype(out4(o)), decltype(out3(lse))>(
+          space, in4(q), in4(k), in4(v), out4(o), seq, opt);
   using Delta = Kokkos::View<Acc***, Kokkos::LayoutRight, mem>;
   const auto bwd =
       choose_backward_kernel<NoScoreMod, Space, decltype(in4(q)), decltype(in4(k)),
