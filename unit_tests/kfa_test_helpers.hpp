@@ -220,46 +220,49 @@ A ref_keep(const kfa::AttentionOptions& opt, const RefExtras& x, int b, int h, i
                                                       : A(0);
 }
 
-/// fp64 oracle, long double sums. k, v may have fewer heads than q
-/// (grouped-query attention).
-inline void reference_forward(const Tensor& q, const Tensor& k, const Tensor& v,
-                              const kfa::AttentionOptions& opt, Tensor& o, Tensor& lse,
-                              const RefExtras& extras = {}) {
+/// Attention forward in arithmetic A: with long double (the default) the
+/// fp64 oracle; with float or double the plain implementation in that
+/// precision (the yardstick of FlashAttention's 2x rule). k, v may have
+/// fewer heads than q (grouped-query attention).
+template <class A = long double>
+void reference_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                       const kfa::AttentionOptions& opt, Tensor& o, Tensor& lse,
+                       const RefExtras& extras = {}) {
   const int B = q.ext[0], Sq = q.ext[1], H = q.ext[2], D = q.ext[3], Sk = k.ext[1];
   const int group = H / k.ext[2];
-  const long double scale = ref_scale(opt, D);
+  const A scale = static_cast<A>(ref_scale(opt, D));
   o = Tensor({B, Sq, H, D});
   lse = Tensor({B, H, Sq});
-  std::vector<long double> s(Sk), w(Sk);
+  std::vector<A> s(Sk), w(Sk);
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < H; ++h)
       for (int i = 0; i < Sq; ++i) {
         const int hk = h / group;
-        long double m = -INFINITY;
+        A m = -INFINITY;
         for (int j = 0; j < Sk; ++j) {
           if (ref_masked(opt, i, j, Sq, Sk)) {
             s[j] = -INFINITY;
             continue;
           }
-          long double acc = 0;
-          for (int d = 0; d < D; ++d) acc += (long double)q.at(b, i, h, d) * k.at(b, j, hk, d);
-          long double grad;
-          s[j] = ref_score<long double>(opt, extras, b, h, i, j, Sq, Sk, acc * scale, grad);
+          A acc = 0;
+          for (int d = 0; d < D; ++d) acc += A(q.at(b, i, h, d)) * A(k.at(b, j, hk, d));
+          A grad;
+          s[j] = ref_score<A>(opt, extras, b, h, i, j, Sq, Sk, acc * scale, grad);
           m = std::max(m, s[j]);
         }
-        long double l = 0;
-        for (int j = 0; j < Sk; ++j) l += s[j] == -INFINITY ? 0 : std::exp(s[j] - m);
+        A l = 0;
+        for (int j = 0; j < Sk; ++j) l += s[j] == A(-INFINITY) ? A(0) : std::exp(s[j] - m);
         for (int j = 0; j < Sk; ++j)
-          w[j] = s[j] == -INFINITY || l == 0
-                     ? 0
-                     : std::exp(s[j] - m) / l * ref_keep<long double>(opt, extras, b, h, i, j);
+          w[j] = s[j] == A(-INFINITY) || l == 0
+                     ? A(0)
+                     : std::exp(s[j] - m) / l * ref_keep<A>(opt, extras, b, h, i, j);
         for (int d = 0; d < D; ++d) {
-          long double acc = 0;
+          A acc = 0;
           for (int j = 0; j < Sk; ++j)
-            if (w[j] != 0) acc += w[j] * v.at(b, j, hk, d);
+            if (w[j] != 0) acc += w[j] * A(v.at(b, j, hk, d));
           o.at(b, i, h, d) = static_cast<double>(acc);
         }
-        lse.at(b, h, i) = l > 0 ? static_cast<double>(m + std::log(l)) : -INFINITY;
+        lse.at(b, h, i) = l == 0 ? -INFINITY : static_cast<double>(m + std::log(l));
       }
 }
 
@@ -479,6 +482,137 @@ void expect_close(const std::string& what, const char* name, const Tensor& got,
       << what << ": " << name << " baseline error " << err_base << " is not plausible";
 }
 
+/// What the forward bounds grow with. score_abs bounds |scale|·Σ_d |q_d·k_d|
+/// for every score (Cauchy-Schwarz on the largest row norms); seqlen_k is
+/// the longest row of keys. plain_o, plain_lse: the errors of the plain
+/// forward in the value type (float, double), -1 where there is none.
+struct ForwardMagnitudes {
+  int head_dim = 1, seqlen_k = 0;
+  double score_abs = 0, max_v = 0;
+  double plain_o = -1, plain_lse = -1;
+};
+
+inline double max_row_norm(const Tensor& t) {
+  const std::size_t d = static_cast<std::size_t>(t.ext.back());
+  double m = 0;
+  for (std::size_t r = 0; d > 0 && r * d < t.data.size(); ++r) {
+    double n = 0;
+    for (std::size_t x = r * d; x < (r + 1) * d; ++x) n += t.data[x] * t.data[x];
+    m = std::max(m, n);
+  }
+  return std::sqrt(m);
+}
+
+inline ForwardMagnitudes forward_magnitudes(const Tensor& q, const Tensor& k, const Tensor& v,
+                                            const kfa::AttentionOptions& opt, int seqlen_k) {
+  ForwardMagnitudes f;
+  f.head_dim = q.ext.back();
+  f.seqlen_k = seqlen_k;
+  f.score_abs = std::abs(ref_scale(opt, f.head_dim)) * max_row_norm(q) * max_row_norm(k);
+  f.max_v = max_abs(v);
+  return f;
+}
+
+template <class T>
+constexpr bool has_plain_forward() {
+  return std::is_same<T, double>::value || std::is_same<T, float>::value;
+}
+
+/// The errors of the plain forward in T against the oracle, into f.
+template <class T>
+void add_plain_forward(ForwardMagnitudes& f, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const kfa::AttentionOptions& opt, const Tensor& o_ref,
+                       const Tensor& lse_ref, const RefExtras& extras = {}) {
+  if (!has_plain_forward<T>()) return;
+  using A = std::conditional_t<std::is_same<T, double>::value, double, float>;
+  Tensor o, lse;
+  reference_forward<A>(q, k, v, opt, o, lse, extras);
+  f.plain_o = std::max(f.plain_o, max_abs_diff(o, o_ref));
+  f.plain_lse = std::max(f.plain_lse, max_abs_diff(lse, lse_ref));
+}
+
+/// Forward error bounds against the fp64 oracle that no GEMM enters (the
+/// style of Kokkos Kernels' batched GEMM tests: a k-term sum in precision
+/// eps is off by at most about k·eps times the sum of |terms|). A score is
+/// a head_dim-term sum, off by head_dim·eps·score_abs; each weight exp(s -
+/// max) takes that twice (score and max) plus eps·|s - max|; the row sum
+/// and P·V are seqlen_k-term sums of weights times |v| <= max|v|. In 16-bit
+/// types P and O are rounded to T: eps_T·(max|v| + max|O|).
+template <class T>
+double forward_o_bound(const ForwardMagnitudes& f, double max_o) {
+  const double ea = epsilon<kfa::accumulator_t<T>>(), v = std::max(1.0, f.max_v);
+  const double weight = 2.0 * (f.head_dim + 1) * f.score_abs + 4;
+  return ea * (weight + 2.0 * f.seqlen_k + 8) * v + epsilon<T>() * (v + max_o);
+}
+
+/// lse = max + log(Σ weights): the weights' relative errors and the sum's,
+/// plus the rounding of lse itself; held in the accumulator type.
+template <class T>
+double forward_lse_bound(const ForwardMagnitudes& f, double max_lse) {
+  const double ea = epsilon<kfa::accumulator_t<T>>();
+  const double weight = 2.0 * (f.head_dim + 1) * f.score_abs + 4;
+  return ea * (weight + 2.0 * f.seqlen_k + 8 + std::max(1.0, max_lse));
+}
+
+/// Checks a forward's O and lse against the oracle: within the bounds
+/// above, and, for float and double with `twice_plain`, within
+/// FlashAttention's rule of twice the plain forward's error in T.
+template <class T>
+void expect_forward_close(const std::string& what, const Tensor& o, const Tensor& lse,
+                          const Tensor& o_ref, const Tensor& lse_ref, const ForwardMagnitudes& f,
+                          bool twice_plain = true) {
+  using Acc = kfa::accumulator_t<T>;
+  const double err_o = max_abs_diff(o, o_ref), err_lse = max_abs_diff(lse, lse_ref);
+  const double bound_o = forward_o_bound<T>(f, max_abs(o_ref));
+  const double bound_lse = forward_lse_bound<T>(f, max_abs(lse_ref));
+  EXPECT_LE(err_o, bound_o) << what << ": O error " << err_o << " (bound " << bound_o << ")";
+  EXPECT_LE(err_lse, bound_lse) << what << ": lse error " << err_lse << " (bound " << bound_lse
+                                << ")";
+  if (twice_plain && f.plain_o >= 0) {
+    EXPECT_LE(err_o, allowed_error<T>(f.plain_o, o_ref))
+        << what << ": O error " << err_o << ", the plain forward's " << f.plain_o;
+    EXPECT_LE(err_lse, allowed_error<Acc>(f.plain_lse, lse_ref))
+        << what << ": lse error " << err_lse << ", the plain forward's " << f.plain_lse;
+  }
+}
+
+/// A case's forward magnitudes with its plain forward's errors.
+template <class T>
+ForwardMagnitudes forward_magnitudes(const Case& c, const RefExtras& extras = {}) {
+  ForwardMagnitudes f = forward_magnitudes(c.q, c.k, c.v, c.options, c.k.ext[1]);
+  add_plain_forward<T>(f, c.q, c.k, c.v, c.options, c.o_ref, c.lse_ref, extras);
+  return f;
+}
+
+/// Every output of flash forward then backward on the device, on the host.
+struct FlashOutputs {
+  Tensor o, lse, dq, dk, dv;
+};
+
+template <class T, class Space>
+FlashOutputs run_flash(const Case& c, const kfa::AttentionOptions& opt) {
+  using Acc = kfa::accumulator_t<T>;
+  const Shape& s = c.shape;
+  auto q = to_device<T, Space>(c.q, "q");
+  auto k = to_device<T, Space>(c.k, "k");
+  auto v = to_device<T, Space>(c.v, "v");
+  auto d_o = to_device<T, Space>(c.d_o, "d_o");
+  DeviceView4<T, Space> o("o", s.batch, s.seqlen_q, s.heads, s.head_dim);
+  DeviceView3<Acc, Space> lse("lse", s.batch, s.heads, s.seqlen_q);
+  DeviceView4<T, Space> dq("dq", s.batch, s.seqlen_q, s.heads, s.head_dim),
+      dk("dk", s.batch, s.seqlen_k, kv_heads(s), s.head_dim),
+      dv("dv", s.batch, s.seqlen_k, kv_heads(s), s.head_dim);
+  poison(o);
+  poison(lse);
+  poison(dq);
+  poison(dk);
+  poison(dv);
+  kfa::flash_attention_forward(Space(), q, k, v, o, lse, opt);
+  kfa::flash_attention_backward(Space(), q, k, v, o, lse, d_o, dq, dk, dv, opt);
+  Space().fence();
+  return {to_host(o), to_host(lse), to_host(dq), to_host(dk), to_host(dv)};
+}
+
 /// The dropout keep mask kfa draws for `opt`, [batch][heads][seqlen_q][seqlen_k].
 template <class Space>
 Tensor dropout_keep_mask(int batch, int heads, int seqlen_q, int seqlen_k,
@@ -532,8 +666,11 @@ void check_variant(const Shape& s, kfa::AttentionOptions opt, const std::string&
   kfa::flash_attention_forward(Space(), q, k, v, o_flash, lse_flash, opt, mod);
   kfa::standard_attention_forward(Space(), q, k, v, o_std, lse_std, opt, mod);
   Space().fence();
-  expect_close<T>(what, "O", to_host(o_flash), to_host(o_std), c.o_ref);
-  expect_close<Acc>(what, "lse", to_host(lse_flash), to_host(lse_std), c.lse_ref);
+  const ForwardMagnitudes f = forward_magnitudes<T>(c, extras);
+  expect_forward_close<T>(what + " flash", to_host(o_flash), to_host(lse_flash), c.o_ref,
+                          c.lse_ref, f);
+  expect_forward_close<T>(what + " standard", to_host(o_std), to_host(lse_std), c.o_ref,
+                          c.lse_ref, f, false);
 
   Tensor dq_ref, dk_ref, dv_ref, dq_plain, dk_plain, dv_plain;
   reference_backward<double, true>(c.q, c.k, c.v, c.o_ref, c.lse_ref, c.d_o, opt, dq_ref, dk_ref,
@@ -650,6 +787,7 @@ void check_varlen(VarlenShape vs, kfa::AttentionOptions opt, const std::string& 
   Tensor o_ref({total_q, H, D}), lse_ref({H, total_q}), dq_ref({total_q, H, D}),
       dk_ref({total_k, Hkv, D}), dv_ref({total_k, Hkv, D}), dq_plain = dq_ref,
       dk_plain = dk_ref, dv_plain = dv_ref;
+  ForwardMagnitudes f = forward_magnitudes(q, k, v, opt, vs.max_k);
   for (int b = 0; b < nseq; ++b) {
     RefExtras x = extras;
     x.batch_offset = b;
@@ -657,6 +795,7 @@ void check_varlen(VarlenShape vs, kfa::AttentionOptions opt, const std::string& 
                  vb = rows_of(v, cu_k[b], vs.len_k[b]), dob = rows_of(d_o, cu_q[b], vs.len_q[b]);
     Tensor ob, lseb, g[3];
     reference_forward(qb, kb, vb, opt, ob, lseb, x);
+    add_plain_forward<T>(f, qb, kb, vb, opt, ob, lseb, x);
     put_rows(o_ref, ob, cu_q[b]);
     put_lse(lse_ref, lseb, cu_q[b]);
     reference_backward<double, true>(qb, kb, vb, ob, lseb, dob, opt, g[0], g[1], g[2], x);
@@ -689,8 +828,10 @@ void check_varlen(VarlenShape vs, kfa::AttentionOptions opt, const std::string& 
   kfa::standard_attention_varlen_forward(Space(), q_d, k_d, v_d, cu_q_d, cu_k_d, vs.max_q,
                                          vs.max_k, o_std, lse_std, opt, mod);
   Space().fence();
-  expect_close<T>(what, "O", to_host(o_flash), to_host(o_std), o_ref);
-  expect_close<Acc>(what, "lse", to_host(lse_flash), to_host(lse_std), lse_ref);
+  expect_forward_close<T>(what + " flash", to_host(o_flash), to_host(lse_flash), o_ref, lse_ref,
+                          f);
+  expect_forward_close<T>(what + " standard", to_host(o_std), to_host(lse_std), o_ref, lse_ref,
+                          f, false);
   const double grad_magnitude = gradient_magnitude(q, k, v, d_o, opt);
   for (int pass = 0; pass < 2; ++pass) {
     poison(dq);

@@ -11,34 +11,6 @@ template <class C>
 class FlashBackward : public ::testing::Test {};
 TYPED_TEST_SUITE(FlashBackward, AllConfigs);
 
-template <class T, class Space>
-struct Gradients {
-  Tensor dq, dk, dv;
-};
-
-/// Runs flash forward then backward on the device; returns the gradients.
-template <class T, class Space>
-Gradients<T, Space> run_flash(const Case& c, const kfa::AttentionOptions& opt) {
-  using Acc = kfa::accumulator_t<T>;
-  const Shape& s = c.shape;
-  auto q = to_device<T, Space>(c.q, "q");
-  auto k = to_device<T, Space>(c.k, "k");
-  auto v = to_device<T, Space>(c.v, "v");
-  auto d_o = to_device<T, Space>(c.d_o, "d_o");
-  DeviceView4<T, Space> o("o", s.batch, s.seqlen_q, s.heads, s.head_dim);
-  DeviceView3<Acc, Space> lse("lse", s.batch, s.heads, s.seqlen_q);
-  DeviceView4<T, Space> dq("dq", s.batch, s.seqlen_q, s.heads, s.head_dim);
-  DeviceView4<T, Space> dk("dk", s.batch, s.seqlen_k, s.heads, s.head_dim);
-  DeviceView4<T, Space> dv("dv", s.batch, s.seqlen_k, s.heads, s.head_dim);
-  kfa::flash_attention_forward(Space(), q, k, v, o, lse, opt);
-  poison(dq);
-  poison(dk);
-  poison(dv);
-  kfa::flash_attention_backward(Space(), q, k, v, o, lse, d_o, dq, dk, dv, opt);
-  Space().fence();
-  return {to_host(dq), to_host(dk), to_host(dv)};
-}
-
 template <class C>
 void check_backward(const Shape& s, bool causal, bool deterministic,
                     kfa::Experimental::KernelPolicy policy = {}) {

@@ -73,7 +73,10 @@ inline std::size_t ring_local_seqlen(std::size_t global_seqlen, int rank, int ra
 /// Collective over `comm`. Before any block is sent the ranks agree on their
 /// arguments: bad local arguments on any rank, or shapes or options that do
 /// not fit together, throw the same std::invalid_argument on every rank,
-/// with nothing written. Work is enqueued on `space`; it is fenced where MPI
+/// with nothing written. A rank that fails after that agreement (an
+/// allocation failure, a CUDA error) ends the job through MPI_Abort, with its
+/// rank and error on stderr, rather than leave the other ranks waiting for
+/// its blocks (docs/ring_attention.md). Work is enqueued on `space`; it is fenced where MPI
 /// needs host-visible data: once per ring step (before a block written by
 /// kernels is handed to MPI, and so that the buffer the next block lands in
 /// is free), and around host staging copies.
@@ -99,7 +102,9 @@ void ring_attention_forward(const ExecSpace& space, const RingCommunicator& comm
   if constexpr (Impl::forward_types_ok<ExecSpace, Q, K, V, O, Lse>()) {
     using T = typename Q::non_const_value_type;
     const Impl::RingLayout layout = Impl::agree_on_ring_arguments<T>(function, comm, q, k, options);
-    Impl::ring_forward(space, comm, layout, q, k, v, o, lse, options, call_start);
+    Impl::run_ring_or_abort(function, comm, [&] {
+      Impl::ring_forward(space, comm, layout, q, k, v, o, lse, options, call_start);
+    });
   }
 }
 
@@ -149,7 +154,10 @@ void ring_attention_backward(const ExecSpace& space, const RingCommunicator& com
   if constexpr (Impl::backward_types_ok<ExecSpace, Q, K, V, O, Lse, DO, DQ, DK, DV>()) {
     using T = typename Q::non_const_value_type;
     const Impl::RingLayout layout = Impl::agree_on_ring_arguments<T>(function, comm, q, k, options);
-    Impl::ring_backward(space, comm, layout, q, k, v, o, lse, d_o, dq, dk, dv, options, call_start);
+    Impl::run_ring_or_abort(function, comm, [&] {
+      Impl::ring_backward(space, comm, layout, q, k, v, o, lse, d_o, dq, dk, dv, options,
+                          call_start);
+    });
   }
 }
 

@@ -25,9 +25,10 @@ struct OnlineSoftmax {
     return m_old == math::neg_inf<Acc>() ? Acc(0) : math::exp(m_old - shift(m_new));
   }
 
-  /// lse = m + log(l); rows that saw no key give -inf.
+  /// lse = m + log(l); rows that saw no key give -inf. A NaN sum (a NaN or
+  /// +inf score) stays NaN, so that the backward propagates it too.
   KOKKOS_FORCEINLINE_FUNCTION static Acc lse(Acc row_max, Acc row_sum) {
-    return row_sum > Acc(0) ? row_max + math::log(row_sum) : math::neg_inf<Acc>();
+    return row_sum == Acc(0) ? math::neg_inf<Acc>() : row_max + math::log(row_sum);
   }
 
   /// Probability of a score given the row's final lse; 0 for rows that saw

@@ -37,6 +37,9 @@
 #include <climits>
 #include <cmath>
 #include <cstddef>
+#include <cstdio>
+#include <exception>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -47,6 +50,36 @@ namespace Impl {
 /// guaranteed minimum of 32767).
 constexpr int kRingTagKV = 27510;
 constexpr int kRingTagGrad = 25703;
+
+/// Test hook, called with (rank, step) at the start of every ring step; the
+/// rank-failure tests make it throw. Not an option: applications leave it empty.
+inline std::function<void(int, int)>& ring_step_hook() {
+  static std::function<void(int, int)> hook;
+  return hook;
+}
+
+/// Runs the part of a ring call after the argument agreement. From there on
+/// every rank waits on its neighbours' blocks, so a rank that threw would
+/// leave the others blocked forever: the failure ends the job instead, with
+/// the rank and the error on stderr, through MPI_Abort.
+template <class Body>
+void run_ring_or_abort(const char* function, const RingCommunicator& comm, Body&& body) {
+  std::string error;
+  try {
+    body();
+    return;
+  } catch (const std::exception& e) {
+    error = e.what();
+  } catch (...) {
+    error = "an exception that is not a std::exception";
+  }
+  std::fprintf(stderr,
+               "%s: rank %d of %d failed after the ranks agreed on their arguments: %s; "
+               "calling MPI_Abort (the other ranks would wait for its blocks forever)\n",
+               function, comm.rank(), comm.size(), error.c_str());
+  std::fflush(stderr);
+  MPI_Abort(comm.comm(), 1);
+}
 
 /// Extents shared by the tensors of one kind (q, o, dq, lse: heads; k, v,
 /// dk, dv: heads_kv, fewer with grouped-query attention) except the sequence.
@@ -218,6 +251,7 @@ void ring_forward(const ExecSpace& space, const RingCommunicator& comm, const Ri
   for (int step = 0; step < ranks; ++step) {
     const int source = (rank - step + ranks) % ranks;
     const int next_source = (source + ranks - 1) % ranks;
+    if (ring_step_hook()) ring_step_hook()(rank, step);
     const T* k_block = kv[step % 2];
     const T* v_block = k_block + kv_dims.row() * layout.seqlen(source);
     timer.start_step();
@@ -324,6 +358,7 @@ void ring_backward(const ExecSpace& space, const RingCommunicator& comm, const R
   for (int step = 0; step < ranks; ++step) {
     const int source = (rank - step + ranks) % ranks;
     const int next_source = (source + ranks - 1) % ranks;
+    if (ring_step_hook()) ring_step_hook()(rank, step);
     const std::size_t block = kv_row * layout.seqlen(source);
     const std::size_t next_block = kv_row * layout.seqlen(next_source);
     const T* k_block = kv[step % 2];
