@@ -29,12 +29,13 @@ namespace Impl {
 namespace Host {
 
 /// Chunks of key blocks per (sequence, key/value head): enough work items
-/// for twice the threads, at most one chunk per key block. Each chunk costs
-/// a dQ accumulator, so there is one where the heads alone keep the threads
-/// busy.
+/// for twice the threads, at most one chunk per key block and kMaxKeyChunks.
+/// Each chunk costs a dQ accumulator the size of dq, so there is one where
+/// the heads alone keep the threads busy.
+constexpr int kMaxKeyChunks = 4;
 inline int key_chunks(int concurrency, int batch_heads, int kv_blocks) {
   const int want = (2 * concurrency + batch_heads - 1) / (batch_heads > 0 ? batch_heads : 1);
-  return iclamp(want, 1, kv_blocks > 0 ? kv_blocks : 1);
+  return iclamp(want, 1, imin(kv_blocks > 0 ? kv_blocks : 1, kMaxKeyChunks));
 }
 
 /// DQAccView: indexed (chunk * view_batch + vb, row, h, d); dq itself where
@@ -65,17 +66,12 @@ class BackwardKernel {
         m_dq_acc(dq_acc),
         m_dk(dk),
         m_dv(dv),
-        m_seq(params.seq),
+        m_params(params),
         m_pipeline(params, score_mod),
         m_scale(params.scale),
-        m_batch(params.seq.batch),
         m_view_batch(static_cast<int>(q.extent(0))),
-        m_heads_kv(params.heads_kv),
-        m_group(params.group()),
         m_head_dim(params.head_dim),
         m_dpad(traits::padded_head_dim(params.head_dim)),
-        m_window_left(params.window_left),
-        m_window_right(params.window_right),
         m_chunks(chunks),
         m_blocks_per_chunk(((params.seq.max_seqlen_k + kBlockN - 1) / kBlockN + chunks - 1) /
                            chunks) {}
@@ -83,8 +79,8 @@ class BackwardKernel {
   int head_dim() const { return m_head_dim; }
 
   void launch(const ExecSpace& space) const {
-    launch_per_thread(space, "kfa::bwd::host_tiled", *this, m_chunks * m_batch * m_heads_kv,
-                      scratch_bytes());
+    launch_per_thread(space, "kfa::bwd::host_tiled", *this,
+                      m_chunks * m_params.seq.batch * m_params.heads_kv, scratch_bytes());
   }
 
   /// sK, sV, acc_dk, acc_dv [N][Dp]; sQ, sdO, acc_dq [M][Dp]; sQt, sdOt
@@ -98,17 +94,19 @@ class BackwardKernel {
 
   void operator()(const member_t& member) const {
     // Causal: the first key blocks are seen by the most rows; chunk 0 first.
-    const int item = member.league_rank();
-    const int bh = item % (m_batch * m_heads_kv);
-    const int chunk = item / (m_batch * m_heads_kv);
-    const int b = bh / m_heads_kv, h_kv = bh % m_heads_kv;
-    const SequenceInfo seq = m_seq(b);
+    const int item = member.league_rank(), heads_kv = m_params.heads_kv,
+              group = m_params.group();
+    const int bh = item % (m_params.seq.batch * heads_kv);
+    const int chunk = item / (m_params.seq.batch * heads_kv);
+    const int b = bh / heads_kv, h_kv = bh % heads_kv;
+    const SequenceInfo seq = m_params.seq(b);
     const int vb = seq.view_batch, k0 = seq.k_begin;
     const int kv_block_begin = chunk * m_blocks_per_chunk;
     const int kv_block_end = imin(kv_block_begin + m_blocks_per_chunk,
                                   (seq.seqlen_k + kBlockN - 1) / kBlockN);
     const int dpad = m_dpad;
-    const AttentionMask mask(seq.seqlen_q, seq.seqlen_k, m_window_left, m_window_right);
+    const AttentionMask mask(seq.seqlen_q, seq.seqlen_k, m_params.window_left,
+                             m_params.window_right);
 
     TileArena arena(member.team_scratch(1).get_shmem(scratch_bytes()));
     Tiles t;
@@ -132,23 +130,18 @@ class BackwardKernel {
       const int cols = imin(kBlockN, seq.seqlen_k - key_begin);
       const int cols_pad = traits::round_up(cols, traits::kRows);
       // K and V rows, zero-padded to whole register blocks; fresh dK, dV.
-      for (int j = 0; j < cols_pad; ++j) {
-        acc_t* krow = t.sK + std::size_t(j) * dpad;
-        acc_t* vrow = t.sV + std::size_t(j) * dpad;
-        for (int d = 0; d < dpad; ++d) {
-          const bool ok = j < cols && d < m_head_dim;
-          krow[d] = ok ? to_acc<acc_t>(m_k(vb, k0 + key_begin + j, h_kv, d)) : acc_t(0);
-          vrow[d] = ok ? to_acc<acc_t>(m_v(vb, k0 + key_begin + j, h_kv, d)) : acc_t(0);
-          t.acc_dk[std::size_t(j) * dpad + d] = 0;
-          t.acc_dv[std::size_t(j) * dpad + d] = 0;
-        }
+      load_rows(m_k, vb, k0 + key_begin, h_kv, cols, cols_pad, m_head_dim, acc_t(1), t.sK, dpad);
+      load_rows(m_v, vb, k0 + key_begin, h_kv, cols, cols_pad, m_head_dim, acc_t(1), t.sV, dpad);
+      for (std::size_t x = 0; x < std::size_t(cols_pad) * dpad; ++x) {
+        t.acc_dk[x] = 0;
+        t.acc_dv[x] = 0;
       }
       // Rows that see this key block; the blocks before and after are skipped.
       const int row_lo = mask.row_begin(key_begin);
       const int row_hi = mask.row_end(key_begin + cols);
       const int q_block_end = (row_hi + kBlockM - 1) / kBlockM;
-      for (int g = 0; g < m_group; ++g) {
-        const int h = h_kv * m_group + g;
+      for (int g = 0; g < group; ++g) {
+        const int h = h_kv * group + g;
         for (int q_block = row_lo / kBlockM; q_block < q_block_end; ++q_block) {
           const int row_begin = q_block * kBlockM;
           const int rows = imin(kBlockM, seq.seqlen_q - row_begin);
@@ -182,19 +175,14 @@ class BackwardKernel {
     const int rows_pad = traits::round_up(rows, traits::kRows);
     // Q and dO row-major (for dK, dV) and transposed (for Sᵀ, dPᵀ); rows past
     // the sequence are 0, and their lse +inf gives them P = 0.
+    load_rows(m_q, vb, q0 + row_begin, h, rows, kBlockM, m_head_dim, acc_t(1), t.sQ, dpad);
+    load_rows(m_do, vb, q0 + row_begin, h, rows, kBlockM, m_head_dim, acc_t(1), t.sdO, dpad);
     for (int i = 0; i < kBlockM; ++i) {
       const bool row_ok = i < rows;
       const int r = q0 + row_begin + i;
-      acc_t* qrow = t.sQ + std::size_t(i) * dpad;
-      acc_t* dorow = t.sdO + std::size_t(i) * dpad;
-      for (int d = 0; d < dpad; ++d) {
-        const bool ok = row_ok && d < m_head_dim;
-        qrow[d] = ok ? to_acc<acc_t>(m_q(vb, r, h, d)) : acc_t(0);
-        dorow[d] = ok ? to_acc<acc_t>(m_do(vb, r, h, d)) : acc_t(0);
-      }
       for (int d = 0; d < m_head_dim; ++d) {
-        t.sQt[std::size_t(d) * kBlockM + i] = qrow[d];
-        t.sdOt[std::size_t(d) * kBlockM + i] = dorow[d];
+        t.sQt[std::size_t(d) * kBlockM + i] = t.sQ[std::size_t(i) * dpad + d];
+        t.sdOt[std::size_t(d) * kBlockM + i] = t.sdO[std::size_t(i) * dpad + d];
       }
       const acc_t lse = row_ok ? acc_t(m_lse(vb, h, r)) : math::neg_inf<acc_t>();
       // exp(s - (+inf)) = 0: rows that saw no key (lse = -inf) get P = 0.
@@ -260,11 +248,10 @@ class BackwardKernel {
   DQAccView m_dq_acc;
   DKView m_dk;
   DVView m_dv;
-  Sequences<typename QView::memory_space> m_seq;
+  params_t m_params;
   pipeline_t m_pipeline;
   acc_t m_scale;
-  int m_batch, m_view_batch, m_heads_kv, m_group, m_head_dim, m_dpad, m_window_left,
-      m_window_right, m_chunks, m_blocks_per_chunk;
+  int m_view_batch, m_head_dim, m_dpad, m_chunks, m_blocks_per_chunk;
 };
 
 /// The host backward after the preprocess (D in `delta`): dK, dV written,

@@ -37,6 +37,20 @@ void launch_per_thread(const ExecSpace& space, const char* label, const Kernel& 
   Kokkos::parallel_for(label, policy, kernel);
 }
 
+/// Rows [row0, row0 + count) of head h of a [vb][rows][heads][d] View into
+/// the tile dst [count_pad][ld], converted and times `scale`; head dims from
+/// head_dim to ld and rows from count to count_pad are 0 (they reach the
+/// register blocks, so they must be finite).
+template <class Acc, class View>
+void load_rows(const View& src, int vb, int row0, int h, int count, int count_pad, int head_dim,
+               Acc scale, Acc* dst, int ld) {
+  for (int i = 0; i < count_pad; ++i) {
+    Acc* row = dst + std::size_t(i) * ld;
+    for (int d = 0; d < ld; ++d)
+      row[d] = i < count && d < head_dim ? to_acc<Acc>(src(vb, row0 + i, h, d)) * scale : Acc(0);
+  }
+}
+
 template <class ExecSpace, class VariantT, class QView, class KView, class VView, class OView,
           class LseView>
 class ForwardKernel {
@@ -59,23 +73,17 @@ class ForwardKernel {
         m_v(v),
         m_o(o),
         m_lse(lse),
-        m_seq(params.seq),
+        m_params(params),
         m_pipeline(params, score_mod),
-        m_scale(params.scale),
-        m_batch(params.seq.batch),
-        m_heads(params.heads),
-        m_group(params.group()),
         m_head_dim(params.head_dim),
         m_dpad(traits::padded_head_dim(params.head_dim)),
-        m_window_left(params.window_left),
-        m_window_right(params.window_right),
         m_num_q_blocks((params.seq.max_seqlen_q + kBlockM - 1) / kBlockM) {}
 
   int head_dim() const { return m_head_dim; }
 
   void launch(const ExecSpace& space) const {
-    launch_per_thread(space, "kfa::fwd::host_tiled", *this, m_num_q_blocks * m_batch * m_heads,
-                      scratch_bytes());
+    launch_per_thread(space, "kfa::fwd::host_tiled", *this,
+                      m_num_q_blocks * m_params.seq.batch * m_params.heads, scratch_bytes());
   }
 
   /// sQ, acc_o [M][Dp]; sKt [d][N]; sV [N][Dp]; sS [M][N]; row max and sum.
@@ -86,21 +94,17 @@ class ForwardKernel {
   }
 
   void operator()(const member_t& member) const {
-    // Causal work is uneven: the last query blocks see the most keys, so
-    // they are handed out first.
-    const int item = member.league_rank();
-    const int bh = item % (m_batch * m_heads);
-    const int q_block = m_num_q_blocks - 1 - item / (m_batch * m_heads);
-    const int b = bh / m_heads, h = bh % m_heads, h_kv = h / m_group;
-    const SequenceInfo seq = m_seq(b);
-    const int row_begin = q_block * kBlockM;
-    // Packed sequences shorter than the longest have fewer blocks.
-    if (row_begin >= seq.seqlen_q) return;
-    const int rows = imin(kBlockM, seq.seqlen_q - row_begin);
+    const QueryBlock qb = query_block(m_params.seq, member.league_rank(), m_params.heads,
+                                      m_num_q_blocks, kBlockM);
+    if (qb.rows <= 0) return;
+    const SequenceInfo seq = qb.seq;
+    const int b = qb.b, h = qb.h, h_kv = h / m_params.group(), row_begin = qb.row_begin,
+              rows = qb.rows;
     const int rows_pad = traits::round_up(rows, traits::kRows);
     const int vb = seq.view_batch, q0 = seq.q_begin, k0 = seq.k_begin;
     const int dpad = m_dpad;
-    const AttentionMask mask(seq.seqlen_q, seq.seqlen_k, m_window_left, m_window_right);
+    const AttentionMask mask(seq.seqlen_q, seq.seqlen_k, m_params.window_left,
+                             m_params.window_right);
 
     TileArena arena(member.team_scratch(1).get_shmem(scratch_bytes()));
     acc_t* sQ = arena.take<acc_t>(std::size_t(kBlockM) * dpad);
@@ -112,11 +116,8 @@ class ForwardKernel {
     acc_t* row_sum = arena.take<acc_t>(kBlockM);
 
     // The query block, scale folded in, zero-padded to whole register blocks.
+    load_rows(m_q, vb, q0 + row_begin, h, rows, rows_pad, m_head_dim, m_params.scale, sQ, dpad);
     for (int i = 0; i < rows_pad; ++i) {
-      acc_t* q = sQ + std::size_t(i) * dpad;
-      for (int d = 0; d < dpad; ++d)
-        q[d] = i < rows && d < m_head_dim ? to_acc<acc_t>(m_q(vb, q0 + row_begin + i, h, d)) * m_scale
-                                          : acc_t(0);
       for (int d = 0; d < dpad; ++d) acc_o[std::size_t(i) * dpad + d] = 0;
       row_max[i] = math::neg_inf<acc_t>();
       row_sum[i] = 0;
@@ -136,11 +137,8 @@ class ForwardKernel {
         for (int d = 0; d < m_head_dim; ++d)
           sKt[std::size_t(d) * kBlockN + j] =
               col_ok ? to_acc<acc_t>(m_k(vb, k0 + key_begin + j, h_kv, d)) : acc_t(0);
-        if (!col_ok) continue;
-        acc_t* vrow = sV + std::size_t(j) * dpad;
-        for (int d = 0; d < dpad; ++d)
-          vrow[d] = d < m_head_dim ? to_acc<acc_t>(m_v(vb, k0 + key_begin + j, h_kv, d)) : acc_t(0);
       }
+      load_rows(m_v, vb, k0 + key_begin, h_kv, cols, cols, m_head_dim, acc_t(1), sV, dpad);
       tile_product(rows_pad, kBlockN, m_head_dim, sQ, dpad, sKt, kBlockN, sS, kBlockN, false);
 
       const bool needs_mask =
@@ -225,11 +223,9 @@ class ForwardKernel {
   VView m_v;
   OView m_o;
   LseView m_lse;
-  Sequences<typename QView::memory_space> m_seq;
+  params_t m_params;
   pipeline_t m_pipeline;
-  acc_t m_scale;
-  int m_batch, m_heads, m_group, m_head_dim, m_dpad, m_window_left, m_window_right,
-      m_num_q_blocks;
+  int m_head_dim, m_dpad, m_num_q_blocks;
 };
 
 }  // namespace Host
