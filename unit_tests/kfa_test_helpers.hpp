@@ -71,10 +71,26 @@ constexpr bool is_host_space() {
   return Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename Space::memory_space>::accessible;
 }
 
-/// Threads per team for tests: 2 on OpenMP (so team barriers really
-/// synchronise), the backend default elsewhere.
+/// The team size a test pins for the check helpers (PinTeamSize), or -1.
+inline int& pinned_team_size() {
+  static int team_size = -1;
+  return team_size;
+}
+
+/// Pins the team size of the check helpers while in scope: 0 sends OpenMP
+/// calls to the host kernels (KernelFamily::host_tiled) instead of the
+/// portable kernels' two-thread teams.
+struct PinTeamSize {
+  explicit PinTeamSize(int team_size) { pinned_team_size() = team_size; }
+  ~PinTeamSize() { pinned_team_size() = -1; }
+};
+
+/// Threads per team for tests: 2 on OpenMP (so the portable kernels' team
+/// barriers really synchronise), the backend default elsewhere (on host
+/// backends: the host kernels); unless a test pins it.
 template <class Space>
 int test_team_size() {
+  if (pinned_team_size() >= 0) return pinned_team_size();
 #ifdef KOKKOS_ENABLE_OPENMP
   if (std::is_same<Space, Kokkos::OpenMP>::value)
     return std::min(2, static_cast<int>(Kokkos::OpenMP().concurrency()));

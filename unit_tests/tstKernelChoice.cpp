@@ -53,8 +53,14 @@ TYPED_TEST(KernelChoice, TablePerTypeAndPolicy) {
   const kfa::AttentionOptions plain;
   const auto [fwd, bwd] = families<TypeParam>(dense, plain);
   if constexpr (is_host_space<Space>()) {
-    EXPECT_EQ(fwd, KernelFamily::portable);
-    EXPECT_EQ(bwd, KernelFamily::portable);
+    // Host backends: the host kernels unless the policy asks for the
+    // portable ones.
+    EXPECT_EQ(fwd, KernelFamily::host_tiled);
+    EXPECT_EQ(bwd, KernelFamily::host_tiled);
+    kfa::AttentionOptions portable;
+    portable.kernel_policy.host_tiled = false;
+    EXPECT_EQ(families<TypeParam>(dense, portable).first, KernelFamily::portable);
+    EXPECT_EQ(families<TypeParam>(dense, portable).second, KernelFamily::portable);
   } else {
 #ifdef KOKKOS_ENABLE_CUDA
     constexpr bool k16 = !std::is_same<T, float>::value && !std::is_same<T, double>::value;
@@ -91,11 +97,15 @@ TYPED_TEST(KernelChoice, TablePerTypeAndPolicy) {
   }
 }
 
-// What the fused kernels do not take goes to the portable kernels on every
-// backend: windows, softcap, dropout, head dims outside 64/128(/256), an
-// explicit team size, deterministic backward.
-TYPED_TEST(KernelChoice, VariantsRunThePortableKernels) {
+// What the fused kernels do not take goes to the portable kernels on GPUs:
+// windows, softcap, dropout, head dims outside 64/128(/256), an explicit team
+// size, deterministic backward. Host backends run all of it on the host
+// kernels, and grouped-query heads and odd head dims too; an explicit team
+// size asks for the portable kernels' teams everywhere.
+TYPED_TEST(KernelChoice, VariantsOffTheFusedKernels) {
   if (is_duplicate_config<TypeParam>()) GTEST_SKIP() << "half is float here";
+  constexpr bool host = is_host_space<typename TypeParam::space>();
+  const KernelFamily variants = host ? KernelFamily::host_tiled : KernelFamily::portable;
   const Shape dense{1, 100, 120, 2, 64};
   kfa::AttentionOptions window, softcap, dropout, team, det;
   window.window_left = 16;
@@ -103,13 +113,23 @@ TYPED_TEST(KernelChoice, VariantsRunThePortableKernels) {
   dropout.dropout_p = 0.1;
   team.team_size = 2;
   det.deterministic = true;
-  for (const auto& opt : {window, softcap, dropout, team}) {
-    EXPECT_EQ(families<TypeParam>(dense, opt).first, KernelFamily::portable);
-    EXPECT_EQ(families<TypeParam>(dense, opt).second, KernelFamily::portable);
+  for (const auto& opt : {window, softcap, dropout}) {
+    EXPECT_EQ(families<TypeParam>(dense, opt).first, variants);
+    EXPECT_EQ(families<TypeParam>(dense, opt).second, variants);
   }
-  EXPECT_EQ(families<TypeParam>({1, 100, 120, 2, 96}, {}).first, KernelFamily::portable);
-  EXPECT_EQ(families<TypeParam>(dense, det).second, KernelFamily::portable);
+  EXPECT_EQ(families<TypeParam>(dense, team).first, KernelFamily::portable);
+  EXPECT_EQ(families<TypeParam>(dense, team).second, KernelFamily::portable);
+  EXPECT_EQ(families<TypeParam>({1, 100, 120, 2, 96}, {}).first, variants);
+  EXPECT_EQ(families<TypeParam>(dense, det).second, variants);
+  if (host) {
+    for (const Shape& odd : {Shape{1, 1, 1, 1, 1}, Shape{1, 97, 113, 6, 59, 2},
+                             Shape{1, 113, 203, 2, 256}}) {
+      EXPECT_EQ(families<TypeParam>(odd, {}).first, KernelFamily::host_tiled);
+      EXPECT_EQ(families<TypeParam>(odd, {}).second, KernelFamily::host_tiled);
+    }
+  }
   EXPECT_STREQ(kfa::Impl::to_string(KernelFamily::exact_fp32), "exact_fp32");
+  EXPECT_STREQ(kfa::Impl::to_string(KernelFamily::host_tiled), "host_tiled");
 }
 
 }  // namespace

@@ -26,8 +26,11 @@ namespace Experimental {
 
 /// Which kernel families a call may choose from. Applications keep the
 /// defaults (the fastest family that serves the call); tests and benchmarks
-/// pin a path with it. Ignored by host backends.
+/// pin a path with it.
 struct KernelPolicy {
+  /// Host backends run the vectorised per-thread kernels; false runs the
+  /// portable TeamPolicy kernels there (the reference).
+  bool host_tiled = true;
   /// Fused CUDA kernels may use opt-in shared memory (more team scratch than
   /// Kokkos' TeamPolicy grants). false keeps every kernel inside TeamPolicy
   /// scratch: the 16-bit forward's TeamPolicy shape, else the portable kernels.
@@ -65,8 +68,9 @@ struct AttentionOptions {
   /// always reproducible, with grouped-query attention too.
   bool deterministic = false;
   /// Threads per team; 0 lets kfa choose per backend. Host backends default
-  /// to one thread per team; a larger value makes teams share work through
-  /// team barriers (the unit tests use it to exercise them).
+  /// to one thread per tile; a larger value runs the portable TeamPolicy
+  /// kernels, whose teams share work through team barriers (the unit tests
+  /// use it to exercise them).
   int team_size = 0;
   /// Sliding window (local attention): query i sees key j iff
   ///   i + off - window_left <= j <= i + off + window_right,

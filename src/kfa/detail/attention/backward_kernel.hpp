@@ -97,20 +97,11 @@ struct BackwardTiles {
     row_times_tile_t<BlockN, kHeadDim>(tag{}, member, &sdO(i, 0), &sVt(0, 0), kBlockNPad, ds);
     const acc_t lse = s_lse(i), delta = s_delta(i);
     if constexpr (Pipeline::kModifiers || Pipeline::kScoreMod) {
-      const bool dropout = pipeline.dropout();
-      const std::uint64_t dropout_row = dropout ? pipeline.dropout_row(b, h, row) : 0;
+      const std::uint64_t dropout_row = pipeline.dropout() ? pipeline.dropout_row(b, h, row) : 0;
       Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, BlockN), [&](const int j) {
-        acc_t grad = 1, pj = 0;
-        if (!(needs_mask && mask.masked(row, key_begin + j))) {
-          const acc_t s =
-              pipeline.template score<true>(seq, b, h, row, key_begin + j, p[j] * scale, grad);
-          pj = softmax::probability(s, lse);
-        }
-        const acc_t keep = dropout ? pipeline.keep_factor(dropout_row, key_begin + j) : acc_t(1);
-        p[j] = pj * keep;
-        // pj = 0 (masked, or masked by the modifier) must give dS = 0 whatever
-        // the modifier's derivative there.
-        ds[j] = pj == acc_t(0) ? acc_t(0) : pj * (ds[j] * keep - delta) * grad;
+        pipeline.p_and_ds(seq, b, h, row, key_begin + j,
+                          needs_mask && mask.masked(row, key_begin + j), dropout_row,
+                          p[j] * scale, lse, delta, ds[j], p[j], ds[j]);
       });
     } else {
       Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, BlockN), [&](const int j) {
@@ -394,15 +385,11 @@ class FlashBackwardQKernel {
 
   KOKKOS_INLINE_FUNCTION void operator()(const member_t& member) const {
     using tag = typename traits::backend_tag;
-    const int league = member.league_rank();
-    const int bh = league % (m_batch * m_heads);
-    const int q_block = m_num_q_blocks - 1 - league / (m_batch * m_heads);
-    const int b = bh / m_heads, h = bh % m_heads, h_kv = h / m_group;
-    const SequenceInfo seq = m_seq(b);
-    const int row_begin = q_block * kBlockM;
-    // Packed sequences shorter than the longest have fewer blocks.
-    if (row_begin >= seq.seqlen_q) return;
-    const int rows = imin(kBlockM, seq.seqlen_q - row_begin);
+    const QueryBlock qb =
+        query_block(m_seq, member.league_rank(), m_heads, m_num_q_blocks, kBlockM);
+    if (qb.rows <= 0) return;
+    const SequenceInfo seq = qb.seq;
+    const int b = qb.b, h = qb.h, h_kv = h / m_group, row_begin = qb.row_begin, rows = qb.rows;
     const int vb = seq.view_batch, q0 = seq.q_begin, k0 = seq.k_begin;
     const AttentionMask mask(seq.seqlen_q, seq.seqlen_k, m_window_left, m_window_right);
 

@@ -3,8 +3,10 @@
 
 // The one place where a call becomes kernels: the kernel-choice table
 // (kernel_choice.hpp) picks a family, then the fused family launches
-// (backend/cuda/fused_*.hpp) or the portable kernels run. For the portable
-// kernels the run-time choices become template arguments here, once:
+// (backend/cuda/fused_*.hpp), the host kernels run (backend/host/) or the
+// portable kernels run. For the host and portable kernels the run-time
+// choices become template arguments here, once (the host kernels take the
+// head dimension at run time, so only the variant):
 //  - the head dimension selects a compiled tile shape (4 buckets);
 //  - the variant: the default overloads compile two, the fast path
 //    (PlainVariant) and one with softcap and dropout (Variant<true>), picked
@@ -24,6 +26,9 @@
 #include <kfa/detail/attention/kernel_views.hpp>
 #include <kfa/detail/attention/sequences.hpp>
 #include <kfa/detail/attention/variant.hpp>
+#include <kfa/detail/backend/host/backward.hpp>
+#include <kfa/detail/backend/host/forward.hpp>
+#include <kfa/detail/backend/host/isa_check.hpp>
 #include <kfa/detail/common/workspace.hpp>
 
 namespace kfa {
@@ -59,17 +64,28 @@ void dispatch_forward(const ExecSpace& space, const Q& q, const K& k, const V& v
                       const Lse& lse, const Sequences<typename Q::memory_space>& seq,
                       const AttentionOptions& options, const ScoreMod& score_mod) {
   using acc_t = typename Lse::non_const_value_type;
+  if constexpr (is_host_tiled_space<ExecSpace>()) Host::check_host_isa();
   const int head_dim = static_cast<int>(q.extent(3)), heads = static_cast<int>(q.extent(2)),
             heads_kv = static_cast<int>(k.extent(2));
   const KernelFamily family =
       choose_forward_kernel<ScoreMod, ExecSpace, Q, K, V, O, Lse>(space, q, k, v, o, seq, options);
+  const auto params = make_params<acc_t>(options, seq, heads, heads_kv, head_dim);
+  if constexpr (is_host_tiled_space<ExecSpace>()) {
+    if (family == KernelFamily::host_tiled) {
+      dispatch_variant<ScoreMod>(options, [&](auto variant) {
+        Host::ForwardKernel<ExecSpace, decltype(variant), Q, K, V, O, Lse>(q, k, v, o, lse,
+                                                                            params, score_mod)
+            .launch(space);
+      });
+      return;
+    }
+  }
   if (family != KernelFamily::portable) {
     FusedForward<ExecSpace, Q, K, V, O, Lse>::launch(
         family, space, q, k, v, o, lse, softmax_scale<double>(options, head_dim),
         fused_call(options, head_dim, heads, heads_kv));
     return;
   }
-  const auto params = make_params<acc_t>(options, seq, heads, heads_kv, head_dim);
   dispatch_variant<ScoreMod>(options, [&](auto variant) {
     dispatch_head_dim(head_dim, [&](auto bucket) {
       FlashForwardKernel<ExecSpace, decltype(bucket)::value, decltype(variant), Q, K, V, O, Lse>(
@@ -88,6 +104,7 @@ void dispatch_backward(const ExecSpace& space, const Q& q, const K& k, const V& 
   using value_type = typename Q::non_const_value_type;
   using acc_t = typename Lse::non_const_value_type;
   using memory_space = typename ExecSpace::memory_space;
+  if constexpr (is_host_tiled_space<ExecSpace>()) Host::check_host_isa();
   const int view_batch = static_cast<int>(q.extent(0)), rows = static_cast<int>(q.extent(1)),
             heads = static_cast<int>(q.extent(2)), head_dim = static_cast<int>(q.extent(3)),
             heads_kv = static_cast<int>(k.extent(2));
@@ -107,6 +124,17 @@ void dispatch_backward(const ExecSpace& space, const Q& q, const K& k, const V& 
   const KernelFamily family =
       choose_backward_kernel<ScoreMod, ExecSpace, Q, K, V, O, Lse, DO, DQ, DK, DV, Delta>(
           space, q, k, v, d_o, dq, dk, dv, seq, options);
+  const auto params = make_params<acc_t>(options, seq, heads, heads_kv, head_dim);
+  if constexpr (is_host_tiled_space<ExecSpace>()) {
+    if (family == KernelFamily::host_tiled) {
+      preprocess();
+      dispatch_variant<ScoreMod>(options, [&](auto variant) {
+        Host::backward<ExecSpace, decltype(variant)>(space, q, k, v, d_o, lse, delta, dq, dk, dv,
+                                                     params, score_mod);
+      });
+      return;
+    }
+  }
   if (family != KernelFamily::portable) {
     fused_t::launch(family, space, q, k, v, o, lse, d_o, dq, dk, dv, delta,
                     softmax_scale<double>(options, head_dim),
@@ -114,7 +142,6 @@ void dispatch_backward(const ExecSpace& space, const Q& q, const K& k, const V& 
     return;
   }
   preprocess();
-  const auto params = make_params<acc_t>(options, seq, heads, heads_kv, head_dim);
   // dQ accumulates with atomics in the accumulator type: in dq itself when
   // it has that type, otherwise in a temporary converted at the end.
   using AccView = Kokkos::View<acc_t****, Kokkos::LayoutRight, memory_space,

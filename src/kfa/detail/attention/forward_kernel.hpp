@@ -104,17 +104,11 @@ class FlashForwardKernel {
 
   KOKKOS_INLINE_FUNCTION void operator()(const member_t& member) const {
     using tag = typename traits::backend_tag;
-    // Causal work is uneven: the last query blocks see the most keys, so the
-    // first teams (started first) take them.
-    const int league = member.league_rank();
-    const int bh = league % (m_batch * m_heads);
-    const int q_block = m_num_q_blocks - 1 - league / (m_batch * m_heads);
-    const int b = bh / m_heads, h = bh % m_heads, h_kv = h / m_group;
-    const SequenceInfo seq = m_seq(b);
-    const int row_begin = q_block * kBlockM;
-    // Packed sequences shorter than the longest have fewer blocks.
-    if (row_begin >= seq.seqlen_q) return;
-    const int rows = imin(kBlockM, seq.seqlen_q - row_begin);
+    const QueryBlock qb =
+        query_block(m_seq, member.league_rank(), m_heads, m_num_q_blocks, kBlockM);
+    if (qb.rows <= 0) return;
+    const SequenceInfo seq = qb.seq;
+    const int b = qb.b, h = qb.h, h_kv = h / m_group, row_begin = qb.row_begin, rows = qb.rows;
     const int vb = seq.view_batch, q0 = seq.q_begin, k0 = seq.k_begin;
     const AttentionMask mask(seq.seqlen_q, seq.seqlen_k, m_window_left, m_window_right);
 

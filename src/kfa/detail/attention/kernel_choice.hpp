@@ -12,6 +12,8 @@
 //   fp32_fp64             fp64; fp32 with   opt-in shared memory
 //                         split_tf32/tf32
 //   exact_fp32            fp32 with ieee    opt-in shared memory
+//   host_tiled            all               a host execution space, no
+//                                           explicit team size, policy.host_tiled
 //   portable              all               nothing: every backend, variant,
 //                                           head dim and type
 //
@@ -23,7 +25,8 @@
 // backward not deterministic mode; and its kernel's tiles must fit the GPU
 // (FusedForward::fits / FusedBackward::fits in backend/cuda/). "opt-in shared
 // memory" is more team scratch than Kokkos' TeamPolicy grants, which the
-// call's KernelPolicy can forbid. Host backends have no fused row.
+// call's KernelPolicy can forbid. Host backends have no fused row; their
+// host_tiled row takes every shape and variant.
 
 #include <kfa/options.hpp>
 
@@ -32,6 +35,7 @@
 #include <kfa/detail/attention/sequences.hpp>
 #include <kfa/detail/attention/variant.hpp>
 
+#include <kfa/detail/backend/tile_primitives.hpp>
 #include <kfa/detail/backend/cuda/fused_backward.hpp>
 #include <kfa/detail/backend/cuda/fused_forward.hpp>
 
@@ -89,10 +93,23 @@ inline bool policy_allows(KernelFamily family, const Experimental::KernelPolicy&
     case KernelFamily::mma_sync:
     case KernelFamily::fp32_fp64:
     case KernelFamily::exact_fp32: return policy.opt_in_shared_memory;
+    case KernelFamily::host_tiled: return policy.host_tiled;
     case KernelFamily::mma_sync_team_policy:
     case KernelFamily::portable: return true;
   }
   return true;
+}
+
+/// The host row: every call on a host space, unless it asks for teams (an
+/// explicit team size) or its policy forbids the family.
+template <class ExecSpace>
+constexpr bool is_host_tiled_space() {
+  return !is_gpu_space<ExecSpace>::value;
+}
+inline KernelFamily host_kernel(const AttentionOptions& options) {
+  return options.team_size == 0 && policy_allows(KernelFamily::host_tiled, options.kernel_policy)
+             ? KernelFamily::host_tiled
+             : KernelFamily::portable;
 }
 
 /// The family that runs a forward call on `space`.
@@ -100,6 +117,7 @@ template <class ScoreMod, class ExecSpace, class Q, class K, class V, class O, c
 KernelFamily choose_forward_kernel(const ExecSpace& space, const Q& q, const K& k, const V& v,
                                    const O& o, const Sequences<typename Q::memory_space>& seq,
                                    const AttentionOptions& options) {
+  if constexpr (is_host_tiled_space<ExecSpace>()) return host_kernel(options);
   using fused_t = FusedForward<ExecSpace, Q, K, V, O, Lse>;
   const int head_dim = static_cast<int>(q.extent(3)), heads = static_cast<int>(q.extent(2)),
             heads_kv = static_cast<int>(k.extent(2));
@@ -122,6 +140,7 @@ KernelFamily choose_backward_kernel(const ExecSpace& space, const Q& q, const K&
                                     const V& v, const DO& d_o, const DQ& dq, const DK& dk,
                                     const DV& dv, const Sequences<typename Q::memory_space>& seq,
                                     const AttentionOptions& options) {
+  if constexpr (is_host_tiled_space<ExecSpace>()) return host_kernel(options);
   using fused_t = FusedBackward<ExecSpace, Q, K, V, O, Lse, DO, DQ, DK, DV, Delta>;
   const int head_dim = static_cast<int>(q.extent(3)), heads = static_cast<int>(q.extent(2)),
             heads_kv = static_cast<int>(k.extent(2));

@@ -22,6 +22,9 @@ enum class KernelFamily {
   /// fp32 with IEEE products: fp32 FMAs, score products on the fp64 tensor
   /// cores where the GPU has them.
   exact_fp32,
+  /// Host backends: one thread per tile, register-blocked products the
+  /// compiler vectorises; every variant, head dim and type.
+  host_tiled,
   /// The TeamPolicy kernels of every backend: every variant, head dim and type.
   portable
 };
@@ -33,6 +36,7 @@ inline const char* to_string(KernelFamily family) {
     case KernelFamily::mma_sync_team_policy: return "mma_sync_team_policy";
     case KernelFamily::fp32_fp64: return "fp32_fp64";
     case KernelFamily::exact_fp32: return "exact_fp32";
+    case KernelFamily::host_tiled: return "host_tiled";
     case KernelFamily::portable: return "portable";
   }
   return "unknown";

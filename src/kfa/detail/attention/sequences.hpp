@@ -37,6 +37,32 @@ struct Sequences {
   }
 };
 
+/// The query block that work item `item` of a league of (sequence, query
+/// head, query block) items handles. The last blocks come first: under a
+/// causal mask they see the most keys, so they should start first.
+struct QueryBlock {
+  int b, h, row_begin;
+  /// Rows of the block; <= 0 where a packed sequence shorter than the
+  /// longest has no such block.
+  int rows;
+  SequenceInfo seq;
+};
+
+template <class MemorySpace>
+KOKKOS_INLINE_FUNCTION QueryBlock query_block(const Sequences<MemorySpace>& seqs, int item,
+                                              int heads, int num_q_blocks, int block_m) {
+  const int bh = item % (seqs.batch * heads);
+  const int q_block = num_q_blocks - 1 - item / (seqs.batch * heads);
+  QueryBlock qb;
+  qb.b = bh / heads;
+  qb.h = bh % heads;
+  qb.seq = seqs(qb.b);
+  qb.row_begin = q_block * block_m;
+  const int left = qb.seq.seqlen_q - qb.row_begin;
+  qb.rows = left < block_m ? left : block_m;
+  return qb;
+}
+
 template <class MemorySpace>
 Sequences<MemorySpace> fixed_sequences(int batch, int seqlen_q, int seqlen_k) {
   Sequences<MemorySpace> s;

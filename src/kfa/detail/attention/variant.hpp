@@ -13,6 +13,7 @@
 
 #include <kfa/detail/common/compat.hpp>
 #include <kfa/detail/attention/dropout_generator.hpp>
+#include <kfa/detail/attention/online_softmax.hpp>
 #include <kfa/detail/attention/sequences.hpp>
 
 #include <type_traits>
@@ -166,6 +167,22 @@ struct ScorePipeline {
     } else {
       return true;
     }
+  }
+
+  /// The backward pass's P and dS of element (i, j) from its scaled score s,
+  /// the row's lse and D, and dP = dO·v: P = exp(pipeline(s) - lse) (the
+  /// dropped P with dropout, for dV), dS = P ∘ (dP∘Z/(1-p) - D) ∘ pipeline'.
+  /// Masked elements and rows that saw no key (lse = -inf) give 0.
+  KOKKOS_FORCEINLINE_FUNCTION void p_and_ds(const SequenceInfo& seq, int b, int h, int i, int j,
+                                            bool masked, std::uint64_t dropout_row, Acc s,
+                                            Acc lse, Acc delta, Acc dp, Acc& p, Acc& ds) const {
+    Acc grad = 1, pj = 0;
+    if (!masked) pj = OnlineSoftmax<Acc>::probability(score<true>(seq, b, h, i, j, s, grad), lse);
+    const Acc keep = dropout() ? keep_factor(dropout_row, j) : Acc(1);
+    p = pj * keep;
+    // pj = 0 (masked, or masked by the modifier) must give dS = 0 whatever
+    // the modifier's derivative there.
+    ds = pj == Acc(0) ? Acc(0) : pj * (dp * keep - delta) * grad;
   }
 
   /// Dropout row key of query row i (see DropoutGenerator).

@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""kfa's host kernels beside PyTorch's CPU SDPA, same shapes, same thread count.
+
+Runs build/perf_tests/bench_host with OMP_NUM_THREADS=<threads>, times
+torch.nn.functional.scaled_dot_product_attention on the CPU with
+torch.set_num_threads(<threads>) in this process, and prints GFLOP/s and the
+ratio kfa / PyTorch per case (FLOPs counted as bench_host counts them).
+
+  python3 perf_tests/bench_host.py --bench build/perf_tests/bench_host \
+      --threads 1,16 [--type float,double] [--head-dim 64,128] \
+      [--seqlen 512,1024,2048,4096,8192] [--heads 16] [--repeat 3] [--portable]
+"""
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bench", default="build/perf_tests/bench_host")
+    p.add_argument("--threads", default=str(os.cpu_count()))
+    p.add_argument("--type", default="float,double")
+    p.add_argument("--head-dim", default="64,128")
+    p.add_argument("--seqlen", default="512,1024,2048,4096,8192")
+    p.add_argument("--mask", default="both", choices=["dense", "causal", "both"])
+    p.add_argument("--pass", dest="passes", default="both", choices=["fwd", "fwd+bwd", "both"])
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--portable", action="store_true", help="also time kfa's portable kernels")
+    return p.parse_args()
+
+
+def run_kfa(args, threads, dtype):
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_PROC_BIND="spread",
+               OMP_PLACES="threads")
+    cmd = [args.bench, "--type", dtype, "--head-dim", args.head_dim, "--seqlen", args.seqlen,
+           "--mask", args.mask, "--pass", args.passes, "--heads", str(args.heads),
+           "--batch", str(args.batch), "--repeat", str(args.repeat)]
+    if args.portable:
+        cmd.append("--portable")
+    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+    results = {}
+    for line in out.splitlines():
+        f = line.split()
+        if not f or f[0] != "kfa-host":
+            continue
+        key = (f[1], int(f[2][2:]), int(f[3][7:]), f[4], f[5])
+        results[key] = (float(f[6]), float(f[8]) if len(f) > 8 else None)
+    return results
+
+
+def time_torch(torch, dtype, d, n, causal, backward, args):
+    shape = (args.batch, args.heads, n, d)
+    g = torch.Generator().manual_seed(1234)
+    q, k, v, do = (torch.rand(shape, generator=g, dtype=dtype) * 2 - 1 for _ in range(4))
+    for t in (q, k, v):
+        t.requires_grad_(backward)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def step():
+        if backward:
+            o = sdpa(q, k, v, is_causal=causal)
+            o.backward(do)
+        else:
+            with torch.no_grad():
+                sdpa(q, k, v, is_causal=causal)
+
+    step()
+    best = float("inf")
+    for _ in range(args.repeat):
+        t0 = time.perf_counter()
+        step()
+        best = min(best, time.perf_counter() - t0)
+    flops = 4.0 * args.batch * args.heads * n * n * d * (0.5 if causal else 1.0)
+    return flops * (3.5 if backward else 1.0) / best / 1e9
+
+
+def main():
+    args = parse_args()
+    try:
+        import torch
+    except ImportError:
+        torch = None
+        print("# PyTorch not found: kfa numbers only", file=sys.stderr)
+    header = "threads type     d  seqlen mask   pass     kfa GF/s  torch GF/s  kfa/torch"
+    if args.portable:
+        header += "  portable GF/s"
+    print(header)
+    for threads in (int(t) for t in args.threads.split(",")):
+        if torch is not None:
+            torch.set_num_threads(threads)
+        for dtype in args.type.split(","):
+            kfa = run_kfa(args, threads, dtype)
+            for (name, d, n, mask, pas), (gf, portable) in kfa.items():
+                tg = None
+                if torch is not None:
+                    tg = time_torch(torch, getattr(torch, name), d, n, mask == "causal",
+                                    pas == "fwd+bwd", args)
+                line = f"{threads:7d} {name:6s} {d:4d} {n:7d} {mask:6s} {pas:8s} {gf:9.1f}"
+                line += f" {tg:11.1f} {gf / tg:10.2f}" if tg else f" {'-':>11s} {'-':>10s}"
+                if args.portable:
+                    line += f" {portable:14.1f}"
+                print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+#ifndef KFA_DETAIL_BACKEND_HOST_VECTOR_MATH_HPP
+#define KFA_DETAIL_BACKEND_HOST_VECTOR_MATH_HPP
+
+// What the host kernels need for the compiler to vectorise them: the vector
+// width the build targets, a loop pragma, and an exponential written without
+// calls or branches (std::exp is a library call the loop vectoriser cannot
+// inline without -ffast-math).
+
+#include <kfa/kfa_config.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+// A loop whose iterations are independent (and whose reductions may be
+// reassociated): `omp simd` where OpenMP SIMD is on, else GCC's ivdep.
+#if defined(_OPENMP) || defined(KFA_OPENMP_SIMD)
+#define KFA_HOST_SIMD _Pragma("omp simd")
+#define KFA_HOST_SIMD_REDUCTION(op, var) _Pragma(KFA_HOST_STRINGIFY(omp simd reduction(op : var)))
+#define KFA_HOST_STRINGIFY(x) #x
+#elif defined(__GNUC__) && !defined(__clang__)
+#define KFA_HOST_SIMD _Pragma("GCC ivdep")
+#define KFA_HOST_SIMD_REDUCTION(op, var)
+#else
+#define KFA_HOST_SIMD
+#define KFA_HOST_SIMD_REDUCTION(op, var)
+#endif
+
+namespace kfa {
+namespace Impl {
+namespace Host {
+
+/// Bytes of one vector register of the ISA the build targets.
+#if defined(__AVX512F__)
+constexpr int kVectorBytes = 64;
+#elif defined(__AVX__)
+constexpr int kVectorBytes = 32;
+#else
+constexpr int kVectorBytes = 16;
+#endif
+
+template <class T>
+constexpr int vector_lanes() {
+  return kVectorBytes / int(sizeof(T));
+}
+
+template <class T>
+struct ExpConstants;
+template <>
+struct ExpConstants<float> {
+  using bits_t = std::uint32_t;
+  static constexpr int kMantissa = 23, kBias = 127, kDegree = 7;
+  // exp(lo) is the smallest normal float; below it the result is 0.
+  static constexpr float kLo = -87.33654f, kHi = 88.37626f;
+  static constexpr float kShifter = 12582912.0f;  // 1.5 * 2^23
+  // ln 2 = kLn2Hi + kLn2Lo, kLn2Hi with trailing zero bits so n·kLn2Hi is exact.
+  static constexpr float kLn2Hi = 0.693145751953125f, kLn2Lo = 1.428606820309417232e-06f;
+};
+template <>
+struct ExpConstants<double> {
+  using bits_t = std::uint64_t;
+  static constexpr int kMantissa = 52, kBias = 1023, kDegree = 13;
+  static constexpr double kLo = -708.3964185322641, kHi = 709.782712893384;
+  static constexpr double kShifter = 6755399441055744.0;  // 1.5 * 2^52
+  static constexpr double kLn2Hi = 6.93147180369123816490e-01,
+                          kLn2Lo = 1.90821492927058770002e-10;
+};
+
+/// exp(x) within a few ulp for x >= lo, 0 below lo (and for -inf, which the
+/// online softmax relies on for masked scores); finite for x <= hi. Range
+/// reduction x = n·ln2 + r, |r| <= ln2/2, a Taylor polynomial of r (its
+/// truncation error is below the type's rounding), and 2^n assembled in the
+/// exponent bits: all plain arithmetic, so `omp simd` loops vectorise it.
+template <class T>
+inline T exp(T x) {
+  using c = ExpConstants<T>;
+  using bits_t = typename c::bits_t;
+  const bool underflow = x < c::kLo;
+  x = x < c::kLo ? c::kLo : (x > c::kHi ? c::kHi : x);
+  // Adding the shifter rounds x·log2(e) to an integer held in its low bits.
+  const T kn = x * T(1.4426950408889634) + c::kShifter;
+  const T n = kn - c::kShifter;
+  const T r = (x - n * c::kLn2Hi) - n * c::kLn2Lo;
+  // Horner form of sum r^k / k!: 1 + r(1 + r/2(1 + r/3(...))).
+  T p = T(1);
+  for (int k = c::kDegree; k >= 1; --k) p = T(1) + p * r * (T(1) / T(k));
+  bits_t bits;
+  std::memcpy(&bits, &kn, sizeof(T));
+  bits = (bits + bits_t(c::kBias)) << c::kMantissa;
+  T scale;
+  std::memcpy(&scale, &bits, sizeof(T));
+  return underflow ? T(0) : p * scale;
+}
+
+}  // namespace Host
+}  // namespace Impl
+}  // namespace kfa
+
+#endif
