@@ -69,6 +69,14 @@ struct AttentionMask {
     return m_right < 0 ? m_seqlen_k : iclamp(row_end + m_offset + m_right, 0, m_seqlen_k);
   }
 
+  /// The key blocks of `block_n` keys that rows [row_begin, row_end) visit:
+  /// [first, end), the block range of key_begin / key_end.
+  KOKKOS_INLINE_FUNCTION void key_blocks(int row_begin, int row_end, int block_n, int& first,
+                                         int& end) const {
+    first = key_begin(row_begin) / block_n;
+    end = (key_end(row_end) + block_n - 1) / block_n;
+  }
+
   /// First query row that sees a key at or after `key_begin`.
   KOKKOS_INLINE_FUNCTION int row_begin(int key_begin) const {
     return m_right < 0 ? 0 : iclamp(key_begin - m_offset - m_right, 0, m_seqlen_q);

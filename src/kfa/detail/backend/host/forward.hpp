@@ -123,10 +123,9 @@ class ForwardKernel {
       row_sum[i] = 0;
     }
 
-    const int key_lo = mask.key_begin(row_begin);
-    const int key_hi = mask.key_end(row_begin + rows);
-    const int kv_block_end = (key_hi + kBlockN - 1) / kBlockN;
-    for (int kv_block = key_lo / kBlockN; kv_block < kv_block_end; ++kv_block) {
+    int kv_block_begin = 0, kv_block_end = 0;
+    mask.key_blocks(row_begin, row_begin + rows, kBlockN, kv_block_begin, kv_block_end);
+    for (int kv_block = kv_block_begin; kv_block < kv_block_end; ++kv_block) {
       const int key_begin = kv_block * kBlockN;
       const int cols = imin(kBlockN, seq.seqlen_k - key_begin);
       if (!m_pipeline.visible(b, h, row_begin, row_begin + rows, key_begin, key_begin + cols))
