@@ -76,13 +76,21 @@ KOKKOS_FORCEINLINE_FUNCTION T from_acc(const Acc& x) {
 
 namespace math {
 #if KFA_KOKKOS_4
+using Kokkos::cos;
+using Kokkos::erf;
 using Kokkos::exp;
 using Kokkos::log;
+using Kokkos::pow;
+using Kokkos::sin;
 using Kokkos::sqrt;
 using Kokkos::tanh;
 #else
+using Kokkos::Experimental::cos;
+using Kokkos::Experimental::erf;
 using Kokkos::Experimental::exp;
 using Kokkos::Experimental::log;
+using Kokkos::Experimental::pow;
+using Kokkos::Experimental::sin;
 using Kokkos::Experimental::sqrt;
 using Kokkos::Experimental::tanh;
 #endif

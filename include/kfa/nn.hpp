@@ -1,0 +1,19 @@
+#ifndef KFA_NN_HPP
+#define KFA_NN_HPP
+
+// kfa::nn: transformer layers on Kokkos Views. Stateless forward/backward
+// steps (linear, norms, rotary embeddings, activations, dropout, AdamW) and
+// the layer objects built on them (MultiHeadAttention, TransformerBlock).
+
+#include <kfa/nn/activation.hpp>
+#include <kfa/nn/adamw.hpp>
+#include <kfa/nn/dropout.hpp>
+#include <kfa/nn/linear.hpp>
+#include <kfa/nn/multi_head_attention.hpp>
+#include <kfa/nn/norm.hpp>
+#include <kfa/nn/options.hpp>
+#include <kfa/nn/parameter.hpp>
+#include <kfa/nn/rotary.hpp>
+#include <kfa/nn/transformer_block.hpp>
+
+#endif

@@ -1,0 +1,345 @@
+#ifndef KFA_NN_MULTI_HEAD_ATTENTION_HPP
+#define KFA_NN_MULTI_HEAD_ATTENTION_HPP
+
+#include <kfa/flash_attention.hpp>
+#include <kfa/nn/options.hpp>
+#include <kfa/nn/parameter.hpp>
+
+#include <kfa/detail/nn/checks.hpp>
+#include <kfa/detail/nn/layer_support.hpp>
+#include <kfa/detail/nn/linear_impl.hpp>
+#include <kfa/detail/nn/rotary_kernels.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace kfa {
+namespace nn {
+
+template <class ExecSpace, class T>
+class TransformerBlock;
+
+/// What MultiHeadAttention::forward saves for its backward, and the
+/// workspaces of both; the caller owns it and passes the same context to the
+/// backward of the forward it belongs to. Reused across calls (buffers are
+/// reallocated only when the shape changes).
+template <class ExecSpace, class T>
+struct MultiHeadAttentionContext {
+  using memory_space = typename ExecSpace::memory_space;
+  using view2 = Kokkos::View<T**, Kokkos::LayoutRight, memory_space>;
+  using view4 = Kokkos::View<T****, Kokkos::LayoutRight, memory_space>;
+  using lse_view = Kokkos::View<accumulator_t<T>***, Kokkos::LayoutRight, memory_space>;
+
+  /// Seed of the attention-weight dropout (attention.dropout_p), set by the
+  /// caller before the forward; the backward regenerates the same mask.
+  std::uint64_t dropout_seed = 0;
+  /// false: no dropout (inference).
+  bool training = true;
+
+  // Saved by the forward: the input (a reference: the caller must not change
+  // it before the backward), q and k after the rotary embedding, v, the
+  // attention output and its log-sum-exp, and the options of the call.
+  Kokkos::View<const T***, Kokkos::LayoutRight, memory_space> x;
+  view4 q, k, v, o;
+  lse_view lse;
+  AttentionOptions attention;
+  // Workspaces: the fused q|k|v projection, the backward's gradients.
+  view2 qkv, dqkv;
+  view4 d_o, dq, dk, dv;
+};
+
+/// Multi-head self-attention (torch.nn.MultiheadAttention with batch_first,
+/// or a Llama attention with separate projections): y = out_proj(attention(
+/// rotary(x·W_qᵀ + b_q), rotary(x·W_kᵀ + b_k), x·W_vᵀ + b_v)), the attention
+/// through kfa::flash_attention_forward/backward with the options'
+/// AttentionOptions. Grouped-query heads when kv_heads < heads.
+///
+/// Parameters and their gradients are Views held by the layer (weights(),
+/// grads()); backward accumulates into the gradients (zero_grad resets them).
+/// Value types double and float.
+template <class ExecSpace, class T>
+class MultiHeadAttention {
+ public:
+  using execution_space = ExecSpace;
+  using memory_space = typename ExecSpace::memory_space;
+  using view1 = Kokkos::View<T*, Kokkos::LayoutRight, memory_space>;
+  using view2 = Kokkos::View<T**, Kokkos::LayoutRight, memory_space>;
+  using context_type = MultiHeadAttentionContext<ExecSpace, T>;
+  static_assert(Impl::nn_value_type_ok<T>(),
+                "kfa::nn::MultiHeadAttention: T must be double or float");
+
+  /// The parameters (or their gradients). With fused_qkv, w_qkv
+  /// [(heads + 2·kv_heads)·head_dim][d_model] holds q, k, v rows in that
+  /// order (PyTorch's in_proj_weight) and w_q, w_k, w_v are empty; otherwise
+  /// w_q [heads·head_dim][d_model], w_k, w_v [kv_heads·head_dim][d_model].
+  /// w_o [d_model][heads·head_dim]. Biases like their weights' rows; empty
+  /// without options.bias.
+  struct Weights {
+    view2 w_qkv, w_q, w_k, w_v, w_o;
+    view1 b_qkv, b_q, b_k, b_v, b_o;
+  };
+
+  /// Allocates the parameters: weights U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+  /// from options.init_seed (the same on every backend), biases zero, and
+  /// zero gradients. Throws std::invalid_argument on inconsistent options.
+  explicit MultiHeadAttention(const MultiHeadAttentionOptions& options)
+      : m_options(resolve(options)) {
+    const auto& o = m_options;
+    std::mt19937_64 rng(o.init_seed);
+    const double bound_in = 1.0 / std::sqrt(double(o.d_model));
+    const double bound_out = 1.0 / std::sqrt(double(o.heads * o.head_dim));
+    allocate(m_weights, "");
+    allocate(m_grads, "grad_");
+    for (const view2& w : {m_weights.w_qkv, m_weights.w_q, m_weights.w_k, m_weights.w_v})
+      Impl::nn_init_uniform(w, bound_in, rng);
+    Impl::nn_init_uniform(m_weights.w_o, bound_out, rng);
+  }
+
+  /// The options with kv_heads, head_dim and rotary_dim resolved.
+  const MultiHeadAttentionOptions& options() const { return m_options; }
+  Weights& weights() { return m_weights; }
+  const Weights& weights() const { return m_weights; }
+  Weights& grads() { return m_grads; }
+  const Weights& grads() const { return m_grads; }
+
+  /// Every parameter with PyTorch's name (torch.nn.MultiheadAttention's
+  /// in_proj_weight, in_proj_bias, out_proj.weight, out_proj.bias; with
+  /// separate projections q_proj.weight, k_proj.weight, v_proj.weight and
+  /// their biases), each prefixed by `prefix`.
+  std::vector<Parameter<T, memory_space>> parameters(const std::string& prefix = "") const {
+    std::vector<Parameter<T, memory_space>> list;
+    const Weights &w = m_weights, &g = m_grads;
+    Impl::nn_add_parameter(list, prefix + "in_proj_weight", w.w_qkv, g.w_qkv);
+    Impl::nn_add_parameter(list, prefix + "in_proj_bias", w.b_qkv, g.b_qkv);
+    Impl::nn_add_parameter(list, prefix + "q_proj.weight", w.w_q, g.w_q);
+    Impl::nn_add_parameter(list, prefix + "q_proj.bias", w.b_q, g.b_q);
+    Impl::nn_add_parameter(list, prefix + "k_proj.weight", w.w_k, g.w_k);
+    Impl::nn_add_parameter(list, prefix + "k_proj.bias", w.b_k, g.b_k);
+    Impl::nn_add_parameter(list, prefix + "v_proj.weight", w.w_v, g.w_v);
+    Impl::nn_add_parameter(list, prefix + "v_proj.bias", w.b_v, g.b_v);
+    Impl::nn_add_parameter(list, prefix + "out_proj.weight", w.w_o, g.w_o);
+    Impl::nn_add_parameter(list, prefix + "out_proj.bias", w.b_o, g.b_o);
+    return list;
+  }
+
+  /// Sets every parameter gradient to zero. Enqueued on `space`.
+  void zero_grad(const ExecSpace& space) {
+    for (const auto& p : parameters()) Kokkos::deep_copy(space, p.grad, T(0));
+  }
+
+  /// y = attention block of x; saves what the backward needs in `context`.
+  /// x, y [batch][seqlen][d_model]: contiguous LayoutRight Views of T
+  /// accessible from ExecSpace; y must not overlap x. Enqueued on `space`
+  /// (products on Kokkos Kernels before 4.0 fence it). Throws
+  /// std::invalid_argument (nothing written) on bad shapes.
+  template <class X, class Y>
+  void forward(const ExecSpace& space, const X& x, const Y& y, context_type& context) const {
+    const char* function = "kfa::nn::MultiHeadAttention::forward";
+    Impl::ProfilingRegion region(function);
+    check_pair<X, Y>(function, "x", x, "y", y);
+    if constexpr (pair_ok<X, Y>()) forward_impl(space, x, Impl::out_matrix(y), context);
+  }
+
+  /// Backward of the forward that filled `context`: dx overwritten, the
+  /// parameter gradients accumulated. dy, dx [batch][seqlen][d_model] like
+  /// that forward's x; dx must not overlap dy.
+  template <class DY, class DX>
+  void backward(const ExecSpace& space, const DY& dy, const DX& dx, context_type& context) {
+    const char* function = "kfa::nn::MultiHeadAttention::backward";
+    Impl::ProfilingRegion region(function);
+    check_pair<DY, DX>(function, "dy", dy, "dx", dx);
+    if constexpr (pair_ok<DY, DX>()) {
+      check_like_forward(function, dy, context);
+      backward_impl(space, Impl::in_matrix(dy), Impl::out_matrix(dx), context);
+    }
+  }
+
+ private:
+  friend class TransformerBlock<ExecSpace, T>;
+  using in2 = Impl::NnIn2<T, memory_space>;
+  using out2 = Impl::NnOut2<T, memory_space>;
+
+  void allocate(Weights& w, const std::string& prefix) const {
+    const auto& o = m_options;
+    const int q_rows = o.heads * o.head_dim, kv_rows = o.kv_heads * o.head_dim;
+    auto label = [&](const char* name) {
+      return "kfa::nn::MultiHeadAttention::" + prefix + name;
+    };
+    if (o.fused_qkv) {
+      w.w_qkv = view2(label("w_qkv"), q_rows + 2 * kv_rows, o.d_model);
+      if (o.bias) w.b_qkv = view1(label("b_qkv"), q_rows + 2 * kv_rows);
+    } else {
+      w.w_q = view2(label("w_q"), q_rows, o.d_model);
+      w.w_k = view2(label("w_k"), kv_rows, o.d_model);
+      w.w_v = view2(label("w_v"), kv_rows, o.d_model);
+      if (o.bias) {
+        w.b_q = view1(label("b_q"), q_rows);
+        w.b_k = view1(label("b_k"), kv_rows);
+        w.b_v = view1(label("b_v"), kv_rows);
+      }
+    }
+    w.w_o = view2(label("w_o"), o.d_model, q_rows);
+    if (o.bias) w.b_o = view1(label("b_o"), o.d_model);
+  }
+
+  static MultiHeadAttentionOptions resolve(MultiHeadAttentionOptions o) {
+    const char* function = "kfa::nn::MultiHeadAttention";
+    if (o.d_model <= 0 || o.heads <= 0) {
+      Impl::throw_invalid(function, "options.d_model and options.heads must be > 0, got " +
+                                        std::to_string(o.d_model) + " and " +
+                                        std::to_string(o.heads));
+    }
+    if (o.kv_heads == 0) o.kv_heads = o.heads;
+    if (o.head_dim == 0) {
+      if (o.d_model % o.heads != 0) {
+        Impl::throw_invalid(function, "options.head_dim = 0 needs d_model (" +
+                                          std::to_string(o.d_model) + ") divisible by heads (" +
+                                          std::to_string(o.heads) + ")");
+      }
+      o.head_dim = o.d_model / o.heads;
+    }
+    if (o.kv_heads < 0 || o.heads % o.kv_heads != 0) {
+      Impl::throw_invalid(function, "options.heads (" + std::to_string(o.heads) +
+                                        ") must be a multiple of options.kv_heads (" +
+                                        std::to_string(o.kv_heads) + ")");
+    }
+    Impl::check_head_dim(function, o.head_dim, "options.head_dim");
+    if (o.rotary_options.rotary_dim == 0) o.rotary_options.rotary_dim = o.head_dim;
+    const int rd = o.rotary_options.rotary_dim;
+    if (rd < 0 || rd % 2 != 0 || rd > o.head_dim || !(o.rotary_options.base > 0) ||
+        o.rotary_options.position_offset < 0) {
+      Impl::throw_invalid(function, "options.rotary_options: rotary_dim must be even and in "
+                                    "0..head_dim, base > 0, position_offset >= 0");
+    }
+    Impl::check_options(function, o.attention);
+    return o;
+  }
+
+  template <class A, class B>
+  static constexpr bool pair_ok() {
+    return Impl::view_ok<ExecSpace, A>(3) && Impl::view_ok<ExecSpace, B>(3);
+  }
+
+  template <class In, class Out>
+  void check_pair(const char* function, const char* in_name, const In& in, const char* out_name,
+                  const Out& out) const {
+    Impl::nn_check_tokens<ExecSpace>(function, in_name, in, m_options.d_model);
+    Impl::nn_check_tokens<ExecSpace>(function, out_name, out, m_options.d_model);
+    if constexpr (pair_ok<In, Out>()) {
+      static_assert(Impl::same_value_type<T, In, Out>() && Impl::all_non_const<Out>(),
+                    "kfa::nn::MultiHeadAttention: inputs and outputs must be Views of the "
+                    "layer's T, outputs non-const");
+      Impl::check_extents(function, out_name, "[batch][seqlen][d_model]", out,
+                          {in.extent(0), in.extent(1), in.extent(2)});
+      Impl::check_disjoint(function, out_name, out, in_name, in);
+    }
+  }
+
+  template <class DY>
+  static void check_like_forward(const char* function, const DY& dy, const context_type& c) {
+    if (c.x.use_count() == 0 || dy.extent(0) != c.x.extent(0) || dy.extent(1) != c.x.extent(1)) {
+      Impl::throw_invalid(function, "dy " + Impl::extents_string(dy) +
+                                        " must have the shape of the forward's x " +
+                                        Impl::extents_string(c.x) +
+                                        " (call forward with this context first)");
+    }
+  }
+
+  /// Rotates `heads` heads of in's columns from in_col0 into out's from
+  /// out_col0 (sign -1: the inverse); without rotary a copy.
+  void rotate(const ExecSpace& space, const in2& in, int in_col0, const out2& out, int out_col0,
+              int seqlen, int heads, bool rotary, int sign) const {
+    Impl::rotary_apply_impl<ExecSpace, T>(space, in, in_col0, out, out_col0, seqlen, heads,
+                                          m_options.head_dim,
+                                          rotary ? m_options.rotary_options.rotary_dim : 0,
+                                          m_options.rotary_options, sign);
+  }
+
+  template <class X>
+  void forward_impl(const ExecSpace& space, const X& x, const out2& y,
+                    context_type& c) const {
+    const auto& o = m_options;
+    const int batch = int(x.extent(0)), seqlen = int(x.extent(1)), tokens = batch * seqlen;
+    const int hd = o.head_dim, q_cols = o.heads * hd, kv_cols = o.kv_heads * hd;
+    c.x = x;
+    Impl::nn_ensure(c.q, "kfa::nn::MultiHeadAttention::q", batch, seqlen, o.heads, hd);
+    Impl::nn_ensure(c.k, "kfa::nn::MultiHeadAttention::k", batch, seqlen, o.kv_heads, hd);
+    Impl::nn_ensure(c.v, "kfa::nn::MultiHeadAttention::v", batch, seqlen, o.kv_heads, hd);
+    Impl::nn_ensure(c.o, "kfa::nn::MultiHeadAttention::o", batch, seqlen, o.heads, hd);
+    Impl::nn_ensure(c.lse, "kfa::nn::MultiHeadAttention::lse", batch, o.heads, seqlen);
+    const in2 x2 = Impl::in_matrix(x);
+    const out2 q2 = Impl::out_tokens(c.q), k2 = Impl::out_tokens(c.k), v2 = Impl::out_tokens(c.v);
+    if (o.fused_qkv) {
+      // One product for q|k|v, then one pass that splits it into the
+      // attention's [batch][seqlen][heads][head_dim] tensors and rotates q, k.
+      Impl::nn_ensure(c.qkv, "kfa::nn::MultiHeadAttention::qkv", tokens, q_cols + 2 * kv_cols);
+      Impl::linear_forward_impl<ExecSpace, T>(space, x2, m_weights.w_qkv, m_weights.b_qkv,
+                                              c.qkv);
+      rotate(space, c.qkv, 0, q2, 0, seqlen, o.heads, o.rotary, 1);
+      rotate(space, c.qkv, q_cols, k2, 0, seqlen, o.kv_heads, o.rotary, 1);
+      rotate(space, c.qkv, q_cols + kv_cols, v2, 0, seqlen, o.kv_heads, false, 1);
+    } else {
+      Impl::linear_forward_impl<ExecSpace, T>(space, x2, m_weights.w_q, m_weights.b_q, q2);
+      Impl::linear_forward_impl<ExecSpace, T>(space, x2, m_weights.w_k, m_weights.b_k, k2);
+      Impl::linear_forward_impl<ExecSpace, T>(space, x2, m_weights.w_v, m_weights.b_v, v2);
+      if (o.rotary) {
+        rotate(space, q2, 0, q2, 0, seqlen, o.heads, true, 1);
+        rotate(space, k2, 0, k2, 0, seqlen, o.kv_heads, true, 1);
+      }
+    }
+    c.attention = o.attention;
+    c.attention.dropout_seed = c.dropout_seed;
+    if (!c.training) c.attention.dropout_p = 0;
+    flash_attention_forward(space, c.q, c.k, c.v, c.o, c.lse, c.attention);
+    Impl::linear_forward_impl<ExecSpace, T>(space, Impl::in_tokens(c.o), m_weights.w_o,
+                                            m_weights.b_o, y);
+  }
+
+  void backward_impl(const ExecSpace& space, const in2& dy, const out2& dx, context_type& c) {
+    const auto& o = m_options;
+    const int batch = int(c.x.extent(0)), seqlen = int(c.x.extent(1)), tokens = batch * seqlen;
+    const int hd = o.head_dim, q_cols = o.heads * hd, kv_cols = o.kv_heads * hd;
+    Impl::nn_ensure(c.d_o, "kfa::nn::MultiHeadAttention::d_o", batch, seqlen, o.heads, hd);
+    Impl::nn_ensure(c.dq, "kfa::nn::MultiHeadAttention::dq", batch, seqlen, o.heads, hd);
+    Impl::nn_ensure(c.dk, "kfa::nn::MultiHeadAttention::dk", batch, seqlen, o.kv_heads, hd);
+    Impl::nn_ensure(c.dv, "kfa::nn::MultiHeadAttention::dv", batch, seqlen, o.kv_heads, hd);
+    Impl::linear_backward_impl<ExecSpace, T>(space, Impl::in_tokens(c.o), m_weights.w_o, dy,
+                                             Impl::out_tokens(c.d_o), m_grads.w_o, m_grads.b_o);
+    flash_attention_backward(space, c.q, c.k, c.v, c.o, c.lse, c.d_o, c.dq, c.dk, c.dv,
+                             c.attention);
+    const in2 x2 = Impl::in_matrix(c.x);
+    const out2 dq2 = Impl::out_tokens(c.dq), dk2 = Impl::out_tokens(c.dk),
+               dv2 = Impl::out_tokens(c.dv);
+    if (o.fused_qkv) {
+      // The inverse rotations write straight into the fused gradient.
+      Impl::nn_ensure(c.dqkv, "kfa::nn::MultiHeadAttention::dqkv", tokens, q_cols + 2 * kv_cols);
+      rotate(space, dq2, 0, c.dqkv, 0, seqlen, o.heads, o.rotary, -1);
+      rotate(space, dk2, 0, c.dqkv, q_cols, seqlen, o.kv_heads, o.rotary, -1);
+      rotate(space, dv2, 0, c.dqkv, q_cols + kv_cols, seqlen, o.kv_heads, false, -1);
+      Impl::linear_backward_impl<ExecSpace, T>(space, x2, m_weights.w_qkv, c.dqkv, dx,
+                                               m_grads.w_qkv, m_grads.b_qkv);
+    } else {
+      if (o.rotary) {
+        rotate(space, dq2, 0, dq2, 0, seqlen, o.heads, true, -1);
+        rotate(space, dk2, 0, dk2, 0, seqlen, o.kv_heads, true, -1);
+      }
+      Impl::linear_backward_impl<ExecSpace, T>(space, x2, m_weights.w_q, dq2, dx, m_grads.w_q,
+                                               m_grads.b_q);
+      Impl::linear_backward_impl<ExecSpace, T>(space, x2, m_weights.w_k, dk2, dx, m_grads.w_k,
+                                               m_grads.b_k, true);
+      Impl::linear_backward_impl<ExecSpace, T>(space, x2, m_weights.w_v, dv2, dx, m_grads.w_v,
+                                               m_grads.b_v, true);
+    }
+  }
+
+  MultiHeadAttentionOptions m_options;
+  Weights m_weights, m_grads;
+};
+
+}  // namespace nn
+}  // namespace kfa
+
+#endif

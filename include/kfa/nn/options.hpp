@@ -1,0 +1,129 @@
+#ifndef KFA_NN_OPTIONS_HPP
+#define KFA_NN_OPTIONS_HPP
+
+#include <kfa/options.hpp>
+
+#include <cstdint>
+
+namespace kfa {
+namespace nn {
+
+/// LayerNorm and RMSNorm.
+struct NormOptions {
+  /// Added to the variance (LayerNorm) or the mean square (RMSNorm) before
+  /// the square root; PyTorch's default.
+  double eps = 1e-5;
+};
+
+/// Which pairs of a head's features a rotary embedding rotates together.
+enum class RotaryStyle {
+  /// Feature j with feature j + rotary_dim/2 (GPT-NeoX, Hugging Face Llama).
+  half_split,
+  /// Feature 2j with feature 2j + 1 (the RoFormer paper, GPT-J, Meta's Llama).
+  interleaved
+};
+
+/// Rotary position embeddings: pair j of token position p is rotated by the
+/// angle p · base^(-2j / rotary_dim).
+struct RotaryOptions {
+  RotaryStyle style = RotaryStyle::half_split;
+  double base = 10000;
+  /// How many leading features of each head rotate (even, <= head_dim); 0
+  /// means all of them. The rest pass through unchanged (partial rotary).
+  int rotary_dim = 0;
+  /// Position of the first token of every sequence (decoding after a cache).
+  int position_offset = 0;
+};
+
+/// GELU: x·Φ(x) (erf form, PyTorch's default) or its tanh approximation
+/// (GPT-2, PyTorch's approximate="tanh").
+enum class GeluApproximation { none, tanh };
+
+struct GeluOptions {
+  GeluApproximation approximate = GeluApproximation::none;
+};
+
+/// Dropout with a counter-based mask: whether element (row, column) is kept
+/// is a pure function of (seed, row, column), so the backward regenerates
+/// the forward's mask and every backend draws the same one.
+struct DropoutOptions {
+  /// Probability of dropping an element, in [0, 1); kept elements are
+  /// scaled by 1/(1 - p). 0 turns dropout off.
+  double p = 0;
+  std::uint64_t seed = 0;
+};
+
+/// The normalisation of a transformer block.
+enum class Norm { layer_norm, rms_norm };
+
+/// The MLP of a transformer block: Linear → activation → Linear.
+enum class Activation {
+  /// GELU, erf form.
+  gelu,
+  /// GELU, tanh approximation.
+  gelu_tanh,
+  /// SwiGLU: the first projection has 2·d_ff outputs [gate | up], the
+  /// activation is silu(gate)·up (Llama's w1 and w3 stacked).
+  swiglu
+};
+
+/// kfa::nn::MultiHeadAttention (self-attention).
+struct MultiHeadAttentionOptions {
+  int d_model = 0;
+  /// Query heads.
+  int heads = 0;
+  /// Key/value heads (grouped-query attention); 0 means `heads`.
+  int kv_heads = 0;
+  /// Features per head; 0 means d_model / heads.
+  int head_dim = 0;
+  /// One [(heads + 2·kv_heads)·head_dim][d_model] projection for q, k and v
+  /// (PyTorch's in_proj_weight) instead of three.
+  bool fused_qkv = true;
+  /// Biases on the q/k/v projections and on the output projection.
+  bool bias = true;
+  /// Rotary embeddings on q and k.
+  bool rotary = false;
+  RotaryOptions rotary_options;
+  /// Passed to kfa::flash_attention_forward/backward: causal, window,
+  /// softcap, softmax_scale, dropout_p (the seed comes from the context).
+  AttentionOptions attention;
+  /// Seed of the host generator that initialises the weights.
+  std::uint64_t init_seed = 0;
+};
+
+/// kfa::nn::TransformerBlock: x + attn(norm1(x)), then + mlp(norm2(·)).
+struct TransformerBlockOptions {
+  /// d_model, heads, kv_heads, head_dim, projections, rotary and attention
+  /// options of the block's attention; its bias is the block's bias.
+  MultiHeadAttentionOptions attention;
+  /// Hidden features of the MLP.
+  int d_ff = 0;
+  Norm norm = Norm::layer_norm;
+  NormOptions norm_options;
+  Activation activation = Activation::gelu;
+  /// Biases on every linear layer and, for LayerNorm, the norms' shifts.
+  bool bias = true;
+  /// Dropout where torch.nn.TransformerEncoderLayer has it: on the attention
+  /// output before its residual, after the MLP's activation, and on the MLP
+  /// output before its residual (attention-weight dropout is
+  /// attention.attention.dropout_p).
+  double dropout_p = 0;
+  /// Seed of the host generator that initialises the weights.
+  std::uint64_t init_seed = 0;
+};
+
+/// kfa::nn::AdamW (PyTorch's torch.optim.AdamW).
+struct AdamWOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  /// Decoupled weight decay: the parameter is first multiplied by
+  /// 1 - lr·weight_decay.
+  double weight_decay = 1e-2;
+};
+
+}  // namespace nn
+}  // namespace kfa
+
+#endif

@@ -1,0 +1,300 @@
+#ifndef KFA_NN_TRANSFORMER_BLOCK_HPP
+#define KFA_NN_TRANSFORMER_BLOCK_HPP
+
+#include <kfa/nn/multi_head_attention.hpp>
+#include <kfa/nn/options.hpp>
+
+#include <kfa/detail/nn/elementwise_kernels.hpp>
+#include <kfa/detail/nn/norm_kernels.hpp>
+
+namespace kfa {
+namespace nn {
+
+/// What TransformerBlock::forward saves for its backward, and the
+/// workspaces; the caller owns it (see MultiHeadAttentionContext).
+template <class ExecSpace, class T>
+struct TransformerBlockContext {
+  using memory_space = typename ExecSpace::memory_space;
+  using view1_acc = Kokkos::View<accumulator_t<T>*, Kokkos::LayoutRight, memory_space>;
+  using view2 = Kokkos::View<T**, Kokkos::LayoutRight, memory_space>;
+  using view3 = Kokkos::View<T***, Kokkos::LayoutRight, memory_space>;
+
+  /// Seed of every dropout in the block for this call (each site derives its
+  /// own); set it before the forward, e.g. to the training step.
+  std::uint64_t dropout_seed = 0;
+  /// false: no dropout (inference).
+  bool training = true;
+
+  MultiHeadAttentionContext<ExecSpace, T> attention;
+  // Saved by the forward: the input (a reference), norm1(x), x1 = x +
+  // dropout(attention), norm2(x1), the MLP's first projection u and its
+  // activation after dropout g, the norms' statistics.
+  Kokkos::View<const T***, Kokkos::LayoutRight, memory_space> x;
+  view3 h1, a;
+  view2 x1, h2, u, g;
+  view1_acc mean1, rstd1, mean2, rstd2;
+  // Backward workspaces.
+  view2 dm, dg, du, dh2, dx1;
+  view3 da, dh1;
+};
+
+/// A pre-norm transformer encoder block (torch.nn.TransformerEncoderLayer
+/// with norm_first=True and batch_first=True, or a Llama block with RMSNorm
+/// and SwiGLU):
+///   x1 = x + dropout(attention(norm1(x)))
+///   y  = x1 + dropout(W2·dropout(act(W1·norm2(x1) + b1)) + b2)
+/// Parameters and gradients are Views held by the block (weights(),
+/// grads(), attention()); backward accumulates the gradients (zero_grad
+/// resets them). Value types double and float.
+template <class ExecSpace, class T>
+class TransformerBlock {
+ public:
+  using execution_space = ExecSpace;
+  using memory_space = typename ExecSpace::memory_space;
+  using view1 = Kokkos::View<T*, Kokkos::LayoutRight, memory_space>;
+  using view2 = Kokkos::View<T**, Kokkos::LayoutRight, memory_space>;
+  using context_type = TransformerBlockContext<ExecSpace, T>;
+
+  /// The block's own parameters (the attention's are in attention()):
+  /// norm weights and biases [d_model] (biases empty for RMSNorm or without
+  /// options.bias), w1 [d_ff or 2·d_ff (SwiGLU: gate rows then up rows)]
+  /// [d_model], b1, w2 [d_model][d_ff], b2.
+  struct Weights {
+    view1 norm1_weight, norm1_bias, norm2_weight, norm2_bias;
+    view2 w1, w2;
+    view1 b1, b2;
+  };
+
+  /// Allocates the parameters: linear weights U(-1/sqrt(fan_in),
+  /// 1/sqrt(fan_in)) from options.init_seed, biases zero, norm weights one;
+  /// zero gradients. Throws std::invalid_argument on inconsistent options.
+  explicit TransformerBlock(const TransformerBlockOptions& options)
+      : m_options(resolve(options)), m_attention(m_options.attention) {
+    const auto& o = m_options;
+    allocate(m_weights, "");
+    allocate(m_grads, "grad_");
+    Kokkos::deep_copy(m_weights.norm1_weight, T(1));
+    Kokkos::deep_copy(m_weights.norm2_weight, T(1));
+    std::mt19937_64 rng(o.init_seed + 1);
+    Impl::nn_init_uniform(m_weights.w1, 1.0 / std::sqrt(double(d_model())), rng);
+    Impl::nn_init_uniform(m_weights.w2, 1.0 / std::sqrt(double(o.d_ff)), rng);
+  }
+
+  /// The options with the attention's options resolved.
+  const TransformerBlockOptions& options() const { return m_options; }
+  MultiHeadAttention<ExecSpace, T>& attention() { return m_attention; }
+  const MultiHeadAttention<ExecSpace, T>& attention() const { return m_attention; }
+  Weights& weights() { return m_weights; }
+  const Weights& weights() const { return m_weights; }
+  Weights& grads() { return m_grads; }
+  const Weights& grads() const { return m_grads; }
+
+  /// Every parameter with torch.nn.TransformerEncoderLayer's name
+  /// (self_attn.in_proj_weight, ..., linear1.weight, linear1.bias,
+  /// linear2.weight, linear2.bias, norm1.weight, norm1.bias, norm2.weight,
+  /// norm2.bias), each prefixed by `prefix`.
+  std::vector<Parameter<T, memory_space>> parameters(const std::string& prefix = "") const {
+    auto list = m_attention.parameters(prefix + "self_attn.");
+    const Weights &w = m_weights, &g = m_grads;
+    Impl::nn_add_parameter(list, prefix + "linear1.weight", w.w1, g.w1);
+    Impl::nn_add_parameter(list, prefix + "linear1.bias", w.b1, g.b1);
+    Impl::nn_add_parameter(list, prefix + "linear2.weight", w.w2, g.w2);
+    Impl::nn_add_parameter(list, prefix + "linear2.bias", w.b2, g.b2);
+    Impl::nn_add_parameter(list, prefix + "norm1.weight", w.norm1_weight, g.norm1_weight);
+    Impl::nn_add_parameter(list, prefix + "norm1.bias", w.norm1_bias, g.norm1_bias);
+    Impl::nn_add_parameter(list, prefix + "norm2.weight", w.norm2_weight, g.norm2_weight);
+    Impl::nn_add_parameter(list, prefix + "norm2.bias", w.norm2_bias, g.norm2_bias);
+    return list;
+  }
+
+  /// Sets every parameter gradient (the attention's too) to zero.
+  void zero_grad(const ExecSpace& space) {
+    for (const auto& p : parameters()) Kokkos::deep_copy(space, p.grad, T(0));
+  }
+
+  /// y = block(x); saves what the backward needs in `context`.
+  /// x, y [batch][seqlen][d_model]: contiguous LayoutRight Views of T
+  /// accessible from ExecSpace; y must not overlap x. Enqueued on `space`.
+  /// Throws std::invalid_argument (nothing written) on bad shapes.
+  template <class X, class Y>
+  void forward(const ExecSpace& space, const X& x, const Y& y, context_type& context) const {
+    const char* function = "kfa::nn::TransformerBlock::forward";
+    Impl::ProfilingRegion region(function);
+    m_attention.check_pair(function, "x", x, "y", y);
+    if constexpr (MultiHeadAttention<ExecSpace, T>::template pair_ok<X, Y>())
+      forward_impl(space, x, Impl::out_matrix(y), context);
+  }
+
+  /// Backward of the forward that filled `context`: dx overwritten, every
+  /// parameter gradient accumulated. dy, dx [batch][seqlen][d_model] like
+  /// that forward's x; dx must not overlap dy.
+  template <class DY, class DX>
+  void backward(const ExecSpace& space, const DY& dy, const DX& dx, context_type& context) {
+    const char* function = "kfa::nn::TransformerBlock::backward";
+    Impl::ProfilingRegion region(function);
+    m_attention.check_pair(function, "dy", dy, "dx", dx);
+    if constexpr (MultiHeadAttention<ExecSpace, T>::template pair_ok<DY, DX>()) {
+      MultiHeadAttention<ExecSpace, T>::check_like_forward(function, dy, context.attention);
+      backward_impl(space, Impl::in_matrix(dy), Impl::out_matrix(dx), context);
+    }
+  }
+
+ private:
+  using in2 = Impl::NnIn2<T, memory_space>;
+  using out2 = Impl::NnOut2<T, memory_space>;
+  using in1_acc = Impl::NnIn1<accumulator_t<T>, memory_space>;
+  /// Dropout sites: attention weights, attention output, MLP activation, MLP output.
+  enum Site { kAttentionWeights, kAttentionOutput, kActivation, kMlpOutput };
+
+  int d_model() const { return m_options.attention.d_model; }
+  int mlp_rows() const {
+    return m_options.activation == Activation::swiglu ? 2 * m_options.d_ff : m_options.d_ff;
+  }
+
+  static TransformerBlockOptions resolve(TransformerBlockOptions o) {
+    const char* function = "kfa::nn::TransformerBlock";
+    o.attention.bias = o.bias;
+    if (o.d_ff <= 0) {
+      Impl::throw_invalid(function, "options.d_ff must be > 0, got " + std::to_string(o.d_ff));
+    }
+    if (!(o.norm_options.eps >= 0) || !std::isfinite(o.norm_options.eps)) {
+      Impl::throw_invalid(function, "options.norm_options.eps must be finite and >= 0");
+    }
+    Impl::check_dropout_p(function, "options.dropout_p", o.dropout_p);
+    o.attention = MultiHeadAttention<ExecSpace, T>::resolve(o.attention);
+    return o;
+  }
+
+  void allocate(Weights& w, const std::string& prefix) const {
+    const auto& o = m_options;
+    auto label = [&](const char* name) { return "kfa::nn::TransformerBlock::" + prefix + name; };
+    const bool norm_bias = o.bias && o.norm == Norm::layer_norm;
+    w.norm1_weight = view1(label("norm1_weight"), d_model());
+    w.norm2_weight = view1(label("norm2_weight"), d_model());
+    if (norm_bias) {
+      w.norm1_bias = view1(label("norm1_bias"), d_model());
+      w.norm2_bias = view1(label("norm2_bias"), d_model());
+    }
+    w.w1 = view2(label("w1"), mlp_rows(), d_model());
+    w.w2 = view2(label("w2"), d_model(), o.d_ff);
+    if (o.bias) {
+      w.b1 = view1(label("b1"), mlp_rows());
+      w.b2 = view1(label("b2"), d_model());
+    }
+  }
+
+  nn::DropoutOptions dropout(const context_type& c, Site site) const {
+    return {c.training ? m_options.dropout_p : 0.0, Impl::nn_site_seed(c.dropout_seed, site)};
+  }
+
+  void norm_forward(const ExecSpace& space, const in2& x, const view1& gamma, const view1& beta,
+                    const out2& y, const typename context_type::view1_acc& mean,
+                    const typename context_type::view1_acc& rstd) const {
+    const double eps = m_options.norm_options.eps;
+    if (m_options.norm == Norm::rms_norm)
+      Impl::norm_forward_impl<ExecSpace, T, true>(space, x, gamma, beta, y, mean, rstd, eps);
+    else
+      Impl::norm_forward_impl<ExecSpace, T, false>(space, x, gamma, beta, y, mean, rstd, eps);
+  }
+
+  /// dx += norm backward (dx holds the residual's gradient already).
+  void norm_backward(const ExecSpace& space, const in2& x, const view1& gamma,
+                     const in1_acc& mean, const in1_acc& rstd, const in2& dy, const out2& dx,
+                     const view1& dgamma, const view1& dbeta) const {
+    if (m_options.norm == Norm::rms_norm)
+      Impl::norm_backward_impl<ExecSpace, T, true>(space, x, gamma, mean, rstd, dy, dx, dgamma,
+                                                   dbeta, true);
+    else
+      Impl::norm_backward_impl<ExecSpace, T, false>(space, x, gamma, mean, rstd, dy, dx, dgamma,
+                                                    dbeta, true);
+  }
+
+  template <class X>
+  void forward_impl(const ExecSpace& space, const X& x, const out2& y, context_type& c) const {
+    const auto& w = m_weights;
+    const int batch = int(x.extent(0)), seqlen = int(x.extent(1)), tokens = batch * seqlen;
+    const int d = d_model();
+    c.x = x;
+    Impl::nn_ensure(c.h1, "kfa::nn::TransformerBlock::h1", batch, seqlen, d);
+    Impl::nn_ensure(c.a, "kfa::nn::TransformerBlock::a", batch, seqlen, d);
+    Impl::nn_ensure(c.x1, "kfa::nn::TransformerBlock::x1", tokens, d);
+    Impl::nn_ensure(c.h2, "kfa::nn::TransformerBlock::h2", tokens, d);
+    Impl::nn_ensure(c.u, "kfa::nn::TransformerBlock::u", tokens, mlp_rows());
+    Impl::nn_ensure(c.g, "kfa::nn::TransformerBlock::g", tokens, m_options.d_ff);
+    for (auto* s : {&c.mean1, &c.rstd1, &c.mean2, &c.rstd2})
+      Impl::nn_ensure(*s, "kfa::nn::TransformerBlock::norm_statistics", tokens);
+    const in2 x2 = Impl::in_matrix(x);
+    const in2 none;
+
+    norm_forward(space, x2, w.norm1_weight, w.norm1_bias, Impl::out_matrix(c.h1), c.mean1,
+                 c.rstd1);
+    c.attention.training = c.training;
+    c.attention.dropout_seed = Impl::nn_site_seed(c.dropout_seed, kAttentionWeights);
+    m_attention.forward_impl(space, c.h1, Impl::out_matrix(c.a), c.attention);
+    Impl::residual_dropout_impl<ExecSpace, T>(space, "kfa::nn::TransformerBlock::residual1", x2,
+                                              Impl::in_matrix(c.a), c.x1,
+                                              dropout(c, kAttentionOutput));
+    norm_forward(space, c.x1, w.norm2_weight, w.norm2_bias, c.h2, c.mean2, c.rstd2);
+    Impl::linear_forward_impl<ExecSpace, T>(space, c.h2, w.w1, w.b1, c.u);
+    if (m_options.activation == Activation::swiglu)
+      Impl::swiglu_forward_impl<ExecSpace, T>(space, c.u, c.g);
+    else
+      Impl::gelu_forward_impl<ExecSpace, T>(space, c.u, c.g,
+                                            m_options.activation == Activation::gelu_tanh);
+    Impl::residual_dropout_impl<ExecSpace, T>(space, "kfa::nn::TransformerBlock::mlp_dropout",
+                                              none, c.g, c.g, dropout(c, kActivation));
+    Impl::linear_forward_impl<ExecSpace, T>(space, c.g, w.w2, w.b2, y);
+    Impl::residual_dropout_impl<ExecSpace, T>(space, "kfa::nn::TransformerBlock::residual2", c.x1,
+                                              y, y, dropout(c, kMlpOutput));
+  }
+
+  void backward_impl(const ExecSpace& space, const in2& dy, const out2& dx, context_type& c) {
+    const auto &w = m_weights, &g = m_grads;
+    const int batch = int(c.x.extent(0)), seqlen = int(c.x.extent(1)), tokens = batch * seqlen;
+    const int d = d_model();
+    Impl::nn_ensure(c.dm, "kfa::nn::TransformerBlock::dm", tokens, d);
+    Impl::nn_ensure(c.dg, "kfa::nn::TransformerBlock::dg", tokens, m_options.d_ff);
+    Impl::nn_ensure(c.du, "kfa::nn::TransformerBlock::du", tokens, mlp_rows());
+    Impl::nn_ensure(c.dh2, "kfa::nn::TransformerBlock::dh2", tokens, d);
+    Impl::nn_ensure(c.dx1, "kfa::nn::TransformerBlock::dx1", tokens, d);
+    Impl::nn_ensure(c.da, "kfa::nn::TransformerBlock::da", batch, seqlen, d);
+    Impl::nn_ensure(c.dh1, "kfa::nn::TransformerBlock::dh1", batch, seqlen, d);
+    const in2 none;
+
+    // MLP branch: y = x1 + dropout(m), m = g·W2ᵀ + b2.
+    Impl::residual_dropout_impl<ExecSpace, T>(space, "kfa::nn::TransformerBlock::residual2_backward",
+                                              none, dy, c.dm, dropout(c, kMlpOutput));
+    Impl::linear_backward_impl<ExecSpace, T>(space, c.g, w.w2, c.dm, c.dg, g.w2, g.b2);
+    Impl::residual_dropout_impl<ExecSpace, T>(space,
+                                              "kfa::nn::TransformerBlock::mlp_dropout_backward",
+                                              none, c.dg, c.dg, dropout(c, kActivation));
+    if (m_options.activation == Activation::swiglu)
+      Impl::swiglu_backward_impl<ExecSpace, T>(space, c.u, c.dg, c.du);
+    else
+      Impl::gelu_backward_impl<ExecSpace, T>(space, c.u, c.dg, c.du,
+                                             m_options.activation == Activation::gelu_tanh);
+    Impl::linear_backward_impl<ExecSpace, T>(space, c.h2, w.w1, c.du, c.dh2, g.w1, g.b1);
+    // dx1 = dy (residual) + norm2's backward.
+    Kokkos::deep_copy(space, c.dx1, dy);
+    norm_backward(space, c.x1, w.norm2_weight, c.mean2, c.rstd2, c.dh2, c.dx1, g.norm2_weight,
+                  g.norm2_bias);
+    // Attention branch: x1 = x + dropout(a), a = attention(h1).
+    Impl::residual_dropout_impl<ExecSpace, T>(space,
+                                              "kfa::nn::TransformerBlock::residual1_backward",
+                                              none, c.dx1, Impl::out_matrix(c.da),
+                                              dropout(c, kAttentionOutput));
+    m_attention.backward_impl(space, Impl::in_matrix(c.da), Impl::out_matrix(c.dh1), c.attention);
+    Kokkos::deep_copy(space, dx, in2(c.dx1));
+    norm_backward(space, Impl::in_matrix(c.x), w.norm1_weight, c.mean1, c.rstd1,
+                  Impl::in_matrix(c.dh1), dx, g.norm1_weight, g.norm1_bias);
+  }
+
+  TransformerBlockOptions m_options;
+  MultiHeadAttention<ExecSpace, T> m_attention;
+  Weights m_weights, m_grads;
+};
+
+}  // namespace nn
+}  // namespace kfa
+
+#endif

@@ -1,0 +1,191 @@
+#ifndef KFA_DETAIL_NN_ELEMENTWISE_KERNELS_HPP
+#define KFA_DETAIL_NN_ELEMENTWISE_KERNELS_HPP
+
+// Elementwise steps on [tokens][features]: GELU (erf and tanh forms), SwiGLU,
+// dropout and residual + dropout, each forward and backward. One thread per
+// element, arithmetic in the accumulator type. Dropout draws its keep mask
+// from the attention kernels' counter-based generator keyed by (seed, token,
+// feature), so the backward regenerates it instead of storing it.
+
+#include <kfa/nn/options.hpp>
+#include <kfa/types.hpp>
+
+#include <kfa/detail/attention/dropout_generator.hpp>
+#include <kfa/detail/common/compat.hpp>
+#include <kfa/detail/nn/views.hpp>
+
+namespace kfa {
+namespace Impl {
+
+/// GELU and its derivative in arithmetic A.
+template <class A>
+struct Gelu {
+  KOKKOS_FORCEINLINE_FUNCTION static A value(A x, bool tanh_form) {
+    if (tanh_form) return A(0.5) * x * (A(1) + math::tanh(tanh_argument(x)));
+    return A(0.5) * x * (A(1) + math::erf(x * A(0.70710678118654752440)));
+  }
+  KOKKOS_FORCEINLINE_FUNCTION static A derivative(A x, bool tanh_form) {
+    if (tanh_form) {
+      const A t = math::tanh(tanh_argument(x));
+      return A(0.5) * (A(1) + t) + A(0.5) * x * (A(1) - t * t) * A(0.79788456080286535588) *
+                                       (A(1) + A(3 * 0.044715) * x * x);
+    }
+    // Φ(x) + x·φ(x)
+    return A(0.5) * (A(1) + math::erf(x * A(0.70710678118654752440))) +
+           x * A(0.39894228040143267794) * math::exp(A(-0.5) * x * x);
+  }
+  /// sqrt(2/π)·(x + 0.044715·x³)
+  KOKKOS_FORCEINLINE_FUNCTION static A tanh_argument(A x) {
+    return A(0.79788456080286535588) * (x + A(0.044715) * x * x * x);
+  }
+};
+
+/// The logistic function; exp(-x) overflowing to +inf gives 0, not NaN.
+template <class A>
+KOKKOS_FORCEINLINE_FUNCTION A sigmoid(A x) {
+  return A(1) / (A(1) + math::exp(-x));
+}
+
+template <class ExecSpace, class T>
+struct GeluForward {
+  using memory_space = typename ExecSpace::memory_space;
+  using acc_t = accumulator_t<T>;
+  NnIn2<T, memory_space> m_x;
+  NnOut2<T, memory_space> m_y;
+  bool m_tanh;
+  KOKKOS_FUNCTION void operator()(const int token, const int j) const {
+    m_y(token, j) = static_cast<T>(Gelu<acc_t>::value(m_x(token, j), m_tanh));
+  }
+};
+
+template <class ExecSpace, class T>
+struct GeluBackward {
+  using memory_space = typename ExecSpace::memory_space;
+  using acc_t = accumulator_t<T>;
+  NnIn2<T, memory_space> m_x, m_dy;
+  NnOut2<T, memory_space> m_dx;
+  bool m_tanh;
+  KOKKOS_FUNCTION void operator()(const int token, const int j) const {
+    m_dx(token, j) =
+        static_cast<T>(acc_t(m_dy(token, j)) * Gelu<acc_t>::derivative(m_x(token, j), m_tanh));
+  }
+};
+
+/// y(t, j) = silu(x(t, j))·x(t, hidden + j): gate in the first half of x's
+/// columns, up in the second.
+template <class ExecSpace, class T>
+struct SwigluForward {
+  using memory_space = typename ExecSpace::memory_space;
+  using acc_t = accumulator_t<T>;
+  NnIn2<T, memory_space> m_x;
+  NnOut2<T, memory_space> m_y;
+  KOKKOS_FUNCTION void operator()(const int token, const int j) const {
+    const acc_t gate = m_x(token, j), up = m_x(token, int(m_y.extent(1)) + j);
+    m_y(token, j) = static_cast<T>(gate * sigmoid(gate) * up);
+  }
+};
+
+/// d gate = dy·up·σ(gate)·(1 + gate·(1 - σ(gate))), d up = dy·silu(gate).
+template <class ExecSpace, class T>
+struct SwigluBackward {
+  using memory_space = typename ExecSpace::memory_space;
+  using acc_t = accumulator_t<T>;
+  NnIn2<T, memory_space> m_x, m_dy;
+  NnOut2<T, memory_space> m_dx;
+  KOKKOS_FUNCTION void operator()(const int token, const int j) const {
+    const int hidden = static_cast<int>(m_dy.extent(1));
+    const acc_t gate = m_x(token, j), up = m_x(token, hidden + j), dy = m_dy(token, j);
+    const acc_t s = sigmoid(gate);
+    m_dx(token, j) = static_cast<T>(dy * up * s * (acc_t(1) + gate * (acc_t(1) - s)));
+    m_dx(token, hidden + j) = static_cast<T>(dy * gate * s);
+  }
+};
+
+/// y = residual + Z∘x/(1 - p) (no residual: y = Z∘x/(1 - p)); also the
+/// dropout backward (dx = Z∘dy/(1 - p)). y may be x or residual itself.
+template <class ExecSpace, class T>
+struct ResidualDropout {
+  using memory_space = typename ExecSpace::memory_space;
+  using acc_t = accumulator_t<T>;
+  NnIn2<T, memory_space> m_residual, m_x;
+  NnOut2<T, memory_space> m_y;
+  DropoutGenerator m_generator;
+  acc_t m_keep_scale;
+  bool m_dropout;
+  KOKKOS_FUNCTION void operator()(const int token, const int j) const {
+    acc_t x = m_x(token, j);
+    if (m_dropout)
+      x = m_generator.kept(m_generator.row_key(0, 0, token), j) ? x * m_keep_scale : acc_t(0);
+    m_y(token, j) = static_cast<T>(m_residual.extent(0) > 0 ? acc_t(m_residual(token, j)) + x : x);
+  }
+};
+
+template <class ExecSpace>
+Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>> elementwise_policy(const ExecSpace& space,
+                                                                     std::size_t rows,
+                                                                     std::size_t cols) {
+  return Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>(space, {0, 0},
+                                                           {int(rows), int(cols)});
+}
+
+template <class ExecSpace, class T>
+void gelu_forward_impl(const ExecSpace& space, const NnIn2<T, typename ExecSpace::memory_space>& x,
+                       const NnOut2<T, typename ExecSpace::memory_space>& y, bool tanh_form) {
+  if (x.size() == 0) return;
+  Kokkos::parallel_for("kfa::nn::gelu::forward",
+                       elementwise_policy(space, x.extent(0), x.extent(1)),
+                       GeluForward<ExecSpace, T>{x, y, tanh_form});
+}
+
+template <class ExecSpace, class T>
+void gelu_backward_impl(const ExecSpace& space, const NnIn2<T, typename ExecSpace::memory_space>& x,
+                        const NnIn2<T, typename ExecSpace::memory_space>& dy,
+                        const NnOut2<T, typename ExecSpace::memory_space>& dx, bool tanh_form) {
+  if (x.size() == 0) return;
+  Kokkos::parallel_for("kfa::nn::gelu::backward",
+                       elementwise_policy(space, x.extent(0), x.extent(1)),
+                       GeluBackward<ExecSpace, T>{x, dy, dx, tanh_form});
+}
+
+template <class ExecSpace, class T>
+void swiglu_forward_impl(const ExecSpace& space,
+                         const NnIn2<T, typename ExecSpace::memory_space>& x,
+                         const NnOut2<T, typename ExecSpace::memory_space>& y) {
+  if (y.size() == 0) return;
+  Kokkos::parallel_for("kfa::nn::swiglu::forward",
+                       elementwise_policy(space, y.extent(0), y.extent(1)),
+                       SwigluForward<ExecSpace, T>{x, y});
+}
+
+template <class ExecSpace, class T>
+void swiglu_backward_impl(const ExecSpace& space,
+                          const NnIn2<T, typename ExecSpace::memory_space>& x,
+                          const NnIn2<T, typename ExecSpace::memory_space>& dy,
+                          const NnOut2<T, typename ExecSpace::memory_space>& dx) {
+  if (dy.size() == 0) return;
+  Kokkos::parallel_for("kfa::nn::swiglu::backward",
+                       elementwise_policy(space, dy.extent(0), dy.extent(1)),
+                       SwigluBackward<ExecSpace, T>{x, dy, dx});
+}
+
+/// y = residual + dropout(x) (residual empty: y = dropout(x)); p = 0 adds or
+/// copies.
+template <class ExecSpace, class T>
+void residual_dropout_impl(const ExecSpace& space, const char* label,
+                           const NnIn2<T, typename ExecSpace::memory_space>& residual,
+                           const NnIn2<T, typename ExecSpace::memory_space>& x,
+                           const NnOut2<T, typename ExecSpace::memory_space>& y,
+                           const nn::DropoutOptions& options) {
+  using acc_t = accumulator_t<T>;
+  if (x.size() == 0) return;
+  const bool dropout = options.p > 0;
+  Kokkos::parallel_for(label, elementwise_policy(space, x.extent(0), x.extent(1)),
+                       ResidualDropout<ExecSpace, T>{
+                           residual, x, y, DropoutGenerator(options.p, options.seed),
+                           dropout ? acc_t(1.0 / (1.0 - options.p)) : acc_t(1), dropout});
+}
+
+}  // namespace Impl
+}  // namespace kfa
+
+#endif

@@ -1,0 +1,119 @@
+#ifndef KFA_DETAIL_NN_ROTARY_KERNELS_HPP
+#define KFA_DETAIL_NN_ROTARY_KERNELS_HPP
+
+// Rotary position embeddings on rows of [tokens][heads·head_dim] (a
+// LayoutRight [batch][seqlen][heads][head_dim] tensor, or a column range of a
+// fused q|k|v projection). The angles p·base^(-2j/rotary_dim) are formed in
+// fp64 once per (position, pair) into a small cos/sin table: in fp32, p·θ
+// for positions in the thousands would lose several digits of the angle.
+// The backward is the inverse rotation (the transpose of an orthogonal map),
+// the same kernel with the sine negated.
+
+#include <kfa/nn/options.hpp>
+#include <kfa/types.hpp>
+
+#include <kfa/detail/common/compat.hpp>
+#include <kfa/detail/nn/views.hpp>
+
+namespace kfa {
+namespace Impl {
+
+/// table(position, pair, 0|1) = cos|sin of (position_offset + position)·θ_pair.
+template <class ExecSpace, class Acc>
+struct RotaryTable {
+  using memory_space = typename ExecSpace::memory_space;
+  Kokkos::View<Acc***, Kokkos::LayoutRight, memory_space> m_table;
+  double m_base;
+  int m_rotary_dim, m_position_offset;
+
+  KOKKOS_FUNCTION void operator()(const int position, const int pair) const {
+    const double inv_freq = math::pow(m_base, -2.0 * pair / m_rotary_dim);
+    const double angle = double(m_position_offset + position) * inv_freq;
+    m_table(position, pair, 0) = static_cast<Acc>(math::cos(angle));
+    m_table(position, pair, 1) = static_cast<Acc>(math::sin(angle));
+  }
+
+  static Kokkos::View<Acc***, Kokkos::LayoutRight, memory_space> make(
+      const ExecSpace& space, int seqlen, int rotary_dim, const nn::RotaryOptions& options) {
+    Kokkos::View<Acc***, Kokkos::LayoutRight, memory_space> table(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kfa::nn::rotary::table")), seqlen,
+        rotary_dim / 2, 2);
+    if (seqlen > 0 && rotary_dim > 0) {
+      Kokkos::parallel_for("kfa::nn::rotary::table",
+                           Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>(
+                               space, {0, 0}, {seqlen, rotary_dim / 2}),
+                           RotaryTable{table, options.base, rotary_dim, options.position_offset});
+    }
+    return table;
+  }
+};
+
+/// out(token, out_col0 + h·head_dim + d) = R·in(token, in_col0 + h·head_dim + d):
+/// the first rotary_dim features of each head rotated in pairs, the rest
+/// copied. Each thread reads both features of its pair before writing them,
+/// so in and out may be the same columns of the same View.
+template <class ExecSpace, class T>
+struct RotaryApply {
+  using memory_space = typename ExecSpace::memory_space;
+  using acc_t = accumulator_t<T>;
+  NnIn2<T, memory_space> m_in;
+  NnOut2<T, memory_space> m_out;
+  Kokkos::View<const acc_t***, Kokkos::LayoutRight, memory_space> m_table;
+  int m_in_col0, m_out_col0, m_seqlen, m_head_dim, m_rotary_dim;
+  bool m_interleaved;
+  /// +1 rotates forward, -1 applies the inverse rotation (the backward).
+  acc_t m_sign;
+
+  /// d2 < rotary_dim/2 is a pair, past it a pass-through feature.
+  KOKKOS_FUNCTION void operator()(const int token, const int head, const int d2) const {
+    const int in0 = m_in_col0 + head * m_head_dim, out0 = m_out_col0 + head * m_head_dim;
+    const int half = m_rotary_dim / 2;
+    if (d2 >= half) {
+      const int d = m_rotary_dim + (d2 - half);
+      m_out(token, out0 + d) = m_in(token, in0 + d);
+      return;
+    }
+    const int first = m_interleaved ? 2 * d2 : d2, second = m_interleaved ? 2 * d2 + 1 : d2 + half;
+    const int position = token % m_seqlen;
+    const acc_t c = m_table(position, d2, 0), s = m_sign * m_table(position, d2, 1);
+    const acc_t x1 = m_in(token, in0 + first), x2 = m_in(token, in0 + second);
+    m_out(token, out0 + first) = static_cast<T>(x1 * c - x2 * s);
+    m_out(token, out0 + second) = static_cast<T>(x2 * c + x1 * s);
+  }
+
+  void launch(const ExecSpace& space, int heads) const {
+    const int tokens = static_cast<int>(m_out.extent(0));
+    if (tokens == 0 || heads == 0 || m_head_dim == 0) return;
+    Kokkos::parallel_for(m_sign > 0 ? "kfa::nn::rotary::forward" : "kfa::nn::rotary::backward",
+                         Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>>(
+                             space, {0, 0, 0}, {tokens, heads, m_head_dim - m_rotary_dim / 2}),
+                         *this);
+  }
+};
+
+/// Rotates (sign +1) or rotates back (sign -1) `heads` heads of in's columns
+/// from in_col0 into out's from out_col0; rotary_dim 0 copies.
+template <class ExecSpace, class T>
+void rotary_apply_impl(const ExecSpace& space, const NnIn2<T, typename ExecSpace::memory_space>& in,
+                       int in_col0, const NnOut2<T, typename ExecSpace::memory_space>& out,
+                       int out_col0, int seqlen, int heads, int head_dim, int rotary_dim,
+                       const nn::RotaryOptions& options, int sign) {
+  using acc_t = accumulator_t<T>;
+  const auto table = RotaryTable<ExecSpace, acc_t>::make(space, seqlen, rotary_dim, options);
+  RotaryApply<ExecSpace, T>{in,
+                            out,
+                            table,
+                            in_col0,
+                            out_col0,
+                            seqlen > 0 ? seqlen : 1,
+                            head_dim,
+                            rotary_dim,
+                            options.style == nn::RotaryStyle::interleaved,
+                            acc_t(sign)}
+      .launch(space, heads);
+}
+
+}  // namespace Impl
+}  // namespace kfa
+
+#endif

@@ -1,0 +1,489 @@
+// kfa::nn::MultiHeadAttention and kfa::nn::TransformerBlock, forward and
+// backward (the input gradient and every parameter gradient), against an
+// fp64 host oracle composed from the step oracles of nn_test_helpers.hpp and
+// the attention oracle of kfa_test_helpers.hpp, on awkward shapes (d_model
+// 48, 3 heads, seqlen 37, batch 2), with grouped-query heads, both rotary
+// conventions, fused and separate projections; gradient accumulation and
+// zero_grad; finite differences of the device forward (fp64, with dropout)
+// as an extra check.
+
+#include "nn_test_helpers.hpp"
+
+namespace {
+
+using namespace kfa_test;
+
+Tensor reshaped(Tensor t, std::vector<int> ext) {
+  t.ext = std::move(ext);
+  return t;
+}
+
+/// Rows [r0, r1) of a [rows][cols] tensor (or of a vector).
+Tensor row_range(const Tensor& t, int r0, int r1) {
+  if (t.data.empty()) return Tensor();
+  const int cols = t.ext.size() == 1 ? 1 : t.ext[1];
+  Tensor r(t.ext.size() == 1 ? std::vector<int>{r1 - r0} : std::vector<int>{r1 - r0, cols});
+  std::copy(t.data.begin() + std::size_t(r0) * cols, t.data.begin() + std::size_t(r1) * cols,
+            r.data.begin());
+  return r;
+}
+
+Tensor added(Tensor a, const Tensor& b) {
+  for (std::size_t n = 0; n < a.data.size(); ++n) a.data[n] += b.data[n];
+  return a;
+}
+
+Tensor zeros_like(const Tensor& t) { return t.data.empty() ? Tensor() : Tensor(t.ext); }
+
+/// The attention layer's parameters on the host, q/k/v split.
+struct MhaParams {
+  Tensor wq, wk, wv, wo, bq, bk, bv, bo;
+};
+
+template <class Layer>
+MhaParams mha_params(const Layer& layer, bool grads) {
+  const auto& w = grads ? layer.grads() : layer.weights();
+  const auto& o = layer.options();
+  MhaParams p;
+  if (o.fused_qkv) {
+    const int q = o.heads * o.head_dim, kv = o.kv_heads * o.head_dim;
+    const Tensor w_qkv = param(w.w_qkv), b_qkv = param(w.b_qkv);
+    p.wq = row_range(w_qkv, 0, q);
+    p.wk = row_range(w_qkv, q, q + kv);
+    p.wv = row_range(w_qkv, q + kv, q + 2 * kv);
+    p.bq = row_range(b_qkv, 0, q);
+    p.bk = row_range(b_qkv, q, q + kv);
+    p.bv = row_range(b_qkv, q + kv, q + 2 * kv);
+  } else {
+    p.wq = param(w.w_q), p.wk = param(w.w_k), p.wv = param(w.w_v);
+    p.bq = param(w.b_q), p.bk = param(w.b_k), p.bv = param(w.b_v);
+  }
+  p.wo = param(w.w_o);
+  p.bo = param(w.b_o);
+  return p;
+}
+
+/// Oracle of MultiHeadAttention: forward y from x [tokens][d_model] (batch
+/// B, seqlen S), and with dy the backward: dx and the parameter gradients.
+struct MhaOracle {
+  const kfa::nn::MultiHeadAttentionOptions& o;
+  const MhaParams& p;
+  int B, S;
+  Tensor q, k, v, att, lse, y;
+
+  Tensor heads4(const Tensor& t, int heads) const {
+    return reshaped(t, {B, S, heads, o.head_dim});
+  }
+
+  void forward(const Tensor& x) {
+    q = heads4(ref_linear(x, p.wq, p.bq), o.heads);
+    k = heads4(ref_linear(x, p.wk, p.bk), o.kv_heads);
+    v = heads4(ref_linear(x, p.wv, p.bv), o.kv_heads);
+    if (o.rotary) {
+      q = ref_rotary(q, o.rotary_options, 1);
+      k = ref_rotary(k, o.rotary_options, 1);
+    }
+    reference_forward(q, k, v, o.attention, att, lse);
+    y = ref_linear(reshaped(att, {B * S, o.heads * o.head_dim}), p.wo, p.bo);
+  }
+
+  /// dx (written) and grads (accumulated, shaped like p).
+  void backward(const Tensor& x, const Tensor& dy, Tensor& dx, MhaParams& g) const {
+    Tensor d_att, dq, dk, dv, dxk, dxv;
+    ref_linear_backward(reshaped(att, {B * S, o.heads * o.head_dim}), p.wo, dy, d_att, g.wo, g.bo);
+    reference_backward<double, true>(q, k, v, att, lse, heads4(d_att, o.heads), o.attention, dq,
+                                     dk, dv);
+    if (o.rotary) {
+      dq = ref_rotary(dq, o.rotary_options, -1);
+      dk = ref_rotary(dk, o.rotary_options, -1);
+    }
+    const int qc = o.heads * o.head_dim, kc = o.kv_heads * o.head_dim;
+    ref_linear_backward(x, p.wq, reshaped(dq, {B * S, qc}), dx, g.wq, g.bq);
+    ref_linear_backward(x, p.wk, reshaped(dk, {B * S, kc}), dxk, g.wk, g.bk);
+    ref_linear_backward(x, p.wv, reshaped(dv, {B * S, kc}), dxv, g.wv, g.bv);
+    dx = added(added(dx, dxk), dxv);
+  }
+};
+
+MhaParams zero_grads(const MhaParams& p) {
+  return {zeros_like(p.wq), zeros_like(p.wk), zeros_like(p.wv), zeros_like(p.wo),
+          zeros_like(p.bq), zeros_like(p.bk), zeros_like(p.bv), zeros_like(p.bo)};
+}
+
+template <class T>
+void expect_mha_grads(const std::string& what, const MhaParams& got, const MhaParams& ref,
+                      double factor) {
+  expect_close_rel<T>(what + " d w_q", got.wq, ref.wq, factor);
+  expect_close_rel<T>(what + " d w_k", got.wk, ref.wk, factor);
+  expect_close_rel<T>(what + " d w_v", got.wv, ref.wv, factor);
+  expect_close_rel<T>(what + " d w_o", got.wo, ref.wo, factor);
+  expect_close_rel<T>(what + " d b_q", got.bq, ref.bq, factor);
+  expect_close_rel<T>(what + " d b_k", got.bk, ref.bk, factor);
+  expect_close_rel<T>(what + " d b_v", got.bv, ref.bv, factor);
+  expect_close_rel<T>(what + " d b_o", got.bo, ref.bo, factor);
+}
+
+template <class List>
+void randomize_parameters(const List& params, std::mt19937_64& rng) {
+  for (const auto& p : params) {
+    // Weights of O(1/sqrt(fan_in)) keep activations O(1); norm weights near 1.
+    const bool vector = p.name.find("bias") != std::string::npos ||
+                        p.name.find("norm") != std::string::npos;
+    randomize(p.value, rng, vector ? 0.5 : 0.15);
+    if (p.name.find("norm") != std::string::npos && p.name.find("weight") != std::string::npos) {
+      auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), p.value);
+      for (std::size_t n = 0; n < host.size(); ++n) host(n) += 1;
+      Kokkos::deep_copy(p.value, host);
+    }
+  }
+}
+
+std::vector<kfa::nn::MultiHeadAttentionOptions> mha_cases() {
+  std::vector<kfa::nn::MultiHeadAttentionOptions> cases(3);
+  for (auto& o : cases) o.d_model = 48;
+  cases[0].heads = 3;  // fused, biases, plain
+  cases[1].heads = 4;  // separate, grouped-query, half-split rotary, causal
+  cases[1].kv_heads = 2;
+  cases[1].head_dim = 12;
+  cases[1].fused_qkv = false;
+  cases[1].rotary = true;
+  cases[1].attention.causal = true;
+  cases[2].heads = 3;  // fused, no bias, multi-query, interleaved partial rotary, window, softcap
+  cases[2].kv_heads = 1;
+  cases[2].bias = false;
+  cases[2].rotary = true;
+  cases[2].rotary_options.style = kfa::nn::RotaryStyle::interleaved;
+  cases[2].rotary_options.rotary_dim = 10;
+  cases[2].attention.window_left = 8;
+  cases[2].attention.window_right = 2;
+  cases[2].attention.softcap = 5;
+  return cases;
+}
+
+template <class C>
+class NnLayers : public ::testing::Test {};
+TYPED_TEST_SUITE(NnLayers, NnConfigs);
+
+TYPED_TEST(NnLayers, MultiHeadAttentionMatchesOracle) {
+  using Space = typename TypeParam::space;
+  using T = typename TypeParam::value_type;
+  const int B = 2, S = 37, d = 48;
+  int index = 0;
+  for (const auto& options : mha_cases()) {
+    const std::string tag = "nn_mha_" + std::to_string(index++);
+    const std::string what = tag + " " + type_name<T>() + " " + Space::name() + " seed " +
+                             std::to_string(test_seed(tag));
+    std::mt19937_64 rng(test_seed(tag));
+    kfa::nn::MultiHeadAttention<Space, T> mha(options);
+    randomize_parameters(mha.parameters(), rng);
+    const Tensor x = rounded<T>(random_tensor({B * S, d}, rng));
+    const Tensor dy = rounded<T>(random_tensor({B * S, d}, rng));
+    auto xv = make_view<DeviceView3<T, Space>>(reshaped(x, {B, S, d}), "x");
+    auto dyv = make_view<DeviceView3<T, Space>>(reshaped(dy, {B, S, d}), "dy");
+    DeviceView3<T, Space> yv("y", B, S, d), dxv("dx", B, S, d);
+    poison(yv);
+    poison(dxv);
+    typename kfa::nn::MultiHeadAttention<Space, T>::context_type context;
+    mha.forward(Space(), xv, yv, context);
+    mha.backward(Space(), dyv, dxv, context);
+    Space().fence();
+
+    const MhaParams p = mha_params(mha, false);
+    MhaOracle oracle{mha.options(), p, B, S, {}, {}, {}, {}, {}, {}};
+    oracle.forward(x);
+    Tensor dx_ref;
+    MhaParams g_ref = zero_grads(p);
+    oracle.backward(x, dy, dx_ref, g_ref);
+    const double factor = 16.0 * (d + S);
+    expect_close_rel<T>(what + " y", reshaped(to_host(yv), {B * S, d}), oracle.y, factor);
+    expect_close_rel<T>(what + " dx", reshaped(to_host(dxv), {B * S, d}), dx_ref, factor);
+    expect_mha_grads<T>(what, mha_params(mha, true), g_ref, factor * 4);
+
+    // A second backward adds the same gradients again; zero_grad resets them.
+    mha.backward(Space(), dyv, dxv, context);
+    Space().fence();
+    MhaParams twice = g_ref;
+    oracle.backward(x, dy, dx_ref, twice);
+    expect_mha_grads<T>(what + " accumulated", mha_params(mha, true), twice, factor * 8);
+    mha.zero_grad(Space());
+    Space().fence();
+    EXPECT_EQ(max_abs(mha_params(mha, true).wo), 0.0) << what << " zero_grad";
+  }
+}
+
+/// The block's oracle, from the host copies of its parameters.
+struct BlockOracle {
+  const kfa::nn::TransformerBlockOptions& o;
+  MhaOracle mha;
+  Tensor n1w, n1b, n2w, n2b, w1, b1, w2, b2;
+  Tensor h1, x1, h2, u, g, y;
+  bool rms() const { return o.norm == kfa::nn::Norm::rms_norm; }
+  double eps() const { return o.norm_options.eps; }
+
+  void forward(const Tensor& x) {
+    h1 = ref_norm(x, n1w, n1b, eps(), rms());
+    mha.forward(h1);
+    x1 = added(x, mha.y);
+    h2 = ref_norm(x1, n2w, n2b, eps(), rms());
+    u = ref_linear(h2, w1, b1);
+    g = ref_activation(u, o.activation);
+    y = added(x1, ref_linear(g, w2, b2));
+  }
+
+  /// dx and every gradient (the block's in `grads`, the attention's in `mg`).
+  void backward(const Tensor& x, const Tensor& dy, Tensor& dx, std::vector<Tensor*> grads,
+                MhaParams& mg) const {
+    Tensor& dn1w = *grads[0]; Tensor& dn1b = *grads[1]; Tensor& dn2w = *grads[2];
+    Tensor& dn2b = *grads[3]; Tensor& dw1 = *grads[4]; Tensor& db1 = *grads[5];
+    Tensor& dw2 = *grads[6]; Tensor& db2 = *grads[7];
+    Tensor dg, dh2, dx1n, dh1, dxn;
+    ref_linear_backward(g, w2, dy, dg, dw2, db2);
+    const Tensor du = ref_activation_backward(u, dg, o.activation);
+    ref_linear_backward(h2, w1, du, dh2, dw1, db1);
+    ref_norm_backward(x1, n2w, eps(), rms(), dh2, dx1n, dn2w, dn2b);
+    const Tensor dx1 = added(dy, dx1n);
+    mha.backward(h1, dx1, dh1, mg);
+    ref_norm_backward(x, n1w, eps(), rms(), dh1, dxn, dn1w, dn1b);
+    dx = added(dx1, dxn);
+  }
+};
+
+std::vector<kfa::nn::TransformerBlockOptions> block_cases() {
+  std::vector<kfa::nn::TransformerBlockOptions> cases(3);
+  for (auto& o : cases) {
+    o.attention.d_model = 48;
+    o.attention.heads = 3;
+    o.d_ff = 40;
+  }
+  // torch.nn.TransformerEncoderLayer(norm_first=True), causal.
+  cases[0].attention.attention.causal = true;
+  // Llama: RMSNorm, SwiGLU, no biases, separate projections, GQA, rotary.
+  cases[1].norm = kfa::nn::Norm::rms_norm;
+  cases[1].activation = kfa::nn::Activation::swiglu;
+  cases[1].bias = false;
+  cases[1].attention.heads = 4;
+  cases[1].attention.kv_heads = 2;
+  cases[1].attention.head_dim = 12;
+  cases[1].attention.fused_qkv = false;
+  cases[1].attention.rotary = true;
+  cases[1].attention.attention.causal = true;
+  // GELU (tanh), LayerNorm without bias, rotary interleaved.
+  cases[2].activation = kfa::nn::Activation::gelu_tanh;
+  cases[2].bias = false;
+  cases[2].attention.rotary = true;
+  cases[2].attention.rotary_options.style = kfa::nn::RotaryStyle::interleaved;
+  return cases;
+}
+
+template <class Block>
+std::vector<Tensor> block_tensors(const Block& block, bool grads) {
+  const auto& w = grads ? block.grads() : block.weights();
+  return {param(w.norm1_weight), param(w.norm1_bias), param(w.norm2_weight), param(w.norm2_bias),
+          param(w.w1),           param(w.b1),         param(w.w2),           param(w.b2)};
+}
+
+TYPED_TEST(NnLayers, TransformerBlockMatchesOracle) {
+  using Space = typename TypeParam::space;
+  using T = typename TypeParam::value_type;
+  const int B = 2, S = 37, d = 48;
+  int index = 0;
+  const char* names[] = {"norm1.weight", "norm1.bias", "norm2.weight", "norm2.bias",
+                         "linear1.weight", "linear1.bias", "linear2.weight", "linear2.bias"};
+  for (const auto& options : block_cases()) {
+    const std::string tag = "nn_block_" + std::to_string(index++);
+    const std::string what = tag + " " + type_name<T>() + " " + Space::name() + " seed " +
+                             std::to_string(test_seed(tag));
+    std::mt19937_64 rng(test_seed(tag));
+    kfa::nn::TransformerBlock<Space, T> block(options);
+    randomize_parameters(block.parameters(), rng);
+    const Tensor x = rounded<T>(random_tensor({B * S, d}, rng));
+    const Tensor dy = rounded<T>(random_tensor({B * S, d}, rng));
+    auto xv = make_view<DeviceView3<T, Space>>(reshaped(x, {B, S, d}), "x");
+    auto dyv = make_view<DeviceView3<T, Space>>(reshaped(dy, {B, S, d}), "dy");
+    DeviceView3<T, Space> yv("y", B, S, d), dxv("dx", B, S, d);
+    poison(yv);
+    poison(dxv);
+    typename kfa::nn::TransformerBlock<Space, T>::context_type context;
+    block.forward(Space(), xv, yv, context);
+    block.backward(Space(), dyv, dxv, context);
+    Space().fence();
+
+    const MhaParams mp = mha_params(block.attention(), false);
+    const std::vector<Tensor> w = block_tensors(block, false);
+    BlockOracle oracle{block.options(),
+                       MhaOracle{block.options().attention, mp, B, S, {}, {}, {}, {}, {}, {}},
+                       w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]};
+    oracle.forward(x);
+    std::vector<Tensor> g_ref;
+    for (const Tensor& t : w) g_ref.push_back(zeros_like(t));
+    MhaParams mg_ref = zero_grads(mp);
+    Tensor dx_ref;
+    oracle.backward(x, dy, dx_ref,
+                    {&g_ref[0], &g_ref[1], &g_ref[2], &g_ref[3], &g_ref[4], &g_ref[5], &g_ref[6],
+                     &g_ref[7]},
+                    mg_ref);
+    const double factor = 16.0 * (d + S + options.d_ff);
+    expect_close_rel<T>(what + " y", reshaped(to_host(yv), {B * S, d}), oracle.y, factor);
+    expect_close_rel<T>(what + " dx", reshaped(to_host(dxv), {B * S, d}), dx_ref, factor);
+    const std::vector<Tensor> g = block_tensors(block, true);
+    for (int n = 0; n < 8; ++n)
+      expect_close_rel<T>(what + " d " + names[n], g[n], g_ref[n], factor * 4);
+    expect_mha_grads<T>(what + " self_attn", mha_params(block.attention(), true), mg_ref,
+                        factor * 4);
+  }
+}
+
+/// Finite differences of L = Σ dy·block(x) on the device in fp64, with
+/// dropout in the attention weights, the residuals and the MLP (fixed
+/// seeds: L is a smooth function), against the block's backward.
+TYPED_TEST(NnLayers, TransformerBlockFiniteDifferencesWithDropout) {
+  using Space = typename TypeParam::space;
+  using T = typename TypeParam::value_type;
+  if (!std::is_same<T, double>::value) GTEST_SKIP() << "fp64 only";
+  const int B = 2, S = 11, d = 24;
+  kfa::nn::TransformerBlockOptions options;
+  options.attention.d_model = d;
+  options.attention.heads = 2;
+  options.attention.rotary = true;
+  options.attention.attention.causal = true;
+  options.attention.attention.dropout_p = 0.2;
+  options.d_ff = 20;
+  options.dropout_p = 0.1;
+  const std::string tag = "nn_block_fd";
+  std::mt19937_64 rng(test_seed(tag));
+  kfa::nn::TransformerBlock<Space, T> block(options);
+  randomize_parameters(block.parameters(), rng);
+  const Tensor x = random_tensor({B, S, d}, rng), dy = random_tensor({B, S, d}, rng);
+  auto xv = make_view<DeviceView3<T, Space>>(x, "x");
+  auto dyv = make_view<DeviceView3<T, Space>>(dy, "dy");
+  DeviceView3<T, Space> yv("y", B, S, d), dxv("dx", B, S, d);
+  typename kfa::nn::TransformerBlock<Space, T>::context_type context;
+  context.dropout_seed = 77;
+  auto loss = [&]() {
+    block.forward(Space(), xv, yv, context);
+    Space().fence();
+    const Tensor y = to_host(yv);
+    double s = 0;
+    for (std::size_t n = 0; n < y.data.size(); ++n) s += y.data[n] * dy.data[n];
+    return s;
+  };
+  const double y_train = loss();
+  block.zero_grad(Space());
+  block.backward(Space(), dyv, dxv, context);
+  Space().fence();
+  const Tensor dx = to_host(dxv);
+  auto params = block.parameters();
+  std::vector<Tensor> grads;
+  for (const auto& p : params) grads.push_back(to_host(p.grad));
+
+  const double h = 1e-6;
+  auto central = [&](auto&& perturb) {
+    perturb(h);
+    const double plus = loss();
+    perturb(-2 * h);
+    const double minus = loss();
+    perturb(h);
+    return (plus - minus) / (2 * h);
+  };
+  for (int probe = 0; probe < 4; ++probe) {
+    const std::size_t n = (probe * 131 + 7) % x.data.size();
+    auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), xv);
+    const double fd = central([&](double delta) {
+      host.data()[n] += delta;
+      Kokkos::deep_copy(xv, host);
+    });
+    EXPECT_NEAR(dx.data[n], fd, 1e-5 * std::max(1.0, std::abs(fd))) << tag << " dx[" << n << "]";
+  }
+  for (std::size_t p = 0; p < params.size(); ++p) {
+    const std::size_t n = (p * 37 + 3) % params[p].value.size();
+    auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), params[p].value);
+    const double fd = central([&](double delta) {
+      host.data()[n] += delta;
+      Kokkos::deep_copy(params[p].value, host);
+    });
+    EXPECT_NEAR(grads[p].data[n], fd, 1e-5 * std::max(1.0, std::abs(fd)))
+        << tag << " " << params[p].name << "[" << n << "]";
+  }
+  // Dropout is on in training and off in inference.
+  context.training = false;
+  const double y_eval = loss();
+  EXPECT_GT(std::abs(y_train - y_eval), 1e-6) << tag << " dropout changed nothing";
+}
+
+TYPED_TEST(NnLayers, TrainingWithAdamWReducesLoss) {
+  using Space = typename TypeParam::space;
+  using T = typename TypeParam::value_type;
+  const int B = 2, S = 16, d = 32;
+  kfa::nn::TransformerBlockOptions options;
+  options.attention.d_model = d;
+  options.attention.heads = 2;
+  options.d_ff = 64;
+  kfa::nn::TransformerBlock<Space, T> block(options);
+  kfa::nn::AdamW<Space, T> adamw(block.parameters(), {1e-2, 0.9, 0.999, 1e-8, 0.0});
+  std::mt19937_64 rng(test_seed("nn_training"));
+  const Tensor x = random_tensor({B, S, d}, rng), target = random_tensor({B, S, d}, rng, 0.5);
+  auto xv = make_view<DeviceView3<T, Space>>(x, "x");
+  DeviceView3<T, Space> yv("y", B, S, d), dyv("dy", B, S, d), dxv("dx", B, S, d);
+  typename kfa::nn::TransformerBlock<Space, T>::context_type context;
+  double first = 0, last = 0;
+  for (int step = 0; step < 30; ++step) {
+    block.forward(Space(), xv, yv, context);
+    Space().fence();
+    // Mean squared error against the target; dy = 2·(y - target)/n.
+    const Tensor y = to_host(yv);
+    Tensor dy = y;
+    double loss = 0;
+    for (std::size_t n = 0; n < y.data.size(); ++n) {
+      const double e = y.data[n] - target.data[n];
+      loss += e * e / y.data.size();
+      dy.data[n] = 2 * e / y.data.size();
+    }
+    Kokkos::deep_copy(dyv, make_view<DeviceView3<T, Space>>(dy, "dy"));
+    adamw.zero_grad(Space());
+    block.backward(Space(), dyv, dxv, context);
+    adamw.step(Space());
+    if (step == 0) first = loss;
+    last = loss;
+  }
+  EXPECT_LT(last, 0.5 * first) << "loss " << first << " -> " << last;
+  EXPECT_EQ(adamw.steps(), 30);
+}
+
+TYPED_TEST(NnLayers, BadShapesThrowAndWriteNothing) {
+  using Space = typename TypeParam::space;
+  using T = typename TypeParam::value_type;
+  kfa::nn::TransformerBlockOptions options;
+  options.attention.d_model = 48;
+  options.attention.heads = 3;
+  options.d_ff = 40;
+  kfa::nn::TransformerBlock<Space, T> block(options);
+  typename kfa::nn::TransformerBlock<Space, T>::context_type context;
+  DeviceView3<T, Space> x("x", 2, 5, 48), bad("bad", 2, 5, 40), y("y", 2, 5, 48),
+      y_short("y_short", 2, 4, 48);
+  Kokkos::deep_copy(y, T(3));
+  auto expect_message = [](auto&& call, const std::string& needle) {
+    try {
+      call();
+      ADD_FAILURE() << "no exception; expected one mentioning " << needle;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_message([&] { block.forward(Space(), bad, y, context); },
+                 "kfa::nn::TransformerBlock::forward: x must be [batch][seqlen][d_model] with "
+                 "d_model = 48, got [2][5][40]");
+  expect_message([&] { block.forward(Space(), x, y_short, context); },
+                 "y must be [batch][seqlen][d_model] = [2][5][48], got [2][4][48]");
+  expect_message([&] { block.forward(Space(), x, x, context); }, "y must not overlap x");
+  expect_message([&] { block.backward(Space(), x, y, context); },
+                 "call forward with this context first");
+  expect_message([&] {
+    auto o = options;
+    o.d_ff = 0;
+    kfa::nn::TransformerBlock<Space, T> b(o);
+  }, "options.d_ff must be > 0");
+  auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y);
+  for (std::size_t n = 0; n < host.size(); ++n) ASSERT_EQ(host.data()[n], T(3)) << "y written";
+}
+
+}  // namespace
