@@ -118,19 +118,27 @@ inline void ref_linear_backward(const Tensor& x, const Tensor& w, const Tensor& 
   }
 }
 
+/// Mean (0 for RMSNorm) and rstd of row r.
+inline void ref_norm_stats(const Tensor& x, int r, double eps, bool rms, LD& mean, LD& rstd) {
+  const int n = x.ext.back();
+  LD var = 0;
+  mean = 0;
+  if (!rms) {
+    for (int j = 0; j < n; ++j) mean += at2(x, r, j);
+    mean /= n;
+  }
+  for (int j = 0; j < n; ++j) var += (at2(x, r, j) - mean) * (at2(x, r, j) - mean);
+  rstd = 1 / std::sqrt(var / n + eps);
+}
+
 /// LayerNorm (rms = false) or RMSNorm over the last extent.
 inline Tensor ref_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps,
                        bool rms) {
   const int rows = rows_of(x), n = x.ext.back();
   Tensor y({rows, n});
   for (int r = 0; r < rows; ++r) {
-    LD mean = 0, var = 0;
-    if (!rms) {
-      for (int j = 0; j < n; ++j) mean += at2(x, r, j);
-      mean /= n;
-    }
-    for (int j = 0; j < n; ++j) var += (at2(x, r, j) - mean) * (at2(x, r, j) - mean);
-    const LD rstd = 1 / std::sqrt(var / n + eps);
+    LD mean, rstd;
+    ref_norm_stats(x, r, eps, rms, mean, rstd);
     for (int j = 0; j < n; ++j)
       at2(y, r, j) = double((at2(x, r, j) - mean) * rstd * gamma.data[j] +
                             (beta.data.empty() ? 0 : beta.data[j]));
@@ -144,13 +152,8 @@ inline void ref_norm_backward(const Tensor& x, const Tensor& gamma, double eps, 
   const int rows = rows_of(x), n = x.ext.back();
   dx = Tensor({rows, n});
   for (int r = 0; r < rows; ++r) {
-    LD mean = 0, var = 0;
-    if (!rms) {
-      for (int j = 0; j < n; ++j) mean += at2(x, r, j);
-      mean /= n;
-    }
-    for (int j = 0; j < n; ++j) var += (at2(x, r, j) - mean) * (at2(x, r, j) - mean);
-    const LD rstd = 1 / std::sqrt(var / n + eps);
+    LD mean, rstd;
+    ref_norm_stats(x, r, eps, rms, mean, rstd);
     // dx_k = Σ_j dy_j γ_j ∂y_j/∂x_k with ∂x̂_j/∂x_k = rstd(δ_jk - [!rms]/n - x̂_j x̂_k / n).
     for (int k = 0; k < n; ++k) {
       const LD xk = (at2(x, r, k) - mean) * rstd;

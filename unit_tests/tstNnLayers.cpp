@@ -160,6 +160,34 @@ std::vector<kfa::nn::MultiHeadAttentionOptions> mha_cases() {
   return cases;
 }
 
+/// One forward and backward of `layer` on the device with random parameters
+/// and random x, dy [batch·seqlen][d_model] (rounded to T): the host copies
+/// of x, dy, y and dx; the context stays for further backward calls.
+template <class Space, class T, class Layer>
+struct LayerRun {
+  Tensor x, dy, y, dx;
+  DeviceView3<T, Space> xv, dyv, yv, dxv;
+  typename Layer::context_type context;
+
+  LayerRun(Layer& layer, const std::string& tag, int B, int S, int d) {
+    std::mt19937_64 rng(test_seed(tag));
+    randomize_parameters(layer.parameters(), rng);
+    x = rounded<T>(random_tensor({B * S, d}, rng));
+    dy = rounded<T>(random_tensor({B * S, d}, rng));
+    xv = make_view<DeviceView3<T, Space>>(reshaped(x, {B, S, d}), "x");
+    dyv = make_view<DeviceView3<T, Space>>(reshaped(dy, {B, S, d}), "dy");
+    yv = DeviceView3<T, Space>("y", B, S, d);
+    dxv = DeviceView3<T, Space>("dx", B, S, d);
+    poison(yv);
+    poison(dxv);
+    layer.forward(Space(), xv, yv, context);
+    layer.backward(Space(), dyv, dxv, context);
+    Space().fence();
+    y = reshaped(to_host(yv), {B * S, d});
+    dx = reshaped(to_host(dxv), {B * S, d});
+  }
+};
+
 template <class C>
 class NnLayers : public ::testing::Test {};
 TYPED_TEST_SUITE(NnLayers, NnConfigs);
@@ -173,20 +201,9 @@ TYPED_TEST(NnLayers, MultiHeadAttentionMatchesOracle) {
     const std::string tag = "nn_mha_" + std::to_string(index++);
     const std::string what = tag + " " + type_name<T>() + " " + Space::name() + " seed " +
                              std::to_string(test_seed(tag));
-    std::mt19937_64 rng(test_seed(tag));
     kfa::nn::MultiHeadAttention<Space, T> mha(options);
-    randomize_parameters(mha.parameters(), rng);
-    const Tensor x = rounded<T>(random_tensor({B * S, d}, rng));
-    const Tensor dy = rounded<T>(random_tensor({B * S, d}, rng));
-    auto xv = make_view<DeviceView3<T, Space>>(reshaped(x, {B, S, d}), "x");
-    auto dyv = make_view<DeviceView3<T, Space>>(reshaped(dy, {B, S, d}), "dy");
-    DeviceView3<T, Space> yv("y", B, S, d), dxv("dx", B, S, d);
-    poison(yv);
-    poison(dxv);
-    typename kfa::nn::MultiHeadAttention<Space, T>::context_type context;
-    mha.forward(Space(), xv, yv, context);
-    mha.backward(Space(), dyv, dxv, context);
-    Space().fence();
+    LayerRun<Space, T, decltype(mha)> run(mha, tag, B, S, d);
+    const Tensor &x = run.x, &dy = run.dy;
 
     const MhaParams p = mha_params(mha, false);
     MhaOracle oracle{mha.options(), p, B, S, {}, {}, {}, {}, {}, {}};
@@ -195,12 +212,12 @@ TYPED_TEST(NnLayers, MultiHeadAttentionMatchesOracle) {
     MhaParams g_ref = zero_grads(p);
     oracle.backward(x, dy, dx_ref, g_ref);
     const double factor = 16.0 * (d + S);
-    expect_close_rel<T>(what + " y", reshaped(to_host(yv), {B * S, d}), oracle.y, factor);
-    expect_close_rel<T>(what + " dx", reshaped(to_host(dxv), {B * S, d}), dx_ref, factor);
+    expect_close_rel<T>(what + " y", run.y, oracle.y, factor);
+    expect_close_rel<T>(what + " dx", run.dx, dx_ref, factor);
     expect_mha_grads<T>(what, mha_params(mha, true), g_ref, factor * 4);
 
     // A second backward adds the same gradients again; zero_grad resets them.
-    mha.backward(Space(), dyv, dxv, context);
+    mha.backward(Space(), run.dyv, run.dxv, run.context);
     Space().fence();
     MhaParams twice = g_ref;
     oracle.backward(x, dy, dx_ref, twice);
@@ -293,20 +310,9 @@ TYPED_TEST(NnLayers, TransformerBlockMatchesOracle) {
     const std::string tag = "nn_block_" + std::to_string(index++);
     const std::string what = tag + " " + type_name<T>() + " " + Space::name() + " seed " +
                              std::to_string(test_seed(tag));
-    std::mt19937_64 rng(test_seed(tag));
     kfa::nn::TransformerBlock<Space, T> block(options);
-    randomize_parameters(block.parameters(), rng);
-    const Tensor x = rounded<T>(random_tensor({B * S, d}, rng));
-    const Tensor dy = rounded<T>(random_tensor({B * S, d}, rng));
-    auto xv = make_view<DeviceView3<T, Space>>(reshaped(x, {B, S, d}), "x");
-    auto dyv = make_view<DeviceView3<T, Space>>(reshaped(dy, {B, S, d}), "dy");
-    DeviceView3<T, Space> yv("y", B, S, d), dxv("dx", B, S, d);
-    poison(yv);
-    poison(dxv);
-    typename kfa::nn::TransformerBlock<Space, T>::context_type context;
-    block.forward(Space(), xv, yv, context);
-    block.backward(Space(), dyv, dxv, context);
-    Space().fence();
+    LayerRun<Space, T, decltype(block)> run(block, tag, B, S, d);
+    const Tensor &x = run.x, &dy = run.dy;
 
     const MhaParams mp = mha_params(block.attention(), false);
     const std::vector<Tensor> w = block_tensors(block, false);
@@ -323,8 +329,8 @@ TYPED_TEST(NnLayers, TransformerBlockMatchesOracle) {
                      &g_ref[7]},
                     mg_ref);
     const double factor = 16.0 * (d + S + options.d_ff);
-    expect_close_rel<T>(what + " y", reshaped(to_host(yv), {B * S, d}), oracle.y, factor);
-    expect_close_rel<T>(what + " dx", reshaped(to_host(dxv), {B * S, d}), dx_ref, factor);
+    expect_close_rel<T>(what + " y", run.y, oracle.y, factor);
+    expect_close_rel<T>(what + " dx", run.dx, dx_ref, factor);
     const std::vector<Tensor> g = block_tensors(block, true);
     for (int n = 0; n < 8; ++n)
       expect_close_rel<T>(what + " d " + names[n], g[n], g_ref[n], factor * 4);

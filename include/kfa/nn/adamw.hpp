@@ -6,6 +6,7 @@
 
 #include <kfa/detail/nn/adamw_kernel.hpp>
 #include <kfa/detail/nn/checks.hpp>
+#include <kfa/detail/nn/layer_support.hpp>
 
 #include <cmath>
 #include <vector>
@@ -97,7 +98,7 @@ class AdamW {
 
   /// Sets every gradient to zero (gradients accumulate across backward calls).
   void zero_grad(const ExecSpace& space) {
-    for (const auto& p : m_parameters) Kokkos::deep_copy(space, p.grad, T(0));
+    Impl::nn_zero_grad(space, m_parameters);
   }
 
   long steps() const { return m_step; }

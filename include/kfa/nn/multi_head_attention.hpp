@@ -127,7 +127,7 @@ class MultiHeadAttention {
 
   /// Sets every parameter gradient to zero. Enqueued on `space`.
   void zero_grad(const ExecSpace& space) {
-    for (const auto& p : parameters()) Kokkos::deep_copy(space, p.grad, T(0));
+    Impl::nn_zero_grad(space, parameters());
   }
 
   /// y = attention block of x; saves what the backward needs in `context`.

@@ -109,7 +109,7 @@ class TransformerBlock {
 
   /// Sets every parameter gradient (the attention's too) to zero.
   void zero_grad(const ExecSpace& space) {
-    for (const auto& p : parameters()) Kokkos::deep_copy(space, p.grad, T(0));
+    Impl::nn_zero_grad(space, parameters());
   }
 
   /// y = block(x); saves what the backward needs in `context`.

@@ -57,6 +57,13 @@ void nn_add_parameter(std::vector<nn::Parameter<T, MemorySpace>>& list, const st
   list.push_back({name, view_type(value.data(), value.size()), view_type(grad.data(), grad.size())});
 }
 
+/// Sets the gradient of every parameter in `list` to zero.
+template <class ExecSpace, class List>
+void nn_zero_grad(const ExecSpace& space, const List& list) {
+  using T = typename List::value_type::view_type::non_const_value_type;
+  for (const auto& p : list) Kokkos::deep_copy(space, p.grad, T(0));
+}
+
 /// A layer's input and output [batch][seqlen][d_model]: rank, layout, space,
 /// contiguity and extents (`like` fixes batch and seqlen).
 template <class ExecSpace, class ViewType>

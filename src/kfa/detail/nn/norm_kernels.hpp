@@ -18,6 +18,15 @@
 namespace kfa {
 namespace Impl {
 
+/// Σ_j term(j) over a row's features, shared by the team's threads.
+template <class Acc, class Member, class Term>
+KOKKOS_FORCEINLINE_FUNCTION Acc team_row_sum(const Member& team, int features, const Term& term) {
+  Acc sum = 0;
+  Kokkos::parallel_reduce(
+      Kokkos::TeamThreadRange(team, features), [&](const int j, Acc& s) { s += term(j); }, sum);
+  return sum;
+}
+
 template <class ExecSpace, class T, bool IsRms>
 struct NormForward {
   using memory_space = typename ExecSpace::memory_space;
@@ -31,21 +40,14 @@ struct NormForward {
 
   KOKKOS_FUNCTION void operator()(const member_type& team) const {
     const int row = team.league_rank(), features = static_cast<int>(m_x.extent(1));
-    acc_t mean = 0;
-    if (!IsRms) {
-      Kokkos::parallel_reduce(
-          Kokkos::TeamThreadRange(team, features),
-          [&](const int j, acc_t& sum) { sum += acc_t(m_x(row, j)); }, mean);
-      mean /= features;
-    }
-    acc_t square_sum = 0;
-    Kokkos::parallel_reduce(
-        Kokkos::TeamThreadRange(team, features),
-        [&](const int j, acc_t& sum) {
-          const acc_t d = acc_t(m_x(row, j)) - mean;
-          sum += d * d;
-        },
-        square_sum);
+    const acc_t mean =
+        IsRms ? acc_t(0)
+              : team_row_sum<acc_t>(team, features, [&](int j) { return acc_t(m_x(row, j)); }) /
+                    features;
+    const acc_t square_sum = team_row_sum<acc_t>(team, features, [&](int j) {
+      const acc_t d = acc_t(m_x(row, j)) - mean;
+      return d * d;
+    });
     const acc_t rstd = acc_t(1) / math::sqrt(square_sum / features + m_eps);
     const bool has_beta = m_beta.extent(0) > 0;
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, features), [&](const int j) {
@@ -81,20 +83,12 @@ struct NormBackwardInput {
   KOKKOS_FUNCTION void operator()(const member_type& team) const {
     const int row = team.league_rank(), features = static_cast<int>(m_x.extent(1));
     const acc_t mean = IsRms ? acc_t(0) : m_mean(row), rstd = m_rstd(row);
-    acc_t sum_g = 0, sum_gx = 0;
-    if (!IsRms) {
-      Kokkos::parallel_reduce(
-          Kokkos::TeamThreadRange(team, features),
-          [&](const int j, acc_t& sum) { sum += acc_t(m_dy(row, j)) * acc_t(m_gamma(j)); },
-          sum_g);
-    }
-    Kokkos::parallel_reduce(
-        Kokkos::TeamThreadRange(team, features),
-        [&](const int j, acc_t& sum) {
-          const acc_t x_hat = (acc_t(m_x(row, j)) - mean) * rstd;
-          sum += acc_t(m_dy(row, j)) * acc_t(m_gamma(j)) * x_hat;
-        },
-        sum_gx);
+    const acc_t sum_g = IsRms ? acc_t(0) : team_row_sum<acc_t>(team, features, [&](int j) {
+      return acc_t(m_dy(row, j)) * acc_t(m_gamma(j));
+    });
+    const acc_t sum_gx = team_row_sum<acc_t>(team, features, [&](int j) {
+      return acc_t(m_dy(row, j)) * acc_t(m_gamma(j)) * (acc_t(m_x(row, j)) - mean) * rstd;
+    });
     const acc_t mean_g = sum_g / features, mean_gx = sum_gx / features;
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, features), [&](const int j) {
       const acc_t x_hat = (acc_t(m_x(row, j)) - mean) * rstd;
