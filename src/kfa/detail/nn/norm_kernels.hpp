@@ -27,6 +27,14 @@ KOKKOS_FORCEINLINE_FUNCTION Acc team_row_sum(const Member& team, int features, c
   return sum;
 }
 
+/// One team per token row of the functor's m_x.
+template <class ExecSpace, class Functor>
+void launch_per_row(const ExecSpace& space, const char* label, const Functor& functor) {
+  Kokkos::parallel_for(
+      label, Kokkos::TeamPolicy<ExecSpace>(space, int(functor.m_x.extent(0)), Kokkos::AUTO),
+      functor);
+}
+
 template <class ExecSpace, class T, bool IsRms>
 struct NormForward {
   using memory_space = typename ExecSpace::memory_space;
@@ -61,10 +69,8 @@ struct NormForward {
   }
 
   void launch(const ExecSpace& space) const {
-    const char* label = IsRms ? "kfa::nn::rms_norm::forward" : "kfa::nn::layer_norm::forward";
-    Kokkos::parallel_for(label,
-                         Kokkos::TeamPolicy<ExecSpace>(space, int(m_x.extent(0)), Kokkos::AUTO),
-                         *this);
+    launch_per_row(space, IsRms ? "kfa::nn::rms_norm::forward" : "kfa::nn::layer_norm::forward",
+                   *this);
   }
 };
 
@@ -99,10 +105,9 @@ struct NormBackwardInput {
   }
 
   void launch(const ExecSpace& space) const {
-    const char* label = IsRms ? "kfa::nn::rms_norm::backward_dx" : "kfa::nn::layer_norm::backward_dx";
-    Kokkos::parallel_for(label,
-                         Kokkos::TeamPolicy<ExecSpace>(space, int(m_x.extent(0)), Kokkos::AUTO),
-                         *this);
+    launch_per_row(space,
+                   IsRms ? "kfa::nn::rms_norm::backward_dx" : "kfa::nn::layer_norm::backward_dx",
+                   *this);
   }
 };
 

@@ -30,48 +30,47 @@ std::size_t leading_rows(const ViewType& view) {
 }
 
 template <class ViewType>
-NnIn2<typename ViewType::non_const_value_type, typename ViewType::memory_space> in_matrix(
-    const ViewType& view) {
-  constexpr int last = static_cast<int>(ViewType::rank) - 1;
-  return NnIn2<typename ViewType::non_const_value_type, typename ViewType::memory_space>(
-      view.data(), leading_rows(view), view.extent(last));
+using nn_value_t = typename ViewType::non_const_value_type;
+template <class ViewType>
+using nn_memory_t = typename ViewType::memory_space;
+
+template <class ViewType>
+using in2_of = NnIn2<nn_value_t<ViewType>, nn_memory_t<ViewType>>;
+template <class ViewType>
+using out2_of = NnOut2<nn_value_t<ViewType>, nn_memory_t<ViewType>>;
+
+template <class ViewType>
+in2_of<ViewType> in_matrix(const ViewType& view) {
+  return in2_of<ViewType>(view.data(), leading_rows(view), view.extent(ViewType::rank - 1));
 }
 template <class ViewType>
-NnOut2<typename ViewType::non_const_value_type, typename ViewType::memory_space> out_matrix(
-    const ViewType& view) {
-  constexpr int last = static_cast<int>(ViewType::rank) - 1;
-  return NnOut2<typename ViewType::non_const_value_type, typename ViewType::memory_space>(
-      view.data(), leading_rows(view), view.extent(last));
+out2_of<ViewType> out_matrix(const ViewType& view) {
+  return out2_of<ViewType>(view.data(), leading_rows(view), view.extent(ViewType::rank - 1));
 }
 template <class ViewType>
-NnIn1<typename ViewType::non_const_value_type, typename ViewType::memory_space> in_vector(
-    const ViewType& view) {
-  return NnIn1<typename ViewType::non_const_value_type, typename ViewType::memory_space>(
-      view.data(), view.extent(0));
+NnIn1<nn_value_t<ViewType>, nn_memory_t<ViewType>> in_vector(const ViewType& view) {
+  return NnIn1<nn_value_t<ViewType>, nn_memory_t<ViewType>>(view.data(), view.extent(0));
 }
 template <class ViewType>
-NnOut1<typename ViewType::non_const_value_type, typename ViewType::memory_space> out_vector(
-    const ViewType& view) {
-  return NnOut1<typename ViewType::non_const_value_type, typename ViewType::memory_space>(
-      view.data(), view.extent(0));
+NnOut1<nn_value_t<ViewType>, nn_memory_t<ViewType>> out_vector(const ViewType& view) {
+  return NnOut1<nn_value_t<ViewType>, nn_memory_t<ViewType>>(view.data(), view.extent(0));
 }
 
 /// A LayoutRight [batch][seqlen][...] View as [batch·seqlen][features], the
 /// features of a token being everything after seqlen ([heads][head_dim] of
 /// the attention's tensors as heads·head_dim).
 template <class ViewType>
-NnIn2<typename ViewType::non_const_value_type, typename ViewType::memory_space> in_tokens(
-    const ViewType& view) {
+std::size_t token_features(const ViewType& view) {
   const std::size_t rows = view.extent(0) * view.extent(1);
-  return NnIn2<typename ViewType::non_const_value_type, typename ViewType::memory_space>(
-      view.data(), rows, rows == 0 ? 0 : view.size() / rows);
+  return rows == 0 ? 0 : view.size() / rows;
 }
 template <class ViewType>
-NnOut2<typename ViewType::non_const_value_type, typename ViewType::memory_space> out_tokens(
-    const ViewType& view) {
-  const std::size_t rows = view.extent(0) * view.extent(1);
-  return NnOut2<typename ViewType::non_const_value_type, typename ViewType::memory_space>(
-      view.data(), rows, rows == 0 ? 0 : view.size() / rows);
+in2_of<ViewType> in_tokens(const ViewType& view) {
+  return in2_of<ViewType>(view.data(), view.extent(0) * view.extent(1), token_features(view));
+}
+template <class ViewType>
+out2_of<ViewType> out_tokens(const ViewType& view) {
+  return out2_of<ViewType>(view.data(), view.extent(0) * view.extent(1), token_features(view));
 }
 
 }  // namespace Impl
