@@ -24,3 +24,4 @@ run_step(${CMAKE_COMMAND} -S "${SOURCE_DIR}/examples" -B "${consumer}"
 run_step(${CMAKE_COMMAND} --build "${consumer}" -j 2)
 run_step("${consumer}/basic_attention" --seqlen 300 --heads 2 --head-dim 32 --repeat 1)
 run_step("${consumer}/score_mod" --seqlen 300 --heads 2 --head-dim 32 --doc-length 50)
+run_step("${consumer}/transformer_block" --seqlen 37 --repeat 40)
