@@ -259,6 +259,17 @@ void randomize(const ViewType& v, std::mt19937_64& rng, double scale) {
   Kokkos::deep_copy(v, host);
 }
 
+/// `call` must throw std::invalid_argument with `needle` in its message.
+template <class Call>
+void expect_invalid_argument(Call&& call, const std::string& needle) {
+  try {
+    call();
+    ADD_FAILURE() << "no exception; expected one mentioning " << needle;
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace kfa_test
 
 #endif

@@ -300,34 +300,26 @@ TYPED_TEST(NnFunctional, BadArgumentsThrowAndWriteNothing) {
   DeviceView1<T, Space> b("b", 6), gamma("gamma", 9), dgamma("dgamma", 8);
   DeviceView1<Acc, Space> mean("mean", 5), rstd("rstd", 5);
   Kokkos::deep_copy(y, T(7));
-  auto expect_message = [](auto&& call, const std::string& needle) {
-    try {
-      call();
-      ADD_FAILURE() << "no exception; expected one mentioning " << needle;
-    } catch (const std::invalid_argument& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
-  };
-  expect_message([&] { kfa::nn::linear_forward(Space(), x, w, b, y); },
+  expect_invalid_argument([&] { kfa::nn::linear_forward(Space(), x, w, b, y); },
                  "kfa::nn::linear_forward: weight must be [out_features][in_features] = [6][8], "
                  "got [6][7]");
-  expect_message([&] { kfa::nn::layer_norm_forward(Space(), x, gamma, b, x, mean, rstd); },
+  expect_invalid_argument([&] { kfa::nn::layer_norm_forward(Space(), x, gamma, b, x, mean, rstd); },
                  "gamma must be [features] = [8], got [9]");
-  expect_message([&] { kfa::nn::linear_forward(Space(), x, DeviceView2<T, Space>("w", 6, 8),
+  expect_invalid_argument([&] { kfa::nn::linear_forward(Space(), x, DeviceView2<T, Space>("w", 6, 8),
                                                b, DeviceView2<T, Space>(x.data(), 5, 6)); },
                  "y must not overlap x");
-  expect_message([&] { kfa::nn::dropout_forward(Space(), x, x, {1.0, 0}); },
+  expect_invalid_argument([&] { kfa::nn::dropout_forward(Space(), x, x, {1.0, 0}); },
                  "options.p must be in [0, 1)");
-  expect_message([&] { kfa::nn::swiglu_forward(Space(), DeviceView2<T, Space>("u", 5, 7), y); },
+  expect_invalid_argument([&] { kfa::nn::swiglu_forward(Space(), DeviceView2<T, Space>("u", 5, 7), y); },
                  "even number of features");
-  expect_message([&] {
+  expect_invalid_argument([&] {
     kfa::nn::rotary_forward(Space(), DeviceView4<T, Space>("q", 1, 2, 1, 6),
                             DeviceView4<T, Space>("r", 1, 2, 1, 6), {kfa::nn::RotaryStyle::half_split, 10000, 3});
   }, "rotary_dim must be even");
-  expect_message([&] {
+  expect_invalid_argument([&] {
     kfa::nn::adamw_step(Space(), b, DeviceView1<T, Space>("g", 5), b, b, 1);
   }, "grad must be [n] = [6], got [5]");
-  expect_message([&] {
+  expect_invalid_argument([&] {
     kfa::nn::MultiHeadAttentionOptions o;
     o.d_model = 48;
     o.heads = 3;
