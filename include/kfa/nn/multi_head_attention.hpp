@@ -93,8 +93,9 @@ class MultiHeadAttention {
     const double bound_out = 1.0 / std::sqrt(double(o.heads * o.head_dim));
     allocate(m_weights, "");
     allocate(m_grads, "grad_");
-    for (const view2& w : {m_weights.w_qkv, m_weights.w_q, m_weights.w_k, m_weights.w_v})
-      Impl::nn_init_uniform(w, bound_in, rng);
+    // A named array, not a braced list in the range-for: nvcc does not take the latter.
+    const view2 projections[] = {m_weights.w_qkv, m_weights.w_q, m_weights.w_k, m_weights.w_v};
+    for (const view2& w : projections) Impl::nn_init_uniform(w, bound_in, rng);
     Impl::nn_init_uniform(m_weights.w_o, bound_out, rng);
   }
 

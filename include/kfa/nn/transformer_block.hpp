@@ -221,8 +221,8 @@ class TransformerBlock {
     Impl::nn_ensure(c.h2, "kfa::nn::TransformerBlock::h2", tokens, d);
     Impl::nn_ensure(c.u, "kfa::nn::TransformerBlock::u", tokens, mlp_rows());
     Impl::nn_ensure(c.g, "kfa::nn::TransformerBlock::g", tokens, m_options.d_ff);
-    for (auto* s : {&c.mean1, &c.rstd1, &c.mean2, &c.rstd2})
-      Impl::nn_ensure(*s, "kfa::nn::TransformerBlock::norm_statistics", tokens);
+    typename context_type::view1_acc* statistics[] = {&c.mean1, &c.rstd1, &c.mean2, &c.rstd2};
+    for (auto* s : statistics) Impl::nn_ensure(*s, "kfa::nn::TransformerBlock::norm_statistics", tokens);
     const in2 x2 = Impl::in_matrix(x);
     const in2 none;
 
