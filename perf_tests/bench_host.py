@@ -5,13 +5,19 @@ Runs build/perf_tests/bench_host with OMP_NUM_THREADS=<threads>, times
 torch.nn.functional.scaled_dot_product_attention on the CPU with
 torch.set_num_threads(<threads>) in this process, and prints GFLOP/s and the
 ratio kfa / PyTorch per case (FLOPs counted as bench_host counts them).
+With --rounds N both are timed N times, alternating, and the medians are
+printed (for machines shared with other work). kfa's threads are bound as
+OMP_PROC_BIND / OMP_PLACES in the environment say (spread / threads if
+unset).
 
   python3 perf_tests/bench_host.py --bench build/perf_tests/bench_host \
       --threads 1,16 [--type float,double] [--head-dim 64,128] \
-      [--seqlen 512,1024,2048,4096,8192] [--heads 16] [--repeat 3] [--portable]
+      [--seqlen 512,1024,2048,4096,8192] [--heads 16] [--repeat 3] [--rounds 1] \
+      [--portable]
 """
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -29,13 +35,15 @@ def parse_args():
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=1, help="median of this many alternating runs")
     p.add_argument("--portable", action="store_true", help="also time kfa's portable kernels")
     return p.parse_args()
 
 
 def run_kfa(args, threads, dtype):
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_PROC_BIND="spread",
-               OMP_PLACES="threads")
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    env.setdefault("OMP_PROC_BIND", "spread")
+    env.setdefault("OMP_PLACES", "threads")
     cmd = [args.bench, "--type", dtype, "--head-dim", args.head_dim, "--seqlen", args.seqlen,
            "--mask", args.mask, "--pass", args.passes, "--heads", str(args.heads),
            "--batch", str(args.batch), "--repeat", str(args.repeat)]
@@ -89,22 +97,32 @@ def main():
     if args.portable:
         header += "  portable GF/s"
     print(header)
+    median = statistics.median
     for threads in (int(t) for t in args.threads.split(",")):
         if torch is not None:
             torch.set_num_threads(threads)
         for dtype in args.type.split(","):
-            kfa = run_kfa(args, threads, dtype)
-            for (name, d, n, mask, pas), (gf, portable) in kfa.items():
-                tg = None
-                if torch is not None:
-                    tg = time_torch(torch, getattr(torch, name), d, n, mask == "causal",
-                                    pas == "fwd+bwd", args)
+            kfa_runs, torch_runs = [], {}
+            for _ in range(args.rounds):
+                kfa_runs.append(run_kfa(args, threads, dtype))
+                for (name, d, n, mask, pas) in kfa_runs[-1]:
+                    if torch is not None:
+                        torch_runs.setdefault((name, d, n, mask, pas), []).append(
+                            time_torch(torch, getattr(torch, name), d, n, mask == "causal",
+                                       pas == "fwd+bwd", args))
+            for key in kfa_runs[0]:
+                name, d, n, mask, pas = key
+                gf = median(run[key][0] for run in kfa_runs)
+                tg = median(torch_runs[key]) if key in torch_runs else None
                 line = f"{threads:7d} {name:6s} {d:4d} {n:7d} {mask:6s} {pas:8s} {gf:9.1f}"
-                line += f" {tg:11.1f} {gf / tg:10.2f}" if tg else f" {'-':>11s} {'-':>10s}"
+                if tg:
+                    ratio = median(run[key][0] / t for run, t in zip(kfa_runs, torch_runs[key]))
+                    line += f" {tg:11.1f} {ratio:10.2f}"
+                else:
+                    line += f" {'-':>11s} {'-':>10s}"
                 if args.portable:
-                    line += f" {portable:14.1f}"
+                    line += f" {median(run[key][1] for run in kfa_runs):14.1f}"
                 print(line, flush=True)
-
 
 if __name__ == "__main__":
     main()

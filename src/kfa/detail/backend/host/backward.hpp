@@ -4,11 +4,13 @@
 // Backward kernel of the host backends (KernelFamily::host_tiled): the
 // FlashAttention-2 backward of attention/backward_kernel.hpp, one thread per
 // (sequence, key/value head, chunk of key blocks). For each key block the
-// thread keeps K, V and the dK, dV accumulators in its tiles and visits the
-// query blocks (of every query head of the group) that see it, recomputing
-// P from the saved lse in the transposed layout (keys x rows):
-//   Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, Pᵀ, dSᵀ elementwise,
-//   dV += Pᵀ·dO, dK += dSᵀ·Q, dQ_chunk += dS·K.
+// thread keeps Kᵀ, Vᵀ and the dK, dV accumulators in its tiles and visits
+// the query blocks (of every query head of the group) that see it,
+// recomputing P from the saved lse; Q and dO are read in place where the
+// Views allow (else converted once per tile):
+//   S = Q·Kᵀ, dP = dO·Vᵀ, P and dS elementwise along keys (scale folded
+//   into dS), dV += Pᵀ·dO, dK += dSᵀ·Q (Pᵀ, dSᵀ read as transposed
+//   operands), dQ_chunk += dS·K.
 // dK and dV have one owner, so no atomics. dQ is summed per chunk into its
 // own accumulator and the chunks are added in a fixed order afterwards: the
 // result does not depend on the thread schedule (deterministic).
@@ -19,6 +21,7 @@
 #include <kfa/detail/attention/variant.hpp>
 #include <kfa/detail/backend/host/forward.hpp>
 #include <kfa/detail/backend/host/micro_kernel.hpp>
+#include <kfa/detail/backend/host/tiles.hpp>
 #include <kfa/detail/common/compat.hpp>
 #include <kfa/detail/common/workspace.hpp>
 
@@ -83,12 +86,12 @@ class BackwardKernel {
                       m_chunks * m_params.seq.batch * m_params.heads_kv, scratch_bytes());
   }
 
-  /// sK, sV, acc_dk, acc_dv [N][Dp]; sQ, sdO, acc_dq [M][Dp]; sQt, sdOt
-  /// [d][M]; sPt, sdSt [N][M]; sdS [M][N]; lse and D rows.
+  /// sKt, sVt [d][N]; sK, acc_dk, acc_dv [N][Dp]; sQ, sdO, acc_dq [M][Dp];
+  /// sS, sdS [M][N] (S, then P; dP, then dS); lse and D rows.
   std::size_t scratch_bytes() const {
     const std::size_t a = sizeof(acc_t);
-    return TileArena::bytes({4 * a * kBlockN * m_dpad, 3 * a * kBlockM * m_dpad,
-                             2 * a * m_head_dim * kBlockM, 3 * a * kBlockN * kBlockM,
+    return TileArena::bytes({2 * a * m_head_dim * kBlockN, 3 * a * kBlockN * m_dpad,
+                             3 * a * kBlockM * m_dpad, 2 * a * kBlockM * kBlockN,
                              2 * a * kBlockM});
   }
 
@@ -110,17 +113,15 @@ class BackwardKernel {
 
     TileArena arena(member.team_scratch(1).get_shmem(scratch_bytes()));
     Tiles t;
+    t.sKt = arena.take<acc_t>(std::size_t(m_head_dim) * kBlockN);
+    t.sVt = arena.take<acc_t>(std::size_t(m_head_dim) * kBlockN);
     t.sK = arena.take<acc_t>(std::size_t(kBlockN) * dpad);
-    t.sV = arena.take<acc_t>(std::size_t(kBlockN) * dpad);
     t.acc_dk = arena.take<acc_t>(std::size_t(kBlockN) * dpad);
     t.acc_dv = arena.take<acc_t>(std::size_t(kBlockN) * dpad);
     t.sQ = arena.take<acc_t>(std::size_t(kBlockM) * dpad);
     t.sdO = arena.take<acc_t>(std::size_t(kBlockM) * dpad);
     t.acc_dq = arena.take<acc_t>(std::size_t(kBlockM) * dpad);
-    t.sQt = arena.take<acc_t>(std::size_t(m_head_dim) * kBlockM);
-    t.sdOt = arena.take<acc_t>(std::size_t(m_head_dim) * kBlockM);
-    t.sPt = arena.take<acc_t>(std::size_t(kBlockN) * kBlockM);
-    t.sdSt = arena.take<acc_t>(std::size_t(kBlockN) * kBlockM);
+    t.sS = arena.take<acc_t>(std::size_t(kBlockM) * kBlockN);
     t.sdS = arena.take<acc_t>(std::size_t(kBlockM) * kBlockN);
     t.s_lse = arena.take<acc_t>(kBlockM);
     t.s_delta = arena.take<acc_t>(kBlockM);
@@ -129,9 +130,10 @@ class BackwardKernel {
       const int key_begin = kv_block * kBlockN;
       const int cols = imin(kBlockN, seq.seqlen_k - key_begin);
       const int cols_pad = traits::round_up(cols, traits::kRows);
-      // K and V rows, zero-padded to whole register blocks; fresh dK, dV.
-      load_rows(m_k, vb, k0 + key_begin, h_kv, cols, cols_pad, m_head_dim, acc_t(1), t.sK, dpad);
-      load_rows(m_v, vb, k0 + key_begin, h_kv, cols, cols_pad, m_head_dim, acc_t(1), t.sV, dpad);
+      // Kᵀ and Vᵀ (keys past the sequence 0), K rows for dQ; fresh dK, dV.
+      load_transposed(m_k, vb, k0 + key_begin, h_kv, cols, m_head_dim, acc_t(1), t.sKt, kBlockN);
+      load_transposed(m_v, vb, k0 + key_begin, h_kv, cols, m_head_dim, acc_t(1), t.sVt, kBlockN);
+      t.gK = row_tile(m_k, vb, k0 + key_begin, h_kv, cols, cols, m_head_dim, dpad, t.sK, dpad);
       for (std::size_t x = 0; x < std::size_t(cols_pad) * dpad; ++x) {
         t.acc_dk[x] = 0;
         t.acc_dv[x] = 0;
@@ -151,10 +153,11 @@ class BackwardKernel {
           tile(t, mask, seq, b, h, chunk, row_begin, rows, key_begin, cols, cols_pad);
         }
       }
+      // The scale is in dS already.
       for (int j = 0; j < cols; ++j)
         for (int d = 0; d < m_head_dim; ++d) {
           m_dk(vb, k0 + key_begin + j, h_kv, d) =
-              from_acc<value_type>(t.acc_dk[std::size_t(j) * dpad + d] * m_scale);
+              from_acc<value_type>(t.acc_dk[std::size_t(j) * dpad + d]);
           m_dv(vb, k0 + key_begin + j, h_kv, d) =
               from_acc<value_type>(t.acc_dv[std::size_t(j) * dpad + d]);
         }
@@ -163,80 +166,88 @@ class BackwardKernel {
 
  private:
   struct Tiles {
-    acc_t *sK, *sV, *acc_dk, *acc_dv, *sQ, *sdO, *acc_dq, *sQt, *sdOt, *sPt, *sdSt, *sdS,
-        *s_lse, *s_delta;
+    acc_t *sKt, *sVt, *sK, *acc_dk, *acc_dv, *sQ, *sdO, *acc_dq, *sS, *sdS, *s_lse, *s_delta;
+    RowTile<acc_t> gK;
   };
 
-  /// One (query block, key block) tile: loads the rows, recomputes Pᵀ and
-  /// dSᵀ, and adds the tile's share of dV, dK and dQ.
+  /// One (query block, key block) tile: recomputes P and dS from Q, dO and
+  /// the saved lse and D, and adds the tile's share of dV, dK and dQ.
   void tile(const Tiles& t, const AttentionMask& mask, const SequenceInfo& seq, int b, int h,
             int chunk, int row_begin, int rows, int key_begin, int cols, int cols_pad) const {
     const int vb = seq.view_batch, q0 = seq.q_begin, dpad = m_dpad;
     const int rows_pad = traits::round_up(rows, traits::kRows);
-    // Q and dO row-major (for dK, dV) and transposed (for Sᵀ, dPᵀ); rows past
-    // the sequence are 0, and their lse +inf gives them P = 0.
-    load_rows(m_q, vb, q0 + row_begin, h, rows, kBlockM, m_head_dim, acc_t(1), t.sQ, dpad);
-    load_rows(m_do, vb, q0 + row_begin, h, rows, kBlockM, m_head_dim, acc_t(1), t.sdO, dpad);
-    for (int i = 0; i < kBlockM; ++i) {
+    // Q and dO rows, zero-padded to whole register blocks; padded rows'
+    // lse +inf gives them P = 0.
+    const RowTile<acc_t> gQ =
+        row_tile(m_q, vb, q0 + row_begin, h, rows, rows_pad, m_head_dim, dpad, t.sQ, dpad);
+    const RowTile<acc_t> gdO =
+        row_tile(m_do, vb, q0 + row_begin, h, rows, rows_pad, m_head_dim, dpad, t.sdO, dpad);
+    for (int i = 0; i < rows_pad; ++i) {
       const bool row_ok = i < rows;
       const int r = q0 + row_begin + i;
-      for (int d = 0; d < m_head_dim; ++d) {
-        t.sQt[std::size_t(d) * kBlockM + i] = t.sQ[std::size_t(i) * dpad + d];
-        t.sdOt[std::size_t(d) * kBlockM + i] = t.sdO[std::size_t(i) * dpad + d];
-      }
       const acc_t lse = row_ok ? acc_t(m_lse(vb, h, r)) : math::neg_inf<acc_t>();
       // exp(s - (+inf)) = 0: rows that saw no key (lse = -inf) get P = 0.
       t.s_lse[i] = lse == math::neg_inf<acc_t>() ? std::numeric_limits<acc_t>::infinity() : lse;
       t.s_delta[i] = row_ok ? acc_t(m_delta(vb, h, r)) : acc_t(0);
     }
-    tile_product(cols_pad, kBlockM, m_head_dim, t.sK, dpad, t.sQt, kBlockM, t.sPt, kBlockM, false);
-    tile_product(cols_pad, kBlockM, m_head_dim, t.sV, dpad, t.sdOt, kBlockM, t.sdSt, kBlockM,
-                 false);
+    tile_product<ALayout::row_major>(rows_pad, kBlockN, m_head_dim, gQ.ptr, gQ.ld, t.sKt,
+                                     kBlockN, t.sS, kBlockN, false);
+    tile_product<ALayout::row_major>(rows_pad, kBlockN, m_head_dim, gdO.ptr, gdO.ld, t.sVt,
+                                     kBlockN, t.sdS, kBlockN, false);
 
     const bool needs_mask =
         VariantT::kScoreMod ||
         mask.tile_needs_mask(row_begin, row_begin + rows, key_begin, key_begin + kBlockN);
-    for (int j = 0; j < cols_pad; ++j) {
-      acc_t* p = t.sPt + std::size_t(j) * kBlockM;
-      acc_t* ds = t.sdSt + std::size_t(j) * kBlockM;
-      const int key = key_begin + j;
+    for (int i = 0; i < rows_pad; ++i) {
+      acc_t* p = t.sS + std::size_t(i) * kBlockN;
+      acc_t* ds = t.sdS + std::size_t(i) * kBlockN;
+      const int row = row_begin + i;
+      const acc_t lse = t.s_lse[i], delta = t.s_delta[i];
       if constexpr (VariantT::kModifiers || VariantT::kScoreMod) {
-        for (int i = 0; i < kBlockM; ++i) {
-          const int row = row_begin + i;
-          const std::uint64_t dropout_row =
-              m_pipeline.dropout() ? m_pipeline.dropout_row(b, h, row) : 0;
-          const acc_t lse = t.s_lse[i] == std::numeric_limits<acc_t>::infinity()
-                                ? math::neg_inf<acc_t>()
-                                : t.s_lse[i];
+        const std::uint64_t dropout_row =
+            m_pipeline.dropout() ? m_pipeline.dropout_row(b, h, row) : 0;
+        const acc_t row_lse =
+            lse == std::numeric_limits<acc_t>::infinity() ? math::neg_inf<acc_t>() : lse;
+        for (int j = 0; j < kBlockN; ++j) {
+          const int key = key_begin + j;
           m_pipeline.p_and_ds(seq, b, h, row, key, needs_mask && mask.masked(row, key),
-                              dropout_row, p[i] * m_scale, lse, t.s_delta[i], ds[i], p[i], ds[i]);
+                              dropout_row, p[j] * m_scale, row_lse, delta, ds[j], p[j], ds[j]);
+          ds[j] *= m_scale;
         }
       } else {
-        int first = 0, last = kBlockM - 1;
+        int first = 0, last = kBlockN - 1;
         if (needs_mask) {
-          mask.visible_rows(key, first, last);
-          first -= row_begin;
-          last -= row_begin;
+          mask.visible_keys(row, first, last);
+          first -= key_begin;
+          last -= key_begin;
         }
         KFA_HOST_SIMD
-        for (int i = 0; i < kBlockM; ++i) {
-          const acc_t pi = i < first || i > last ? acc_t(0)
-                                                 : Host::exp(p[i] * m_scale - t.s_lse[i]);
-          p[i] = pi;
-          ds[i] = pi * (ds[i] - t.s_delta[i]);
+        for (int j = 0; j < kBlockN; ++j) {
+          const acc_t pj =
+              j < first || j > last ? acc_t(0) : Host::exp(p[j] * m_scale - lse);
+          p[j] = pj;
+          ds[j] = pj * (ds[j] - delta) * m_scale;
         }
       }
     }
-    tile_product(cols_pad, dpad, rows, t.sPt, kBlockM, t.sdO, dpad, t.acc_dv, dpad, true);
-    tile_product(cols_pad, dpad, rows, t.sdSt, kBlockM, t.sQ, dpad, t.acc_dk, dpad, true);
-    for (int i = 0; i < rows_pad; ++i)
-      for (int j = 0; j < cols; ++j)
-        t.sdS[std::size_t(i) * kBlockN + j] = t.sdSt[std::size_t(j) * kBlockM + i];
-    tile_product(rows_pad, dpad, cols, t.sdS, kBlockN, t.sK, dpad, t.acc_dq, dpad, false);
+    tile_product<ALayout::transposed>(cols_pad, dpad, rows, t.sS, kBlockN, gdO.ptr, gdO.ld,
+                                      t.acc_dv, dpad, true);
+    tile_product<ALayout::transposed>(cols_pad, dpad, rows, t.sdS, kBlockN, gQ.ptr, gQ.ld,
+                                      t.acc_dk, dpad, true);
+    tile_product<ALayout::row_major>(rows_pad, dpad, cols, t.sdS, kBlockN, t.gK.ptr, t.gK.ld,
+                                     t.acc_dq, dpad, false);
     const int slot = chunk * m_view_batch + vb;
-    for (int i = 0; i < rows; ++i)
-      for (int d = 0; d < m_head_dim; ++d)
-        m_dq_acc(slot, q0 + row_begin + i, h, d) += t.acc_dq[std::size_t(i) * dpad + d] * m_scale;
+    const bool unit_stride = m_dq_acc.stride(3) == 1;
+    for (int i = 0; i < rows; ++i) {
+      const acc_t* src = t.acc_dq + std::size_t(i) * dpad;
+      if (unit_stride) {
+        acc_t* dq = &m_dq_acc(slot, q0 + row_begin + i, h, 0);
+        KFA_HOST_SIMD
+        for (int d = 0; d < m_head_dim; ++d) dq[d] += src[d];
+      } else {
+        for (int d = 0; d < m_head_dim; ++d) m_dq_acc(slot, q0 + row_begin + i, h, d) += src[d];
+      }
+    }
   }
 
   QView m_q;

@@ -3,16 +3,19 @@
 
 // Forward kernel of the host backends (KernelFamily::host_tiled): the
 // portable kernel's tiling, one thread per (sequence, query head, query
-// block) instead of a team. The thread converts its query block (scale folded
-// in) and each key/value block it sees into padded tiles of the accumulator
-// type, forms the scores with the register-blocked product, updates the
-// online softmax on whole rows, and adds P·V into its output tile.
+// block) instead of a team. The thread transposes its query block once
+// (scale folded in) and, for each key block it sees, forms Sᵀ = K·Qᵀ with
+// the register-blocked product (K read in place where the View allows),
+// so that the online softmax runs along keys on whole vectors of query
+// rows; P·V then reads Pᵀ as a transposed operand and adds into the output
+// tile.
 
 #include <kfa/detail/attention/mask.hpp>
 #include <kfa/detail/attention/online_softmax.hpp>
 #include <kfa/detail/attention/sequences.hpp>
 #include <kfa/detail/attention/variant.hpp>
 #include <kfa/detail/backend/host/micro_kernel.hpp>
+#include <kfa/detail/backend/host/tiles.hpp>
 #include <kfa/detail/common/compat.hpp>
 #include <kfa/detail/common/team_launch.hpp>
 
@@ -35,20 +38,6 @@ void launch_per_thread(const ExecSpace& space, const char* label, const Kernel& 
   policy.set_scratch_size(level, Kokkos::PerTeam(bytes));
   policy.set_chunk_size(1);
   Kokkos::parallel_for(label, policy, kernel);
-}
-
-/// Rows [row0, row0 + count) of head h of a [vb][rows][heads][d] View into
-/// the tile dst [count_pad][ld], converted and times `scale`; head dims from
-/// head_dim to ld and rows from count to count_pad are 0 (they reach the
-/// register blocks, so they must be finite).
-template <class Acc, class View>
-void load_rows(const View& src, int vb, int row0, int h, int count, int count_pad, int head_dim,
-               Acc scale, Acc* dst, int ld) {
-  for (int i = 0; i < count_pad; ++i) {
-    Acc* row = dst + std::size_t(i) * ld;
-    for (int d = 0; d < ld; ++d)
-      row[d] = i < count && d < head_dim ? to_acc<Acc>(src(vb, row0 + i, h, d)) * scale : Acc(0);
-  }
 }
 
 template <class ExecSpace, class VariantT, class QView, class KView, class VView, class OView,
@@ -86,11 +75,14 @@ class ForwardKernel {
                       m_num_q_blocks * m_params.seq.batch * m_params.heads, scratch_bytes());
   }
 
-  /// sQ, acc_o [M][Dp]; sKt [d][N]; sV [N][Dp]; sS [M][N]; row max and sum.
+  /// sQt [d][M]; acc_o [M][Dp]; sK, sV [N][Dp] (copies where K, V are not
+  /// read in place); sSt [N][M]; row max, sum, shift and rescale factor;
+  /// dropout row keys.
   std::size_t scratch_bytes() const {
     const std::size_t a = sizeof(acc_t);
-    return TileArena::bytes({2 * a * kBlockM * m_dpad, a * m_head_dim * kBlockN,
-                             a * kBlockN * m_dpad, a * kBlockM * kBlockN, 2 * a * kBlockM});
+    return TileArena::bytes({a * m_head_dim * kBlockM, a * kBlockM * m_dpad,
+                             2 * a * kBlockN * m_dpad, a * kBlockN * kBlockM, 4 * a * kBlockM,
+                             sizeof(std::uint64_t) * kBlockM});
   }
 
   void operator()(const member_t& member) const {
@@ -107,113 +99,143 @@ class ForwardKernel {
                              m_params.window_right);
 
     TileArena arena(member.team_scratch(1).get_shmem(scratch_bytes()));
-    acc_t* sQ = arena.take<acc_t>(std::size_t(kBlockM) * dpad);
+    acc_t* sQt = arena.take<acc_t>(std::size_t(m_head_dim) * kBlockM);
     acc_t* acc_o = arena.take<acc_t>(std::size_t(kBlockM) * dpad);
-    acc_t* sKt = arena.take<acc_t>(std::size_t(m_head_dim) * kBlockN);
+    acc_t* sK = arena.take<acc_t>(std::size_t(kBlockN) * dpad);
     acc_t* sV = arena.take<acc_t>(std::size_t(kBlockN) * dpad);
-    acc_t* sS = arena.take<acc_t>(std::size_t(kBlockM) * kBlockN);
-    acc_t* row_max = arena.take<acc_t>(kBlockM);
-    acc_t* row_sum = arena.take<acc_t>(kBlockM);
+    acc_t* sSt = arena.take<acc_t>(std::size_t(kBlockN) * kBlockM);
+    RowStats stats;
+    stats.max = arena.take<acc_t>(kBlockM);
+    stats.sum = arena.take<acc_t>(kBlockM);
+    stats.shift = arena.take<acc_t>(kBlockM);
+    stats.alpha = arena.take<acc_t>(kBlockM);
+    std::uint64_t* dropout_rows = arena.take<std::uint64_t>(kBlockM);
 
-    // The query block, scale folded in, zero-padded to whole register blocks.
-    load_rows(m_q, vb, q0 + row_begin, h, rows, rows_pad, m_head_dim, m_params.scale, sQ, dpad);
-    for (int i = 0; i < rows_pad; ++i) {
-      for (int d = 0; d < dpad; ++d) acc_o[std::size_t(i) * dpad + d] = 0;
-      row_max[i] = math::neg_inf<acc_t>();
-      row_sum[i] = 0;
+    // Qᵀ, scale folded in; the query rows past the block are 0, so their
+    // scores are finite (and never stored).
+    load_transposed(m_q, vb, q0 + row_begin, h, rows, m_head_dim, m_params.scale, sQt, kBlockM);
+    for (int i = 0; i < kBlockM; ++i) {
+      stats.max[i] = math::neg_inf<acc_t>();
+      stats.sum[i] = 0;
+      if (m_pipeline.dropout()) dropout_rows[i] = m_pipeline.dropout_row(b, h, row_begin + i);
     }
+    for (std::size_t x = 0; x < std::size_t(rows_pad) * dpad; ++x) acc_o[x] = 0;
 
     int kv_block_begin = 0, kv_block_end = 0;
     mask.key_blocks(row_begin, row_begin + rows, kBlockN, kv_block_begin, kv_block_end);
     for (int kv_block = kv_block_begin; kv_block < kv_block_end; ++kv_block) {
       const int key_begin = kv_block * kBlockN;
       const int cols = imin(kBlockN, seq.seqlen_k - key_begin);
+      const int cols_pad = traits::round_up(cols, traits::kRows);
       if (!m_pipeline.visible(b, h, row_begin, row_begin + rows, key_begin, key_begin + cols))
         continue;
-      // Kᵀ (padded keys 0) and V (padded head dims 0: they reach acc_o).
-      for (int j = 0; j < kBlockN; ++j) {
-        const bool col_ok = j < cols;
-        for (int d = 0; d < m_head_dim; ++d)
-          sKt[std::size_t(d) * kBlockN + j] =
-              col_ok ? to_acc<acc_t>(m_k(vb, k0 + key_begin + j, h_kv, d)) : acc_t(0);
-      }
-      load_rows(m_v, vb, k0 + key_begin, h_kv, cols, cols, m_head_dim, acc_t(1), sV, dpad);
-      tile_product(rows_pad, kBlockN, m_head_dim, sQ, dpad, sKt, kBlockN, sS, kBlockN, false);
+      // Sᵀ [keys][query rows] = K·Qᵀ; keys past the sequence are never read below.
+      const RowTile<acc_t> gK = row_tile(m_k, vb, k0 + key_begin, h_kv, cols, cols_pad,
+                                         m_head_dim, m_head_dim, sK, dpad);
+      tile_product<ALayout::row_major>(cols_pad, kBlockM, m_head_dim, gK.ptr, gK.ld, sQt,
+                                       kBlockM, sSt, kBlockM, false);
 
       const bool needs_mask =
           VariantT::kScoreMod ||
           mask.tile_needs_mask(row_begin, row_begin + rows, key_begin, key_begin + kBlockN);
-      for (int i = 0; i < rows_pad; ++i) {
-        acc_t* scores = sS + std::size_t(i) * kBlockN;
-        const int row = row_begin + i;
-        if (needs_mask || m_pipeline.modifies_scores())
-          apply_mask_and_pipeline(mask, needs_mask, seq, b, h, row, key_begin, scores);
-        acc_t block_max = math::neg_inf<acc_t>();
-        KFA_HOST_SIMD_REDUCTION(max, block_max)
-        for (int j = 0; j < kBlockN; ++j) block_max = scores[j] > block_max ? scores[j] : block_max;
-        const acc_t m_old = row_max[i];
-        const acc_t m_new = block_max > m_old ? block_max : m_old;
-        const acc_t shift = softmax::shift(m_new);
-        acc_t block_sum = 0;
-        KFA_HOST_SIMD_REDUCTION(+, block_sum)
-        for (int j = 0; j < kBlockN; ++j) {
-          const acc_t p = Host::exp(scores[j] - shift);
-          scores[j] = p;
-          block_sum += p;
-        }
-        if (m_pipeline.dropout()) {
-          // The row sum (hence lse) takes the undropped P; P·V the dropped one.
-          const std::uint64_t dropout_row = m_pipeline.dropout_row(b, h, row);
-          for (int j = 0; j < cols; ++j)
-            scores[j] *= m_pipeline.keep_factor(dropout_row, key_begin + j);
-        }
-        const acc_t alpha = softmax::rescale(m_old, m_new);
-        row_max[i] = m_new;
-        row_sum[i] = alpha * row_sum[i] + block_sum;
-        if (alpha != acc_t(1)) {
-          acc_t* o = acc_o + std::size_t(i) * dpad;
-          KFA_HOST_SIMD
-          for (int d = 0; d < dpad; ++d) o[d] *= alpha;
-        }
+      if (needs_mask || m_pipeline.modifies_scores())
+        apply_mask_and_pipeline(mask, needs_mask, seq, b, h, row_begin, key_begin, cols, sSt);
+      softmax_update(sSt, cols, stats);
+      if (m_pipeline.dropout()) {
+        // The row sum (hence lse) takes the undropped P; P·V the dropped one.
+        for (int j = 0; j < cols; ++j)
+          for (int i = 0; i < kBlockM; ++i)
+            sSt[std::size_t(j) * kBlockM + i] *=
+                m_pipeline.keep_factor(dropout_rows[i], key_begin + j);
       }
-      tile_product(rows_pad, dpad, cols, sS, kBlockN, sV, dpad, acc_o, dpad, true);
+      for (int i = 0; i < rows_pad; ++i) {
+        const acc_t alpha = stats.alpha[i];
+        if (alpha == acc_t(1)) continue;
+        acc_t* o = acc_o + std::size_t(i) * dpad;
+        KFA_HOST_SIMD
+        for (int d = 0; d < dpad; ++d) o[d] *= alpha;
+      }
+      // O += P·V, P read from Sᵀ as a transposed operand.
+      const RowTile<acc_t> gV =
+          row_tile(m_v, vb, k0 + key_begin, h_kv, cols, cols, m_head_dim, dpad, sV, dpad);
+      tile_product<ALayout::transposed>(rows_pad, dpad, cols, sSt, kBlockM, gV.ptr, gV.ld, acc_o,
+                                        dpad, true);
     }
 
     for (int i = 0; i < rows; ++i) {
-      const acc_t l = row_sum[i];
+      const acc_t l = stats.sum[i];
       const acc_t inv = l > acc_t(0) ? acc_t(1) / l : acc_t(0);
       const acc_t* o = acc_o + std::size_t(i) * dpad;
       for (int d = 0; d < m_head_dim; ++d)
         m_o(vb, q0 + row_begin + i, h, d) = from_acc<value_type>(o[d] * inv);
-      m_lse(vb, h, q0 + row_begin + i) = softmax::lse(row_max[i], l);
+      m_lse(vb, h, q0 + row_begin + i) = softmax::lse(stats.max[i], l);
     }
   }
 
  private:
-  /// Masked scores become -inf; the others go through softcap and the score
-  /// modifier (the pipeline's order). The plain variant only masks, with the
-  /// row's visible key range so that the loop vectorises.
-  void apply_mask_and_pipeline(const AttentionMask& mask, bool needs_mask,
-                               const SequenceInfo& seq, int b, int h, int row, int key_begin,
-                               acc_t* scores) const {
-    if constexpr (VariantT::kModifiers || VariantT::kScoreMod) {
-      for (int j = 0; j < kBlockN; ++j) {
-        if (needs_mask && mask.masked(row, key_begin + j)) {
-          scores[j] = math::neg_inf<acc_t>();
-        } else {
-          acc_t unused;
-          scores[j] =
-              m_pipeline.template score<false>(seq, b, h, row, key_begin + j, scores[j], unused);
-        }
-      }
-    } else {
-      int first, last;
-      mask.visible_keys(row, first, last);
-      first -= key_begin;
-      last -= key_begin;
+  /// Running max and sum of each query row, and this key block's shift
+  /// (subtracted before exp) and rescale factor of what was accumulated.
+  struct RowStats {
+    acc_t *max, *sum, *shift, *alpha;
+  };
+
+  /// The online-softmax step of one key block on Sᵀ [cols][kBlockM]: the
+  /// new row maxima, P = exp(S - shift) in place, the rescaled row sums.
+  /// Each loop runs along a row of Sᵀ, a vector of query rows.
+  void softmax_update(acc_t* sSt, int cols, const RowStats& stats) const {
+    acc_t block_max[kBlockM];
+    for (int i = 0; i < kBlockM; ++i) block_max[i] = stats.max[i];
+    for (int j = 0; j < cols; ++j) {
+      const acc_t* s = sSt + std::size_t(j) * kBlockM;
       KFA_HOST_SIMD
-      for (int j = 0; j < kBlockN; ++j)
-        scores[j] = j < first || j > last ? math::neg_inf<acc_t>() : scores[j];
+      for (int i = 0; i < kBlockM; ++i) block_max[i] = s[i] > block_max[i] ? s[i] : block_max[i];
+    }
+    for (int i = 0; i < kBlockM; ++i) {
+      const acc_t m_old = stats.max[i], m_new = block_max[i];
+      stats.alpha[i] = m_new == m_old ? acc_t(1) : softmax::rescale(m_old, m_new);
+      stats.shift[i] = softmax::shift(m_new);
+      stats.max[i] = m_new;
+      stats.sum[i] *= stats.alpha[i];
+    }
+    for (int j = 0; j < cols; ++j) {
+      acc_t* s = sSt + std::size_t(j) * kBlockM;
+      KFA_HOST_SIMD
+      for (int i = 0; i < kBlockM; ++i) {
+        const acc_t p = Host::exp(s[i] - stats.shift[i]);
+        s[i] = p;
+        stats.sum[i] += p;
+      }
+    }
+  }
+
+  /// Masked scores of Sᵀ become -inf; the others go through softcap and the
+  /// score modifier (the pipeline's order). The plain variant only masks,
+  /// with each key's visible row range so that the loop vectorises.
+  void apply_mask_and_pipeline(const AttentionMask& mask, bool needs_mask,
+                               const SequenceInfo& seq, int b, int h, int row_begin,
+                               int key_begin, int cols, acc_t* sSt) const {
+    for (int j = 0; j < cols; ++j) {
+      acc_t* s = sSt + std::size_t(j) * kBlockM;
+      const int key = key_begin + j;
+      if constexpr (VariantT::kModifiers || VariantT::kScoreMod) {
+        for (int i = 0; i < kBlockM; ++i) {
+          const int row = row_begin + i;
+          if (needs_mask && mask.masked(row, key)) {
+            s[i] = math::neg_inf<acc_t>();
+          } else {
+            acc_t unused;
+            s[i] = m_pipeline.template score<false>(seq, b, h, row, key, s[i], unused);
+          }
+        }
+      } else {
+        int first, last;
+        mask.visible_rows(key, first, last);
+        first -= row_begin;
+        last -= row_begin;
+        KFA_HOST_SIMD
+        for (int i = 0; i < kBlockM; ++i)
+          s[i] = i < first || i > last ? math::neg_inf<acc_t>() : s[i];
+      }
     }
   }
 

@@ -38,19 +38,26 @@ struct TileTraits {
   static constexpr int padded_head_dim(int head_dim) { return round_up(head_dim, kCols); }
 };
 
-/// C[kRows][kCols] (+)= A[kRows][k] · B[k][kCols]; strides in elements.
-template <int Rows, int Cols, class T>
-inline void micro_product(int k, const T* __restrict a, int lda, const T* __restrict b, int ldb,
-                          T* __restrict c, int ldc, bool accumulate) {
+/// How a product reads its left operand A [m][k]: element (r, p) at
+/// a[r * lda + p] (row_major), or at a[p * lda + r] (transposed: the tile
+/// holds Aᵀ, as a Pᵀ or dSᵀ tile whose rows are keys does). Either way the
+/// register block broadcasts one element per row and reduction step.
+enum class ALayout { row_major, transposed };
+
+/// C[Rows][Cols] (+)= A[Rows][k] · B[k][Cols]; strides in elements.
+template <int Rows, int Cols, ALayout Layout, class T>
+inline void micro_product(int k, const T* __restrict a, std::ptrdiff_t lda,
+                          const T* __restrict b, std::ptrdiff_t ldb, T* __restrict c,
+                          std::ptrdiff_t ldc, bool accumulate) {
   T acc[Rows][Cols];
   for (int r = 0; r < Rows; ++r) {
     KFA_HOST_SIMD
     for (int j = 0; j < Cols; ++j) acc[r][j] = accumulate ? c[r * ldc + j] : T(0);
   }
   for (int p = 0; p < k; ++p) {
-    const T* bp = b + std::ptrdiff_t(p) * ldb;
+    const T* bp = b + p * ldb;
     for (int r = 0; r < Rows; ++r) {
-      const T ar = a[r * lda + p];
+      const T ar = Layout == ALayout::row_major ? a[r * lda + p] : a[p * lda + r];
       KFA_HOST_SIMD
       for (int j = 0; j < Cols; ++j) acc[r][j] += ar * bp[j];
     }
@@ -62,16 +69,17 @@ inline void micro_product(int k, const T* __restrict a, int lda, const T* __rest
 }
 
 /// C[m][n] (+)= A[m][k] · B[k][n] with m a multiple of kRows and n of kCols
-/// (the tiles are padded to whole register blocks).
-template <class T>
-inline void tile_product(int m, int n, int k, const T* a, int lda, const T* b, int ldb, T* c,
-                         int ldc, bool accumulate) {
+/// (the tiles are padded to whole register blocks); A read as Layout says.
+template <ALayout Layout, class T>
+inline void tile_product(int m, int n, int k, const T* a, std::ptrdiff_t lda, const T* b,
+                         std::ptrdiff_t ldb, T* c, std::ptrdiff_t ldc, bool accumulate) {
   using traits = TileTraits<T>;
-  for (int i = 0; i < m; i += traits::kRows)
+  for (int i = 0; i < m; i += traits::kRows) {
+    const T* a_rows = Layout == ALayout::row_major ? a + i * lda : a + i;
     for (int j = 0; j < n; j += traits::kCols)
-      micro_product<traits::kRows, traits::kCols>(k, a + std::ptrdiff_t(i) * lda, lda, b + j,
-                                                  ldb, c + std::ptrdiff_t(i) * ldc + j, ldc,
-                                                  accumulate);
+      micro_product<traits::kRows, traits::kCols, Layout>(k, a_rows, lda, b + j, ldb,
+                                                          c + i * ldc + j, ldc, accumulate);
+  }
 }
 
 /// Carves a thread's scratch into 64-byte aligned tiles, in order.

@@ -66,6 +66,19 @@ struct ExpConstants<double> {
                           kLn2Lo = 1.90821492927058770002e-10;
 };
 
+/// The exponential's Taylor coefficients 1/k!, k = 0..Degree, as constants.
+template <class T, int Degree>
+struct TaylorCoefficients {
+  T c[Degree + 1];
+  constexpr TaylorCoefficients() : c() {
+    long double f = 1;
+    for (int k = 0; k <= Degree; ++k) {
+      if (k > 1) f /= k;
+      c[k] = static_cast<T>(f);
+    }
+  }
+};
+
 /// exp(x) within a few ulp for x >= lo, 0 below lo (and for -inf, which the
 /// online softmax relies on for masked scores); finite for x <= hi. Range
 /// reduction x = n·ln2 + r, |r| <= ln2/2, a Taylor polynomial of r (its
@@ -81,9 +94,10 @@ inline T exp(T x) {
   const T kn = x * T(1.4426950408889634) + c::kShifter;
   const T n = kn - c::kShifter;
   const T r = (x - n * c::kLn2Hi) - n * c::kLn2Lo;
-  // Horner form of sum r^k / k!: 1 + r(1 + r/2(1 + r/3(...))).
-  T p = T(1);
-  for (int k = c::kDegree; k >= 1; --k) p = T(1) + p * r * (T(1) / T(k));
+  // Horner form of sum r^k / k!, one multiply-add a degree.
+  constexpr TaylorCoefficients<T, c::kDegree> taylor;
+  T p = taylor.c[c::kDegree];
+  for (int k = c::kDegree - 1; k >= 0; --k) p = p * r + taylor.c[k];
   bits_t bits;
   std::memcpy(&bits, &kn, sizeof(T));
   bits = (bits + bits_t(c::kBias)) << c::kMantissa;
