@@ -16,8 +16,17 @@ template <class C>
 class KernelChoice : public ::testing::Test {};
 TYPED_TEST_SUITE(KernelChoice, AllConfigs);
 
-/// The families a forward and a backward call of `shape` with `opt` get.
-template <class C>
+/// An additive score modifier (a relative-position bias) for the table.
+struct RelativeBias {
+  template <class Acc>
+  KOKKOS_FUNCTION Acc operator()(int, int, int i, int j, Acc score) const {
+    return score - Acc(0.01) * Acc(i - j);
+  }
+};
+
+/// The families a forward and a backward call of `shape` with `opt` (and a
+/// score modifier of type ScoreMod) get.
+template <class C, class ScoreMod = kfa::Impl::NoScoreMod>
 std::pair<KernelFamily, KernelFamily> families(const Shape& s, const kfa::AttentionOptions& opt) {
   using Space = typename C::space;
   using T = typename C::value_type;
@@ -32,12 +41,12 @@ std::pair<KernelFamily, KernelFamily> families(const Shape& s, const kfa::Attent
   const Space space;
   const auto seq = batch_sequences(q, k);
   const auto fwd =
-      choose_forward_kernel<NoScoreMod, Space, decltype(in4(q)), decltype(in4(k)),
+      choose_forward_kernel<ScoreMod, Space, decltype(in4(q)), decltype(in4(k)),
                             decltype(in4(v)), decltype(out4(o)), decltype(out3(lse))>(
           space, in4(q), in4(k), in4(v), out4(o), seq, opt);
   using Delta = Kokkos::View<Acc***, Kokkos::LayoutRight, mem>;
   const auto bwd =
-      choose_backward_kernel<NoScoreMod, Space, decltype(in4(q)), decltype(in4(k)),
+      choose_backward_kernel<ScoreMod, Space, decltype(in4(q)), decltype(in4(k)),
                              decltype(in4(v)), decltype(in4(o)), decltype(in3(lse)),
                              decltype(in4(o)), decltype(out4(o)), decltype(out4(k)),
                              decltype(out4(v)), Delta>(space, in4(q), in4(k), in4(v), in4(o),
@@ -65,7 +74,6 @@ TYPED_TEST(KernelChoice, TablePerTypeAndPolicy) {
 #ifdef KOKKOS_ENABLE_CUDA
     constexpr bool k16 = !std::is_same<T, float>::value && !std::is_same<T, double>::value;
     kfa::AttentionOptions no_wgmma, no_opt_in, split;
-    no_wgmma.kernel_policy.wgmma = false;
     no_opt_in.kernel_policy.opt_in_shared_memory = false;
     split.fp32_matmul = kfa::Fp32Matmul::split_tf32;
     const bool hopper = kfa::Impl::wgmma_available(Space());
@@ -92,35 +100,74 @@ TYPED_TEST(KernelChoice, TablePerTypeAndPolicy) {
       EXPECT_EQ(families<TypeParam>({1, 100, 100, 4, 64, 2}, plain).first,
                 KernelFamily::portable);
     }
-    (void)no_wgmma;
 #endif
   }
 }
 
+// Windows run on every fused family; softcap, dropout and score modifiers on
+// the 16-bit ones (the wgmma forward and backward, the mma_sync forward).
 // What the fused kernels do not take goes to the portable kernels on GPUs:
-// windows, softcap, dropout, head dims outside 64/128(/256), an explicit team
+// variants of fp32 and fp64, head dims outside 64/128(/256), an explicit team
 // size, deterministic backward. Host backends run all of it on the host
 // kernels, and grouped-query heads and odd head dims too; an explicit team
 // size asks for the portable kernels' teams everywhere.
-TYPED_TEST(KernelChoice, VariantsOffTheFusedKernels) {
+TYPED_TEST(KernelChoice, VariantsOnTheFusedKernels) {
   if (is_duplicate_config<TypeParam>()) GTEST_SKIP() << "half is float here";
-  constexpr bool host = is_host_space<typename TypeParam::space>();
-  const KernelFamily variants = host ? KernelFamily::host_tiled : KernelFamily::portable;
+  using Space = typename TypeParam::space;
+  using T = typename TypeParam::value_type;
+  constexpr bool host = is_host_space<Space>();
   const Shape dense{1, 100, 120, 2, 64};
-  kfa::AttentionOptions window, softcap, dropout, team, det;
+  kfa::AttentionOptions window, causal_window, softcap, dropout, team, det;
   window.window_left = 16;
+  window.window_right = 8;
+  causal_window.causal = true;
+  causal_window.window_left = 40;
   softcap.softcap = 30;
   dropout.dropout_p = 0.1;
   team.team_size = 2;
   det.deterministic = true;
-  for (const auto& opt : {window, softcap, dropout}) {
-    EXPECT_EQ(families<TypeParam>(dense, opt).first, variants);
-    EXPECT_EQ(families<TypeParam>(dense, opt).second, variants);
+  const auto dense_families = families<TypeParam>(dense, {});
+  // Windows: the dense call's families, on every backend.
+  for (const auto& opt : {window, causal_window}) {
+    EXPECT_EQ(families<TypeParam>(dense, opt), dense_families);
   }
+  KernelFamily variant_fwd = KernelFamily::host_tiled, variant_bwd = KernelFamily::host_tiled;
+  if constexpr (!host) {
+    constexpr bool k16 = !std::is_same<T, float>::value && !std::is_same<T, double>::value;
+    variant_fwd = variant_bwd = k16 ? dense_families.first : KernelFamily::portable;
+#ifdef KOKKOS_ENABLE_CUDA
+    if constexpr (k16) {
+      // The mma_sync backward takes no variant; nor does the wgmma one at 256.
+      if (!kfa::Impl::wgmma_available(Space())) variant_bwd = KernelFamily::portable;
+      auto policy_only = dropout;
+      policy_only.kernel_policy.wgmma = false;
+      EXPECT_EQ(families<TypeParam>(dense, policy_only).first, KernelFamily::mma_sync);
+      EXPECT_EQ(families<TypeParam>(dense, policy_only).second, KernelFamily::portable);
+      EXPECT_EQ(families<TypeParam>({1, 100, 100, 2, 256}, softcap).first,
+                dense_families.first);
+      EXPECT_EQ(families<TypeParam>({1, 100, 100, 2, 256}, softcap).second,
+                KernelFamily::portable);
+      // Grouped-query heads with a variant: wgmma, not mma_sync.
+      auto grouped_policy_only = softcap;
+      grouped_policy_only.kernel_policy.wgmma = false;
+      EXPECT_EQ(families<TypeParam>({1, 100, 100, 4, 64, 2}, grouped_policy_only).first,
+                KernelFamily::portable);
+      EXPECT_EQ(families<TypeParam>({1, 100, 100, 4, 64, 2}, softcap).first,
+                dense_families.first);
+    }
+#endif
+  }
+  for (const auto& opt : {softcap, dropout}) {
+    EXPECT_EQ(families<TypeParam>(dense, opt).first, variant_fwd);
+    EXPECT_EQ(families<TypeParam>(dense, opt).second, variant_bwd);
+  }
+  EXPECT_EQ((families<TypeParam, RelativeBias>(dense, {}).first), variant_fwd);
+  EXPECT_EQ((families<TypeParam, RelativeBias>(dense, {}).second), variant_bwd);
+  const KernelFamily elsewhere = host ? KernelFamily::host_tiled : KernelFamily::portable;
   EXPECT_EQ(families<TypeParam>(dense, team).first, KernelFamily::portable);
   EXPECT_EQ(families<TypeParam>(dense, team).second, KernelFamily::portable);
-  EXPECT_EQ(families<TypeParam>({1, 100, 120, 2, 96}, {}).first, variants);
-  EXPECT_EQ(families<TypeParam>(dense, det).second, variants);
+  EXPECT_EQ(families<TypeParam>({1, 100, 120, 2, 96}, {}).first, elsewhere);
+  EXPECT_EQ(families<TypeParam>(dense, det).second, elsewhere);
   if (host) {
     for (const Shape& odd : {Shape{1, 1, 1, 1, 1}, Shape{1, 97, 113, 6, 59, 2},
                              Shape{1, 113, 203, 2, 256}}) {

@@ -217,6 +217,9 @@ TYPED_TEST(ScoreMod, BlockPredicateSkipsTiles) {
   DeviceView3<Acc, Space> lse("lse", s.batch, s.heads, s.seqlen_q);
   kfa::AttentionOptions opt;
   opt.team_size = test_team_size<Space>();
+  // The portable kernels' tiles (KernelTraits) on GPUs; the fused kernels
+  // test the predicate on their own tiles (ScoreModCuda).
+  opt.kernel_policy.opt_in_shared_memory = false;
   kfa::flash_attention_forward(Space(), q, k, v, o, lse, opt, setup.mod);
   auto calls = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), setup.calls);
   auto tiles = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), setup.tiles);
@@ -259,6 +262,75 @@ TYPED_TEST(ScoreMod, BlockPredicateSkipsTiles) {
   Kokkos::deep_copy(calls, setup.calls);
   EXPECT_EQ(calls(0), 0);
 }
+
+#ifdef KOKKOS_ENABLE_CUDA
+// Score modifiers on the 16-bit tensor-core kernels: the wgmma forward and
+// backward (on Hopper with sm_90a code), the mma.sync forward with wgmma off;
+// at the head dims whose backward takes them. A non-additive modifier with its
+// derivative, documents with window, softcap, dropout and grouped heads; the
+// block predicate skips tiles (fewer calls than scores) and, hiding
+// everything, gives empty rows and zero gradients without a single call.
+TEST(ScoreModCuda, OnTheTensorCoreKernels) {
+  using Space = Kokkos::Cuda;
+  using T = kfa::bfloat16;
+  using Cb = Config<Space, T>;
+  using Ch = Config<Space, kfa::half, true>;
+  for (const bool wgmma : {true, false})
+    for (const int d : {64, 128}) {
+      kfa::AttentionOptions opt;
+      opt.kernel_policy.wgmma = wgmma;
+      opt.causal = true;
+      const Shape s{2, 203, 157, 3, d};
+      ModSetup<Space> nonlinear(Mod<Space>::kNonlinear | Mod<Space>::kRelativeBias, s,
+                                test_seed("fused-nonlinear"));
+      check_variant<Cb>(s, opt, "fused-nonlinear", nonlinear.mod, nonlinear.extras);
+      opt.window_left = 70;
+      opt.softcap = 4;
+      opt.dropout_p = 0.15;
+      opt.dropout_seed = 11;
+      const Shape g{1, 250, 131, 4, d, wgmma ? 2 : 4};
+      ModSetup<Space> doc(Mod<Space>::kDocument | Mod<Space>::kRelativeBias, g,
+                          test_seed("fused-doc"));
+      check_variant<Ch>(g, opt, "fused-doc", doc.mod, doc.extras);
+
+      kfa::AttentionOptions plain;
+      plain.kernel_policy.wgmma = wgmma;
+      const Shape one{1, 256, 256, 1, d};
+      ModSetup<Space> skip(Mod<Space>::kDocument | Mod<Space>::kCountCalls, one,
+                           test_seed("fused-skip"));
+      const Case c = make_case<T>(one, {}, "fused-skip", skip.extras);
+      auto q = to_device<T, Space>(c.q, "q");
+      auto k = to_device<T, Space>(c.k, "k");
+      auto v = to_device<T, Space>(c.v, "v");
+      auto d_o = to_device<T, Space>(c.d_o, "d_o");
+      DeviceView4<T, Space> o("o", 1, 256, 1, d), dq("dq", 1, 256, 1, d), dk("dk", 1, 256, 1, d),
+          dv("dv", 1, 256, 1, d);
+      DeviceView3<float, Space> lse("lse", 1, 1, 256);
+      kfa::flash_attention_forward(Space(), q, k, v, o, lse, plain, skip.mod);
+      auto calls = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), skip.calls);
+      EXPECT_GT(calls(0), 0);
+      EXPECT_LT(calls(0), 256 * 256 / 2) << "documents of at most 40 tokens leave most tiles out";
+      EXPECT_LE(max_abs_diff(to_host(o), c.o_ref),
+                64 * epsilon<T>() * std::max(1.0, max_abs(c.o_ref)));
+
+      skip.mod.modes = Mod<Space>::kHideAll | Mod<Space>::kCountCalls;
+      Kokkos::deep_copy(skip.calls, 0);
+      poison(o);
+      poison(lse);
+      kfa::flash_attention_forward(Space(), q, k, v, o, lse, plain, skip.mod);
+      for (double x : to_host(o).data) ASSERT_EQ(x, 0.0) << "wgmma " << wgmma << " d " << d;
+      for (double x : to_host(lse).data) ASSERT_TRUE(std::isinf(x) && x < 0);
+      poison(dq);
+      poison(dk);
+      poison(dv);
+      kfa::flash_attention_backward(Space(), q, k, v, o, lse, d_o, dq, dk, dv, plain, skip.mod);
+      for (const auto& grad : {to_host(dq), to_host(dk), to_host(dv)})
+        for (double x : grad.data) ASSERT_EQ(x, 0.0) << "wgmma " << wgmma << " d " << d;
+      Kokkos::deep_copy(calls, skip.calls);
+      EXPECT_EQ(calls(0), 0) << "wgmma " << wgmma << " d " << d;
+    }
+}
+#endif
 
 }  // namespace
 }  // namespace kfa_test

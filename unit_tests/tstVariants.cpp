@@ -166,6 +166,44 @@ TEST(VariantsCuda, GroupedQueryAttentionInEveryTensorCoreKernel) {
       check_variant<C16>({1, 257, 200, 4, 256, 1}, plain, "gqa-kernels");
     }
 }
+
+// Every built-in variant on the 16-bit tensor-core kernels: wgmma (on Hopper
+// with sm_90a code) and, with wgmma off, mma.sync, at each fused head dim, on
+// lengths that cut tiles and windows mid-block; windows on the exact fp32 and
+// the fp64 kernels. Forward and backward against the fp64 oracle.
+TEST(VariantsCuda, EveryVariantOnTheTensorCoreKernels) {
+  using Cb = Config<Kokkos::Cuda, kfa::bfloat16>;
+  using Ch = Config<Kokkos::Cuda, kfa::half, true>;
+  std::vector<std::pair<std::string, kfa::AttentionOptions>> cases;
+  cases.push_back({"window", window(40, 7)});
+  cases.push_back({"causal-window", window(33, -1, true)});
+  kfa::AttentionOptions softcap = window(-1, -1, true);
+  softcap.softcap = 5;
+  cases.push_back({"softcap", softcap});
+  kfa::AttentionOptions dropout;
+  dropout.dropout_p = 0.2;
+  dropout.dropout_seed = 9;
+  cases.push_back({"dropout", dropout});
+  kfa::AttentionOptions all = window(50, -1, true);
+  all.softcap = 3;
+  all.dropout_p = 0.1;
+  all.dropout_seed = 77;
+  cases.push_back({"combined", all});
+  for (const bool wgmma : {true, false})
+    for (const int d : {64, 128, 256})
+      for (auto [tag, opt] : cases) {
+        opt.kernel_policy.wgmma = wgmma;
+        const int heads = d == 256 ? 2 : 3;
+        check_variant<Cb>({2, 203, 157, 2 * heads, d, wgmma ? heads : 2 * heads}, opt,
+                          "fused-" + tag);
+        check_variant<Ch>({1, 131, 250, heads, d}, opt, "fused-" + tag);
+      }
+  for (const int d : {64, 128})
+    for (const auto& opt : {window(40, 7), window(33, -1, true), window(-1, 20)}) {
+      check_variant<Config<Kokkos::Cuda, float>>({2, 203, 157, 3, d}, opt, "fused-window");
+      check_variant<Config<Kokkos::Cuda, double>>({1, 131, 250, 2, d}, opt, "fused-window");
+    }
+}
 #endif
 
 // Sliding windows, alone and with causal, seqlen_q below, equal to and above

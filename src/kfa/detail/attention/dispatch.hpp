@@ -59,6 +59,26 @@ void dispatch_variant(const AttentionOptions& options, F&& f) {
   }
 }
 
+/// Calls f(variant) with the FusedVariantParams of the call's variant for a
+/// fused family: the 16-bit families take every variant, the others only the
+/// plain one (the choice table gives them no other).
+template <bool Is16Bit, class ScoreMod, class Params, class F>
+void dispatch_fused_variant(const AttentionOptions& options, const Params& params,
+                            const ScoreMod& score_mod, F&& f) {
+  if constexpr (Is16Bit) {
+    dispatch_variant<ScoreMod>(options, [&](auto variant) {
+      using variant_params = FusedVariantParams<decltype(variant)>;
+      if constexpr (variant_params::kVariant)
+        f(variant_params(params, score_mod));
+      else
+        f(variant_params());
+    });
+  } else {
+    (void)options, (void)params, (void)score_mod;
+    f(FusedVariantParams<PlainVariant>());
+  }
+}
+
 template <class ExecSpace, class Q, class K, class V, class O, class Lse, class ScoreMod>
 void dispatch_forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
                       const Lse& lse, const Sequences<typename Q::memory_space>& seq,
@@ -81,9 +101,11 @@ void dispatch_forward(const ExecSpace& space, const Q& q, const K& k, const V& v
     }
   }
   if (family != KernelFamily::portable) {
-    FusedForward<ExecSpace, Q, K, V, O, Lse>::launch(
-        family, space, q, k, v, o, lse, softmax_scale<double>(options, head_dim),
-        fused_call(options, head_dim, heads, heads_kv));
+    using fused_t = FusedForward<ExecSpace, Q, K, V, O, Lse>;
+    dispatch_fused_variant<fused_t::k16Bit>(options, params, score_mod, [&](const auto& variant) {
+      fused_t::launch(family, space, q, k, v, o, lse, softmax_scale<double>(options, head_dim),
+                      fused_call<ScoreMod>(options, head_dim, heads, heads_kv), variant);
+    });
     return;
   }
   dispatch_variant<ScoreMod>(options, [&](auto variant) {
@@ -136,9 +158,12 @@ void dispatch_backward(const ExecSpace& space, const Q& q, const K& k, const V& 
     }
   }
   if (family != KernelFamily::portable) {
-    fused_t::launch(family, space, q, k, v, o, lse, d_o, dq, dk, dv, delta,
-                    softmax_scale<double>(options, head_dim),
-                    fused_call(options, head_dim, heads, heads_kv), preprocess);
+    dispatch_fused_variant<fused_t::k16Bit>(options, params, score_mod, [&](const auto& variant) {
+      fused_t::launch(family, space, q, k, v, o, lse, d_o, dq, dk, dv, delta,
+                      softmax_scale<double>(options, head_dim),
+                      fused_call<ScoreMod>(options, head_dim, heads, heads_kv), preprocess,
+                      variant);
+    });
     return;
   }
   preprocess();

@@ -20,10 +20,13 @@
 // Every fused row (all but portable) also needs a call the fused kernels
 // take (fused_shape_applies): fixed-length batches, head_dim 64 or 128 (and
 // 256 for the 16-bit families), as many k/v heads as q heads (fewer for the
-// 16-bit families), no score modifier, softcap, dropout or window other than
-// causal, no explicit team size, 16-byte aligned tensors, and for the
-// backward not deterministic mode; and its kernel's tiles must fit the GPU
-// (FusedForward::fits / FusedBackward::fits in backend/cuda/). "opt-in shared
+// 16-bit families), no explicit team size, 16-byte aligned tensors, and for
+// the backward not deterministic mode; and its kernel's tiles must fit the
+// GPU (FusedForward::fits / FusedBackward::fits in backend/cuda/). Causal
+// masks and windows run on every fused family. Variants (softcap, dropout,
+// score modifiers) run on the 16-bit families only: the wgmma forward and
+// backward (backward at head_dim 64 and 128), and the mma_sync forward with
+// as many k/v heads as q heads. "opt-in shared
 // memory" is more team scratch than Kokkos' TeamPolicy grants, which the
 // call's KernelPolicy can forbid. Host backends have no fused row; their
 // host_tiled row takes every shape and variant.
@@ -47,31 +50,37 @@
 namespace kfa {
 namespace Impl {
 
+/// True when the call has a variant the fused kernels apply in registers:
+/// softcap, dropout or a score modifier.
+template <class ScoreMod>
+bool is_variant_call(const AttentionOptions& options) {
+  return !std::is_same<ScoreMod, NoScoreMod>::value || uses_modifiers(options);
+}
+
 /// True when the fused kernels take the call's shape and options (the
-/// conditions above); `with_16bit_reach`: head_dim 256 and grouped-query
-/// heads too.
+/// conditions above); `with_16bit_reach`: head_dim 256, grouped-query heads
+/// and variants too.
 template <class ScoreMod, class MemorySpace>
 bool fused_shape_applies(const Sequences<MemorySpace>& seq, int heads_q, int heads_kv,
                          int head_dim, const AttentionOptions& options,
                          std::initializer_list<const void*> pointers, bool with_16bit_reach) {
-  if constexpr (!std::is_same<ScoreMod, NoScoreMod>::value) {
-    return false;
-  } else {
-    bool aligned = true;
-    for (const void* p : pointers)
-      aligned = aligned && reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
-    return aligned &&
-           (head_dim == 64 || head_dim == 128 || (with_16bit_reach && head_dim == 256)) &&
-           !seq.packed && (heads_q == heads_kv || with_16bit_reach) &&
-           !uses_modifiers(options) && options.team_size == 0 && options.window_left < 0 &&
-           (options.causal || options.window_right < 0);
-  }
+  bool aligned = true;
+  for (const void* p : pointers)
+    aligned = aligned && reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
+  return aligned &&
+         (head_dim == 64 || head_dim == 128 || (with_16bit_reach && head_dim == 256)) &&
+         !seq.packed && (heads_q == heads_kv || with_16bit_reach) &&
+         (!is_variant_call<ScoreMod>(options) || with_16bit_reach) && options.team_size == 0;
 }
 
-inline FusedCall fused_call(const AttentionOptions& options, int head_dim, int heads_q,
-                            int heads_kv) {
-  return {head_dim, options.causal, heads_q != heads_kv, options.fp32_matmul,
-          options.kernel_policy.league_group_teams};
+template <class ScoreMod>
+FusedCall fused_call(const AttentionOptions& options, int head_dim, int heads_q, int heads_kv) {
+  return {head_dim,
+          FusedWindow(options.window_left, options.causal ? 0 : options.window_right),
+          heads_q != heads_kv,
+          options.fp32_matmul,
+          options.kernel_policy.league_group_teams,
+          is_variant_call<ScoreMod>(options)};
 }
 
 /// The fused rows of the table that a value type can have, in order.
@@ -124,7 +133,7 @@ KernelFamily choose_forward_kernel(const ExecSpace& space, const Q& q, const K& 
   if (!fused_shape_applies<ScoreMod>(seq, heads, heads_kv, head_dim, options,
                                      {q.data(), k.data(), v.data(), o.data()}, fused_t::k16Bit))
     return KernelFamily::portable;
-  const FusedCall call = fused_call(options, head_dim, heads, heads_kv);
+  const FusedCall call = fused_call<ScoreMod>(options, head_dim, heads, heads_kv);
   for (const KernelFamily family : FusedRows<fused_t::k16Bit>::rows) {
     if (policy_allows(family, options.kernel_policy) &&
         fused_t::fits(family, space, call, long(k.extent(1))))
@@ -153,7 +162,7 @@ KernelFamily choose_backward_kernel(const ExecSpace& space, const Q& q, const K&
           {q.data(), k.data(), v.data(), d_o.data(), dq_data, dk.data(), dv.data()},
           fused_t::k16Bit))
     return KernelFamily::portable;
-  const FusedCall call = fused_call(options, head_dim, heads, heads_kv);
+  const FusedCall call = fused_call<ScoreMod>(options, head_dim, heads, heads_kv);
   for (const KernelFamily family : FusedRows<fused_t::k16Bit>::rows) {
     if (policy_allows(family, options.kernel_policy) && fused_t::fits(family, space, call))
       return family;

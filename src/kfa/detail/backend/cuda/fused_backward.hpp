@@ -56,6 +56,11 @@ struct FusedBackward {
       FlashBackwardWgmmaProductSplitKernel<ExecSpace, Format, Q, K, V, DO, Lse, Delta, AccView, DK,
                                            DV>,
       FlashBackwardWgmmaKernel<ExecSpace, D, Format, Q, K, V, DO, Lse, Delta, AccView, DK, DV>>;
+  /// A variant's backward (head_dim 64 and 128).
+  template <int D, class VariantT>
+  using wgmma_variant_t =
+      FlashBackwardWgmmaKernel<ExecSpace, D, Format, Q, K, V, DO, Lse, Delta, AccView, DK, DV,
+                               WgmmaBwdVariantShape<D>, NoProbe, VariantT>;
 #endif
 
   /// Whether `family`'s kernel for the call fits `space`'s GPU (see
@@ -67,18 +72,24 @@ struct FusedBackward {
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
         if constexpr (k16Bit)
           return wgmma_family_fits(space, call, [&](auto d) {
-            return wgmma_t<decltype(d)::value>::fits(space);
+            constexpr int D = decltype(d)::value;
+            if constexpr (D == 256)
+              return !call.variant && wgmma_t<D>::fits(space);
+            else
+              return call.variant ? wgmma_variant_t<D, Variant<true>>::fits(space)
+                                  : wgmma_t<D>::fits(space);
           });
 #endif
         return false;
       case KernelFamily::mma_sync:
         if constexpr (k16Bit) {
-          return with_fused_head_dim<true>(call.head_dim, [&](auto d) {
-            return mma_sync_t<decltype(d)::value, 3>::fits(space);
-          });
+          return !call.variant && with_fused_head_dim<true>(call.head_dim, [&](auto d) {
+                   return mma_sync_t<decltype(d)::value, 3>::fits(space);
+                 });
         }
         return false;
-      case KernelFamily::mma_sync_team_policy: return k16Bit && call.head_dim != 256;
+      case KernelFamily::mma_sync_team_policy:
+        return k16Bit && call.head_dim != 256 && !call.variant;
       case KernelFamily::fp32_fp64:
       case KernelFamily::exact_fp32: return fp32_fp64_family_fits<FusedBackward>(family, space, call);
       case KernelFamily::portable: return false;
@@ -90,11 +101,12 @@ struct FusedBackward {
   /// it. `preprocess` computes D = rowsum(dO ∘ O) into `delta` with the
   /// portable kernel; the 16-bit families do it in their own pass where O is
   /// 16-byte aligned.
-  template <class Preprocess>
+  template <class VariantT, class Preprocess>
   static void launch(KernelFamily family, const ExecSpace& space, const Q& q, const K& k,
                      const V& v, const O& o, const Lse& lse, const DO& d_o, const DQ& dq,
                      const DK& dk, const DV& dv, const Delta& delta, double scale,
-                     const FusedCall& call, const Preprocess& preprocess) {
+                     const FusedCall& call, const Preprocess& preprocess,
+                     const FusedVariantParams<VariantT>& variant) {
     auto run = [&](auto kernel) {
       kernel.set_league_group_teams(call.league_group_teams);
       kernel.launch(space);
@@ -104,7 +116,7 @@ struct FusedBackward {
       case KernelFamily::mma_sync:
       case KernelFamily::mma_sync_team_policy:
         if constexpr (k16Bit) launch_16bit(family, space, q, k, v, o, lse, d_o, dq, dk, dv, delta,
-                                           static_cast<float>(scale), call, preprocess);
+                                           static_cast<float>(scale), call, preprocess, variant);
         return;
       case KernelFamily::fp32_fp64:
         preprocess();
@@ -113,7 +125,7 @@ struct FusedBackward {
             Kokkos::deep_copy(space, dq, value_type(0));
             run(fp32_fp64_t<decltype(atom), decltype(d)::value>(
                 q, k, v, d_o, lse, delta, dq, dk, dv, static_cast<value_type>(scale),
-                call.causal));
+                call.window));
           });
         });
         return;
@@ -123,7 +135,7 @@ struct FusedBackward {
           with_fused_head_dim(call.head_dim, [&](auto d) {
             Kokkos::deep_copy(space, dq, 0.0f);
             run(exact_fp32_t<decltype(d)::value>(q, k, v, d_o, lse, delta, dq, dk, dv,
-                                                 static_cast<float>(scale), call.causal));
+                                                 static_cast<float>(scale), call.window));
           });
         }
         return;
@@ -133,11 +145,14 @@ struct FusedBackward {
 
   /// The 16-bit backward: D and the zeroed fp32 dQ accumulator, the kernel,
   /// the grouped-query sum of dK and dV, dq rounded from the accumulator.
-  template <class Preprocess>
+  template <class VariantT, class Preprocess>
   static void launch_16bit(KernelFamily family, const ExecSpace& space, const Q& q, const K& k,
                            const V& v, const O& o, const Lse& lse, const DO& d_o, const DQ& dq,
                            const DK& dk, const DV& dv, const Delta& delta, float scale,
-                           const FusedCall& call, const Preprocess& preprocess) {
+                           const FusedCall& call, const Preprocess& preprocess,
+                           const FusedVariantParams<VariantT>& variant) {
+    constexpr bool kVariant = FusedVariantParams<VariantT>::kVariant;
+    (void)variant;
     Kokkos::View<unsigned char*, typename ExecSpace::memory_space> dq_bytes;
     AccView dq_acc;
     // D and a zeroed accumulator: on CUDA in one pass with 16-byte accesses
@@ -184,19 +199,27 @@ struct FusedBackward {
       constexpr int D = decltype(d)::value;
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
       if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
-        if (family == KernelFamily::wgmma) {
-          run(wgmma_t<D>(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, call.causal));
+        if constexpr (kVariant) {
+          // The choice table sends variants here only (wgmma, head_dim 64, 128).
+          if constexpr (D != 256)
+            run(wgmma_variant_t<D, VariantT>(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale,
+                                             call.window, variant));
+          return;
+        } else if (family == KernelFamily::wgmma) {
+          run(wgmma_t<D>(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, call.window));
           return;
         }
       }
 #endif
-      if constexpr (D != 256) {
-        if (family == KernelFamily::mma_sync_team_policy) {
-          run(mma_sync_t<D, 1>(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, call.causal));
-          return;
+      if constexpr (!kVariant) {
+        if constexpr (D != 256) {
+          if (family == KernelFamily::mma_sync_team_policy) {
+            run(mma_sync_t<D, 1>(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, call.window));
+            return;
+          }
         }
+        run(mma_sync_t<D, 3>(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, call.window));
       }
-      run(mma_sync_t<D, 3>(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, call.causal));
     });
     if (call.grouped) sum_grouped_dk_dv(space, dkv_grouped, dkv_half, heads, dk, dv);
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)

@@ -24,10 +24,12 @@ namespace Impl {
 /// What the fused kernels need of a call beyond its Views.
 struct FusedCall {
   int head_dim;
-  bool causal;
+  FusedWindow window;
   bool grouped;  // k and v with fewer heads than q
   Fp32Matmul fp32_matmul;
   int league_group_teams;
+  /// Softcap, dropout or a score modifier (a kernel with FusedVariantParams).
+  bool variant;
 };
 
 /// Returns f(std::integral_constant<int, D>) for D = head_dim, one of the
@@ -96,6 +98,7 @@ bool wgmma_family_fits(const ExecSpace& space, const FusedCall& call, TileFits&&
 template <class Kernels, class ExecSpace>
 bool fp32_fp64_family_fits(KernelFamily family, const ExecSpace& space, const FusedCall& call) {
   using value_type = typename Kernels::value_type;
+  if (call.variant) return false;  // softcap, dropout, score modifiers: not in these kernels
   bool fits = false;
   if (family == KernelFamily::fp32_fp64) {
     with_fp32_fp64_atom<ExecSpace, value_type>(call.fp32_matmul, [&](auto atom) {
@@ -120,9 +123,9 @@ struct FusedForward {
   /// fp16/bf16 on CUDA: the wgmma and mma.sync families.
   static constexpr bool k16Bit = !std::is_void<Format>::value;
 
-  template <int D, bool Grouped>
+  template <int D, bool Grouped, class VariantT = PlainVariant>
   using mma_sync_t = FlashForwardMmaKernel<ExecSpace, D, Format, Q, K, V, O, Lse,
-                                           FwdMmaLargeShape<D>, Grouped>;
+                                           FwdMmaLargeShape<D>, Grouped, VariantT>;
   template <int D, bool Grouped>
   using mma_sync_team_policy_t = FlashForwardMmaKernel<ExecSpace, D, Format, Q, K, V, O, Lse,
                                                        FwdMmaPolicyShape<D>, Grouped>;
@@ -132,8 +135,9 @@ struct FusedForward {
   using fp32_fp64_t = FlashForwardFp32Fp64Kernel<ExecSpace, D, typename Fp32Fp64FwdAtom<Atom>::type,
                                                  Q, K, V, O, Lse>;
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
-  template <int D>
-  using wgmma_t = FlashForwardWgmmaKernel<ExecSpace, D, Format, Q, K, V, O, Lse>;
+  template <int D, class VariantT = PlainVariant>
+  using wgmma_t = FlashForwardWgmmaKernelIn<WgmmaFwdShape<D>, ExecSpace, D, Format, Q, K, V, O,
+                                            Lse, true, VariantT>;
   /// Short causal sequences at head_dim 64: teams of one warpgroup, so that
   /// the few query blocks still fill the GPU.
   template <int D>
@@ -145,7 +149,8 @@ struct FusedForward {
   template <int D>
   static int wgmma_shape(const ExecSpace& space, const FusedCall& call, long seqlen_k) {
     if constexpr (D == 64) {
-      if (wgmma_fwd_short_causal<D>(call.causal, seqlen_k) && wgmma_short_causal_t<D>::fits(space))
+      if (!call.variant && wgmma_fwd_short_causal<D>(call.window.causal(), seqlen_k) &&
+          wgmma_short_causal_t<D>::fits(space))
         return 1;
     }
     return wgmma_t<D>::fits(space) ? 0 : -1;
@@ -168,15 +173,16 @@ struct FusedForward {
 #endif
         return false;
       case KernelFamily::mma_sync:
+        // Variants: with as many k/v heads as query heads.
         if constexpr (k16Bit) {
           return with_fused_head_dim<true>(call.head_dim, [&](auto d) {
             constexpr int D = decltype(d)::value;
-            return call.grouped ? mma_sync_t<D, true>::fits(space)
+            return call.grouped ? !call.variant && mma_sync_t<D, true>::fits(space)
                                 : mma_sync_t<D, false>::fits(space);
           });
         }
         return false;
-      case KernelFamily::mma_sync_team_policy: return k16Bit;
+      case KernelFamily::mma_sync_team_policy: return k16Bit && !call.variant;
       case KernelFamily::fp32_fp64:
       case KernelFamily::exact_fp32: return fp32_fp64_family_fits<FusedForward>(family, space, call);
       case KernelFamily::portable: return false;
@@ -185,10 +191,14 @@ struct FusedForward {
   }
 
   /// Launches `family`'s kernel (one that fits) on the call. 16-bit
-  /// kernels take the scale as float, the fp32/fp64 ones in their type.
+  /// kernels take the scale as float, the fp32/fp64 ones in their type;
+  /// `variant` is the call's (the plain one outside the 16-bit families).
+  template <class VariantT>
   static void launch(KernelFamily family, const ExecSpace& space, const Q& q, const K& k,
                      const V& v, const O& o, const Lse& lse, double scale,
-                     const FusedCall& call) {
+                     const FusedCall& call, const FusedVariantParams<VariantT>& variant) {
+    constexpr bool kVariant = FusedVariantParams<VariantT>::kVariant;
+    (void)variant;
     auto run = [&](auto kernel) {
       kernel.set_league_group_teams(call.league_group_teams);
       kernel.launch(space);
@@ -200,13 +210,17 @@ struct FusedForward {
         if constexpr (k16Bit && std::is_same<ExecSpace, Kokkos::Cuda>::value) {
           with_fused_head_dim<true>(call.head_dim, [&](auto d) {
             constexpr int D = decltype(d)::value;
-            if constexpr (D == 64) {
-              if (wgmma_shape<D>(space, call, long(k.extent(1))) == 1) {
-                run(wgmma_short_causal_t<D>(q, k, v, o, lse, scale16, call.causal));
-                return;
+            if constexpr (kVariant) {
+              run(wgmma_t<D, VariantT>(q, k, v, o, lse, scale16, call.window, variant));
+            } else {
+              if constexpr (D == 64) {
+                if (wgmma_shape<D>(space, call, long(k.extent(1))) == 1) {
+                  run(wgmma_short_causal_t<D>(q, k, v, o, lse, scale16, call.window));
+                  return;
+                }
               }
+              run(wgmma_t<D>(q, k, v, o, lse, scale16, call.window));
             }
-            run(wgmma_t<D>(q, k, v, o, lse, scale16, call.causal));
           });
         }
 #endif
@@ -217,14 +231,16 @@ struct FusedForward {
           const bool large = family == KernelFamily::mma_sync;
           with_fused_head_dim<true>(call.head_dim, [&](auto d) {
             constexpr int D = decltype(d)::value;
-            if (large && call.grouped)
-              run(mma_sync_t<D, true>(q, k, v, o, lse, scale16, call.causal));
+            if constexpr (kVariant)
+              run(mma_sync_t<D, false, VariantT>(q, k, v, o, lse, scale16, call.window, variant));
+            else if (large && call.grouped)
+              run(mma_sync_t<D, true>(q, k, v, o, lse, scale16, call.window));
             else if (large)
-              run(mma_sync_t<D, false>(q, k, v, o, lse, scale16, call.causal));
+              run(mma_sync_t<D, false>(q, k, v, o, lse, scale16, call.window));
             else if (call.grouped)
-              run(mma_sync_team_policy_t<D, true>(q, k, v, o, lse, scale16, call.causal));
+              run(mma_sync_team_policy_t<D, true>(q, k, v, o, lse, scale16, call.window));
             else
-              run(mma_sync_team_policy_t<D, false>(q, k, v, o, lse, scale16, call.causal));
+              run(mma_sync_team_policy_t<D, false>(q, k, v, o, lse, scale16, call.window));
           });
         }
         return;
@@ -232,7 +248,7 @@ struct FusedForward {
         with_fp32_fp64_atom<ExecSpace, value_type>(call.fp32_matmul, [&](auto atom) {
           with_fused_head_dim(call.head_dim, [&](auto d) {
             run(fp32_fp64_t<decltype(atom), decltype(d)::value>(
-                q, k, v, o, lse, static_cast<value_type>(scale), call.causal));
+                q, k, v, o, lse, static_cast<value_type>(scale), call.window));
           });
         });
         return;
@@ -240,7 +256,7 @@ struct FusedForward {
         if constexpr (has_exact_fp32_kernels<ExecSpace, value_type>()) {
           with_fused_head_dim(call.head_dim, [&](auto d) {
             run(exact_fp32_t<decltype(d)::value>(q, k, v, o, lse, static_cast<float>(scale),
-                                                 call.causal));
+                                                 call.window));
           });
         }
         return;

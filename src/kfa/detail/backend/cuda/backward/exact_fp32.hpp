@@ -76,7 +76,7 @@ class FlashBackwardExactFp32Kernel {
 
   FlashBackwardExactFp32Kernel(const QView& q, const KView& k, const VView& v, const DOView& d_o,
                           const LseView& lse, const DeltaView& delta, const DQView& dq,
-                          const DKView& dk, const DVView& dv, float scale, bool causal)
+                          const DKView& dk, const DVView& dv, float scale, FusedWindow window)
       : m_q(q.data()),
         m_k(k.data()),
         m_v(v.data()),
@@ -87,7 +87,7 @@ class FlashBackwardExactFp32Kernel {
         m_dk(dk.data()),
         m_dv(dv.data()),
         m_scale(scale),
-        m_p(q, k, causal),
+        m_p(q, k, window),
         m_num_kv_blocks((m_p.seqlen_k + kBlockN - 1) / kBlockN) {}
 
   static bool fits(const ExecSpace& space) {
@@ -159,7 +159,8 @@ class FlashBackwardExactFp32Kernel {
       for (int c = 0; c < 4; ++c) acc_dk[i][c] = acc_dv[i][c] = 0.f;
 
     const int first_q_block = m_p.mask.row_begin(key_begin) / kBlockM;
-    const int num_q_blocks = (m_p.seqlen_q + kBlockM - 1) / kBlockM;
+    // The query blocks that see these keys: [first_q_block, num_q_blocks).
+    const int num_q_blocks = (m_p.mask.row_end(key_begin + kBlockN) + kBlockM - 1) / kBlockM;
     if (first_q_block < num_q_blocks) load_q_block(first_q_block, 0);
 
     for (int q_block = first_q_block; q_block < num_q_blocks; ++q_block) {

@@ -126,7 +126,7 @@ class FlashBackwardFp32Fp64Kernel {
 
   FlashBackwardFp32Fp64Kernel(const QView& q, const KView& k, const VView& v, const DOView& d_o,
                              const LseView& lse, const DeltaView& delta, const DQView& dq,
-                             const DKView& dk, const DVView& dv, value_type scale, bool causal)
+                             const DKView& dk, const DVView& dv, value_type scale, FusedWindow window)
       : m_q(q.data()),
         m_k(k.data()),
         m_v(v.data()),
@@ -137,7 +137,7 @@ class FlashBackwardFp32Fp64Kernel {
         m_dk(dk.data()),
         m_dv(dv.data()),
         m_scale(scale),
-        m_p(q, k, causal),
+        m_p(q, k, window),
         m_num_kv_blocks((m_p.seqlen_k + kBlockN - 1) / kBlockN) {}
 
   static bool fits(const ExecSpace& space) {
@@ -217,7 +217,8 @@ class FlashBackwardFp32Fp64Kernel {
     const int warp_key = group * Atom::kRows;  // this warp's first key in the block
     const int d_first = part * kTilesDW;       // this warp's first n-tile of dK, dV
     const int first_q_block = m_p.mask.row_begin(key_begin) / kBlockM;
-    const int num_q_blocks = (m_p.seqlen_q + kBlockM - 1) / kBlockM;
+    // The query blocks that see these keys: [first_q_block, num_q_blocks).
+    const int num_q_blocks = (m_p.mask.row_end(key_begin + kBlockN) + kBlockM - 1) / kBlockM;
     if (first_q_block < num_q_blocks) load_q_block(first_q_block, 0);
     const value_type scale = kBase2 ? m_scale * kLog2e : m_scale;
 

@@ -94,8 +94,8 @@ class FlashBackwardMmaKernel : public Fused16Backward {
 
   FlashBackwardMmaKernel(const QView& q, const KView& k, const VView& v, const DOView& d_o,
                          const LseView& lse, const DeltaView& delta, const DQAccView& dq_acc,
-                         const DKView& dk, const DVView& dv, float scale, bool causal)
-      : Fused16Backward(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, causal),
+                         const DKView& dk, const DVView& dv, float scale, FusedWindow window)
+      : Fused16Backward(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, window),
         m_num_kv_blocks((m_p.seqlen_k + kBlockN - 1) / kBlockN) {}
 
   /// Whether `space`'s GPU gives a team this shape's scratch.
@@ -210,7 +210,8 @@ class FlashBackwardMmaKernel : public Fused16Backward {
 
     const int key0 = key_begin + group * 16 + lane / 4, key1 = key0 + 8;
     const int first_q_block = m_p.mask.row_begin(key_begin) / kBlockM;
-    const int num_q_blocks = (m_p.seqlen_q + kBlockM - 1) / kBlockM;
+    // The query blocks that see these keys: [first_q_block, num_q_blocks).
+    const int num_q_blocks = (m_p.mask.row_end(key_begin + kBlockN) + kBlockM - 1) / kBlockM;
     // Q, dO, lse and D of a query block into a stage (one commit group).
     auto load_q_block = [&](int q_block, int stage) {
       load_query_block_async<kHeadDim, kPitch, kBlockM>(

@@ -81,6 +81,14 @@ struct WgmmaBwdShape {
   static constexpr bool kDqWide = HeadDim == 128;
 };
 
+/// The shape of a variant's backward: its dSᵀ needs Sᵀ and dPᵀ together,
+/// so dV's products do not start early (nor the pipeline built on that).
+template <int HeadDim>
+struct WgmmaBwdVariantShape : WgmmaBwdShape<HeadDim> {
+  static constexpr bool kEarlyDv = false;
+  static constexpr bool kPipelined = false;
+};
+
 /// FlashBackwardWgmmaKernel's Probe, the library's: no hooks, no data. The
 /// kernel derives from its probe (an empty base adds nothing) and calls, in
 /// every thread (tid, of warpgroup wg, of the team of league rank `team`):
@@ -201,6 +209,46 @@ KOKKOS_FORCEINLINE_FUNCTION void wgmma_bwd_probabilities(float (&s)[Tiles][4], c
   });
 }
 
+/// The variant form of wgmma_bwd_probabilities, in one pass over Sᵀ and dPᵀ
+/// (same layout): st becomes the dropped Pᵀ (for dV) and dpt becomes dSᵀ =
+/// P ∘ (dP ∘ Z/(1-p) - D) ∘ pipeline' (ScorePipeline::p_and_ds, the
+/// portable kernels' arithmetic), from the unscaled products Sᵀ, each
+/// query's lse and D, and the variant's pipeline.
+template <int Tiles, class Variant>
+KOKKOS_FORCEINLINE_FUNCTION void wgmma_bwd_variant_probabilities(
+    float (&st)[Tiles][4], float (&dpt)[Tiles][4], const float* s_lse, const float* s_delta,
+    const Variant& variant, const AttentionMask& mask, int b, int h, int row_begin,
+    int key_begin, int key_end, int key0, int lane) {
+  const bool needs_mask =
+      mask.tile_needs_mask(row_begin, row_begin + 8 * Tiles, key_begin, key_end);
+  const SequenceInfo seq = Variant::sequence(mask, b);
+  // A tile the modifier's block predicate hides has P = dS = 0.
+  if (!variant.m_pipe.visible(b, h, row_begin, imin(row_begin + 8 * Tiles, seq.seqlen_q),
+                              key_begin, imin(key_end, seq.seqlen_k))) {
+#pragma unroll
+    for (int n = 0; n < Tiles; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.f;
+    return;
+  }
+#pragma unroll
+  for (int n = 0; n < Tiles; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = n * 8 + (lane % 4) * 2 + (e & 1);
+      const int query = row_begin + col, key = key0 + 8 * (e / 2);
+      const bool masked = needs_mask && mask.masked(query, key);
+      const std::uint64_t dropout_row =
+          variant.m_pipe.dropout() ? variant.m_pipe.dropout_row(b, h, query) : 0;
+      float p, ds;
+      variant.m_pipe.p_and_ds(seq, b, h, query, key, masked, dropout_row,
+                              st[n][e] * variant.m_variant_scale, s_lse[col], s_delta[col],
+                              dpt[n][e], p, ds);
+      st[n][e] = p;
+      dpt[n][e] = ds;
+    }
+}
+
 #if KFA_CUDA_WGMMA_DEVICE  // sm_90a device code only (float2, uint4: CUDA types)
 /// A team's dK or dV rows on their way from a wgmma backward's m64nHeadDim
 /// accumulators to memory through scratch (Elem: the 16-bit format's bits,
@@ -295,11 +343,17 @@ KOKKOS_FORCEINLINE_FUNCTION void store_dk_dv_staged(const Fused16Backward& kerne
 
 template <class ExecSpace, int HeadDim, class Format, class QView, class KView, class VView,
           class DOView, class LseView, class DeltaView, class DQAccView, class DKView,
-          class DVView, class Shape = WgmmaBwdShape<HeadDim>, class Probe = NoProbe>
+          class DVView, class Shape = WgmmaBwdShape<HeadDim>, class Probe = NoProbe,
+          class VariantT = PlainVariant>
 class FlashBackwardWgmmaKernel : public Fused16Backward,
                                  public WgmmaBwdMaps<Shape::kDqTma>,
-                                 public Probe {
+                                 public Probe,
+                                 public FusedVariantParams<VariantT> {
  public:
+  using variant_params = FusedVariantParams<VariantT>;
+  /// Pᵀ and dSᵀ of the variant's pipeline (wgmma_bwd_variant_probabilities),
+  /// in one pass once Sᵀ and dPᵀ are both in.
+  static constexpr bool kVariant = variant_params::kVariant;
   static constexpr int kHeadDim = HeadDim;
   static constexpr bool kDqTma = Shape::kDqTma;
   static constexpr bool kEarlyDv = Shape::kEarlyDv;
@@ -309,6 +363,7 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
   static_assert(!kPipelined || (kEarlyDv && kDqTma && HeadDim == 128),
                 "kfa: the pipelined backward runs head_dim 128 with kEarlyDv and kDqTma");
   static_assert(!kDqWide || kDqTma, "kfa: the wide dQ boxes are tensor reductions (kDqTma)");
+  static_assert(!kVariant || !kEarlyDv, "kfa: a variant's dSᵀ needs Sᵀ and dPᵀ together");
   static constexpr int kWarps = 8;     // 2 warpgroups
   static constexpr int kBlockN = 128;  // keys per team, 64 per warpgroup
   /// Queries per step: 128 at head_dim 64 (Sᵀ and dPᵀ 64 registers each,
@@ -346,8 +401,10 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
 
   FlashBackwardWgmmaKernel(const QView& q, const KView& k, const VView& v, const DOView& d_o,
                            const LseView& lse, const DeltaView& delta, const DQAccView& dq_acc,
-                           const DKView& dk, const DVView& dv, float scale, bool causal)
-      : Fused16Backward(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, causal),
+                           const DKView& dk, const DVView& dv, float scale, FusedWindow window,
+                           const variant_params& variant = variant_params())
+      : Fused16Backward(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, window),
+        variant_params(variant),
         m_num_kv_blocks((m_p.seqlen_k + kBlockN - 1) / kBlockN) {
 #if defined(KOKKOS_ENABLE_CUDA)
     // No map of an empty tensor (nothing is launched then).
@@ -447,7 +504,8 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
     // This thread's keys (rows of Sᵀ): warp = 4·wg + warp in group.
     const int key0 = key_begin + warp * 16 + lane / 4;
     const int first_q_block = m_p.mask.row_begin(key_begin) / kBlockM;
-    const int num_q_blocks = (m_p.seqlen_q + kBlockM - 1) / kBlockM;
+    // The query blocks that see these keys: [first_q_block, num_q_blocks).
+    const int num_q_blocks = (m_p.mask.row_end(key_begin + kBlockN) + kBlockM - 1) / kBlockM;
     // The probe's events of query block q_block (NoProbe).
     auto probe_block = [&](int q_block, int event) {
       this->block_event(league, tid, wg, q_block - first_q_block, event);
@@ -667,11 +725,16 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
       // Pᵀ and dSᵀ in registers (rows = keys, columns = queries): in one
       // pass, or with kEarlyDv Pᵀ first, dV's products issued, then dSᵀ
       // once dPᵀ is in.
-      wgmma_bwd_probabilities(st, s_lse, m_scale, m_p.mask, row_begin, key_begin,
-                              key_begin + kBlockN, key0, lane, [&](int n, int e, int col) {
-                                if constexpr (!kEarlyDv)
-                                  dpt[n][e] = st[n][e] * (dpt[n][e] - s_delta[col]);
-                              });
+      if constexpr (kVariant) {
+        wgmma_bwd_variant_probabilities(st, dpt, s_lse, s_delta, *this, m_p.mask, b, h,
+                                        row_begin, key_begin, key_begin + kBlockN, key0, lane);
+      } else {
+        wgmma_bwd_probabilities(st, s_lse, m_scale, m_p.mask, row_begin, key_begin,
+                                key_begin + kBlockN, key0, lane, [&](int n, int e, int col) {
+                                  if constexpr (!kEarlyDv)
+                                    dpt[n][e] = st[n][e] * (dpt[n][e] - s_delta[col]);
+                                });
+      }
       // 16 query columns per k-step: n-tiles 2·kk and 2·kk + 1.
       auto pack_frags = [&](bool p, bool ds) {
 #pragma unroll

@@ -69,8 +69,8 @@ class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward {
   FlashBackwardWgmmaProductSplitKernel(const QView& q, const KView& k, const VView& v, const DOView& d_o,
                               const LseView& lse, const DeltaView& delta,
                               const DQAccView& dq_acc, const DKView& dk, const DVView& dv,
-                              float scale, bool causal)
-      : Fused16Backward(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, causal),
+                              float scale, FusedWindow window)
+      : Fused16Backward(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, window),
         m_num_kv_blocks((m_p.seqlen_k + kBlockN - 1) / kBlockN) {}
 
   /// The GPU gives a team its scratch.
@@ -159,7 +159,8 @@ class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward {
     const int key_row0 = (warp % 4) * 16 + lane / 4;
     const int key0 = key_begin + key_row0;
     const int first_q_block = m_p.mask.row_begin(key_begin) / kBlockM;
-    const int num_q_blocks = (m_p.seqlen_q + kBlockM - 1) / kBlockM;
+    // The query blocks that see these keys: [first_q_block, num_q_blocks).
+    const int num_q_blocks = (m_p.mask.row_end(key_begin + kBlockN) + kBlockM - 1) / kBlockM;
     // Sᵀ = K·Qᵀ (warpgroup 0) or dPᵀ = V·dOᵀ (1) of a stage, issued
     // (reduction over head_dim, K-major).
     const std::uint32_t kv_addr = addr(wg == 0 ? sK : sV);

@@ -85,14 +85,14 @@ class FlashForwardExactFp32Kernel {
   static_assert(kBlockN % 8 == 0, "kfa: the exact fp32 forward streams multiples of 8 keys");
 
   FlashForwardExactFp32Kernel(const QView& q, const KView& k, const VView& v, const OView& o,
-                         const LseView& lse, float scale, bool causal)
+                         const LseView& lse, float scale, FusedWindow window)
       : m_q(q.data()),
         m_k(k.data()),
         m_v(v.data()),
         m_o(o.data()),
         m_lse(lse.data()),
         m_scale(scale),
-        m_p(q, k, causal),
+        m_p(q, k, window),
         m_num_q_blocks((m_p.seqlen_q + kBlockM - 1) / kBlockM) {}
 
   static bool fits(const ExecSpace& space) {
@@ -151,8 +151,9 @@ class FlashForwardExactFp32Kernel {
     };
 
     const int rows = imin(kBlockM, m_p.seqlen_q - row_begin);
-    const int key_end = m_p.mask.key_end(row_begin + rows);
-    const int num_kv_blocks = (key_end + kBlockN - 1) / kBlockN;
+    // The key blocks inside the mask's window (AttentionMask::key_blocks).
+    int first_kv_block, end_kv_block;
+    m_p.mask.key_blocks(row_begin, row_begin + rows, kBlockN, first_kv_block, end_kv_block);
 
     float acc_o[kRowsO][4];
 #pragma unroll
@@ -164,9 +165,9 @@ class FlashForwardExactFp32Kernel {
     for (int i = 0; i < kScoreRows; ++i) row_max[i] = -INFINITY, row_sum[i] = 0.f;
 
     load_tile(sQ, gQ, row_begin, m_p.seqlen_q, kBlockM);
-    if (num_kv_blocks > 0) load_kv(0);
+    if (first_kv_block < end_kv_block) load_kv(first_kv_block);
     cp_async_commit();
-    for (int kv_block = 0; kv_block < num_kv_blocks; ++kv_block) {
+    for (int kv_block = first_kv_block; kv_block < end_kv_block; ++kv_block) {
       const int key_begin = kv_block * kBlockN;
       const float* k_tile = sK(kv_block % kStages);
       const float* v_tile = sV(kv_block % kStages);
@@ -181,7 +182,7 @@ class FlashForwardExactFp32Kernel {
       // Block j+1's copies, into the stage block j-1 used, issued between
       // the S and the P·V products rather than in a burst right after the
       // barrier, where they would delay the first S loads.
-      if (kv_block + 1 < num_kv_blocks) load_kv(kv_block + 1);
+      if (kv_block + 1 < end_kv_block) load_kv(kv_block + 1);
       cp_async_commit();
 
       // Scale, mask, online softmax; Scores::kLanesPerRow lanes share a row.

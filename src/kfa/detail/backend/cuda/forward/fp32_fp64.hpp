@@ -106,14 +106,14 @@ class FlashForwardFp32Fp64Kernel {
   static_assert(kBlockN % 8 == 0, "kfa: the fp32/fp64 forward streams multiples of 8 keys");
 
   FlashForwardFp32Fp64Kernel(const QView& q, const KView& k, const VView& v, const OView& o,
-                            const LseView& lse, value_type scale, bool causal)
+                            const LseView& lse, value_type scale, FusedWindow window)
       : m_q(q.data()),
         m_k(k.data()),
         m_v(v.data()),
         m_o(o.data()),
         m_lse(lse.data()),
         m_scale(kBase2 ? scale * value_type(1.4426950408889634) : scale),
-        m_p(q, k, causal),
+        m_p(q, k, window),
         m_num_q_blocks((m_p.seqlen_q + kBlockM - 1) / kBlockM) {}
 
   /// Whether `space`'s GPU gives a team this shape's scratch.
@@ -167,8 +167,9 @@ class FlashForwardFp32Fp64Kernel {
     };
 
     const int rows = imin(kBlockM, m_p.seqlen_q - row_begin);
-    const int key_end = m_p.mask.key_end(row_begin + rows);
-    const int num_kv_blocks = (key_end + kBlockN - 1) / kBlockN;
+    // The key blocks inside the mask's window (AttentionMask::key_blocks).
+    int first_kv_block, end_kv_block;
+    m_p.mask.key_blocks(row_begin, row_begin + rows, kBlockN, first_kv_block, end_kv_block);
     // Rows of accumulator element (mt, j): row0 + mt·kRows + (j / 2)·8.
     const int row0 = row_begin + warp * kWarpRows + lane / 4;
 
@@ -180,9 +181,9 @@ class FlashForwardFp32Fp64Kernel {
     Tiles<kTilesS> s;
 
     load_tile(sQ, gQ, row_begin, m_p.seqlen_q, kBlockM);
-    if (num_kv_blocks > 0) load_kv(0);
+    if (first_kv_block < end_kv_block) load_kv(first_kv_block);
     cp_async_commit();
-    for (int kv_block = 0; kv_block < num_kv_blocks; ++kv_block) {
+    for (int kv_block = first_kv_block; kv_block < end_kv_block; ++kv_block) {
       const int key_begin = kv_block * kBlockN;
       cp_async_wait<0>();
       // K_j and V_j (and Q) are in scratch for every warp, and every warp is
@@ -190,7 +191,7 @@ class FlashForwardFp32Fp64Kernel {
       team.team_barrier();
       // Right after the barrier: issued after S_j instead (as the exact
       // fp32 forward does), the copies gain nothing here.
-      if (kv_block + 1 < num_kv_blocks) load_kv(kv_block + 1);
+      if (kv_block + 1 < end_kv_block) load_kv(kv_block + 1);
       cp_async_commit();
       scores(s, sQ, sK(kv_block % kStages), warp);
       softmax_update(s, acc_o, row_max, row_sum, row_begin, row0, key_begin);

@@ -82,9 +82,12 @@ using FwdMmaPolicyShape = std::conditional_t<(HeadDim > 128), FwdMmaShape<4, 1, 
 /// k/v heads as query heads keeps the single-stride code.
 template <class ExecSpace, int HeadDim, class Format, class QView, class KView, class VView,
           class OView, class LseView, class Shape = FwdMmaPolicyShape<HeadDim>,
-          bool Grouped = false>
-class FlashForwardMmaKernel : public Fused16Forward {
+          bool Grouped = false, class VariantT = PlainVariant>
+class FlashForwardMmaKernel : public Fused16Forward, public FusedVariantParams<VariantT> {
  public:
+  using variant_params = FusedVariantParams<VariantT>;
+  /// The variant's pipeline applied to each score fragment (fwd_variant_*).
+  static constexpr bool kVariant = variant_params::kVariant;
   static constexpr int kHeadDim = HeadDim;
   static constexpr int kWarps = Shape::kWarps;
   static constexpr int kMTiles = Shape::kMTiles;
@@ -109,8 +112,10 @@ class FlashForwardMmaKernel : public Fused16Forward {
   using member_t = typename policy_t::member_type;
 
   FlashForwardMmaKernel(const QView& q, const KView& k, const VView& v, const OView& o,
-                        const LseView& lse, float scale, bool causal)
-      : Fused16Forward(q, k, v, o, lse, scale, causal),
+                        const LseView& lse, float scale, FusedWindow window,
+                        const variant_params& variant = variant_params())
+      : Fused16Forward(q, k, v, o, lse, scale, window),
+        variant_params(variant),
         m_num_q_blocks((m_p.seqlen_q + kBlockM - 1) / kBlockM) {}
 
   /// Whether `space`'s GPU gives a team this shape's scratch.
@@ -161,8 +166,9 @@ class FlashForwardMmaKernel : public Fused16Forward {
     };
 
     const int rows = imin(kBlockM, m_p.seqlen_q - row_begin);
-    const int key_end = m_p.mask.key_end(row_begin + rows);
-    const int num_kv_blocks = (key_end + kBlockN - 1) / kBlockN;
+    // The key blocks inside the mask's window (AttentionMask::key_blocks).
+    int first_kv_block, end_kv_block;
+    m_p.mask.key_blocks(row_begin, row_begin + rows, kBlockN, first_kv_block, end_kv_block);
     // Rows of accumulator element (mt, e): row0 + mt * 16 + (e / 2) * 8.
     const int row0 = row_begin + warp * kWarpRows + lane / 4;
 
@@ -191,9 +197,10 @@ class FlashForwardMmaKernel : public Fused16Forward {
       // Every warp holds its Q fragments; the tile may be overwritten by K.
       team.team_barrier();
 
-      if (num_kv_blocks > 0) load_tile(sK, gK, 0, m_p.seqlen_k, kBlockN, false);
+      if (first_kv_block < end_kv_block)
+        load_tile(sK, gK, first_kv_block * kBlockN, m_p.seqlen_k, kBlockN, false);
       cp_async_commit();
-      for (int kv_block = 0; kv_block < num_kv_blocks; ++kv_block) {
+      for (int kv_block = first_kv_block; kv_block < end_kv_block; ++kv_block) {
         const int key_begin = kv_block * kBlockN;
         load_tile(sV, gV, key_begin, m_p.seqlen_k, kBlockN, false);
         cp_async_commit();
@@ -205,10 +212,10 @@ class FlashForwardMmaKernel : public Fused16Forward {
         });
         // Every warp is done reading K_j: K_{j+1} may land in its place.
         team.team_barrier();
-        if (kv_block + 1 < num_kv_blocks)
+        if (kv_block + 1 < end_kv_block)
           load_tile(sK, gK, key_begin + kBlockN, m_p.seqlen_k, kBlockN, false);
         cp_async_commit();
-        softmax_update(s, acc_o, row_max, row_sum, row_begin, row0, key_begin);
+        softmax_update(s, acc_o, row_max, row_sum, b, h, row_begin, row0, key_begin);
         cp_async_wait<1>();
         // V_j is in scratch for every warp.
         team.team_barrier();
@@ -227,20 +234,20 @@ class FlashForwardMmaKernel : public Fused16Forward {
         load_tile(sV(stage), gV, kv_block * kBlockN, m_p.seqlen_k, kBlockN, false);
       };
       load_tile(sQ, gQ, row_begin, m_p.seqlen_q, kBlockM, true);
-      if (num_kv_blocks > 0) load_kv(0);
+      if (first_kv_block < end_kv_block) load_kv(first_kv_block);
       cp_async_commit();
-      for (int kv_block = 0; kv_block < num_kv_blocks; ++kv_block) {
+      for (int kv_block = first_kv_block; kv_block < end_kv_block; ++kv_block) {
         const int key_begin = kv_block * kBlockN;
         cp_async_wait<0>();
         // K_j and V_j (and Q) are in scratch for every warp, and every warp
         // is done with block j-1, whose stage block j+1 now reuses.
         team.team_barrier();
-        if (kv_block + 1 < num_kv_blocks) load_kv(kv_block + 1);
+        if (kv_block + 1 < end_kv_block) load_kv(kv_block + 1);
         cp_async_commit();
         scores(s, sK(kv_block % kStages), [&](int mt, int ks, std::uint32_t(&a)[4]) {
           ldmatrix_x4(a, sQ + a_fragment_offset(warp * kWarpRows + mt * 16, ks, lane));
         });
-        softmax_update(s, acc_o, row_max, row_sum, row_begin, row0, key_begin);
+        softmax_update(s, acc_o, row_max, row_sum, b, h, row_begin, row0, key_begin);
         accumulate_pv(s, acc_o, sV(kv_block % kStages));
       }
       cp_async_wait<0>();
@@ -295,14 +302,22 @@ class FlashForwardMmaKernel : public Fused16Forward {
   KOKKOS_FORCEINLINE_FUNCTION void softmax_update(float (&s)[kMTiles][kTilesS][4],
                                                   float (&acc_o)[kMTiles][kTilesO][4],
                                                   float (&row_max)[kRows],
-                                                  float (&row_sum)[kRows], int row_begin,
-                                                  int row0, int key_begin) const {
-    // The mask inside the loop over the scores at head_dim 128 and up
-    // (fwd_softmax_scores' MaskPerScore).
-    fwd_softmax_update<(kHeadDim >= 128)>(
-        s, acc_o, row_max, row_sum, m_p.mask,
-        m_p.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin, key_begin + kBlockN),
-        m_scale_log2, row0, key_begin);
+                                                  float (&row_sum)[kRows], int b, int h,
+                                                  int row_begin, int row0, int key_begin) const {
+    const bool needs_mask =
+        m_p.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin, key_begin + kBlockN);
+    if constexpr (kVariant) {
+      fwd_variant_scores<kBlockM, kBlockN>(s, *this, m_p.mask, b, h, row_begin, row0,
+                                               key_begin);
+      fwd_softmax_update<(kHeadDim >= 128)>(s, acc_o, row_max, row_sum, m_p.mask, needs_mask,
+                                            1.4426950408889634f, row0, key_begin);
+      fwd_variant_dropout(s, *this, b, h, row0, key_begin);
+    } else {
+      // The mask inside the loop over the scores at head_dim 128 and up
+      // (fwd_softmax_scores' MaskPerScore).
+      fwd_softmax_update<(kHeadDim >= 128)>(s, acc_o, row_max, row_sum, m_p.mask, needs_mask,
+                                            m_scale_log2, row0, key_begin);
+    }
   }
 
   /// O += P·V_j. The S accumulators of n-tiles 2kk, 2kk+1 are exactly the A

@@ -9,6 +9,7 @@
 
 #include <kfa/detail/attention/mask.hpp>
 
+#include <kfa/detail/backend/cuda/primitives/launch.hpp>
 #include <kfa/detail/backend/cuda/primitives/mma.hpp>
 
 #include <cstdint>
@@ -25,6 +26,54 @@ KOKKOS_FORCEINLINE_FUNCTION void for_each_score(F&& f) {
     for (int n = 0; n < TilesS; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) f(mt, n, e);
+}
+
+/// A variant's scores in place of the raw products S = Q·Kᵀ of a fragment:
+/// s <- pipeline(scale·s) (softcap, then the score modifier), in natural
+/// units, for the elements inside both sequences (the modifier is called
+/// nowhere else); the mask is applied after it, as the options promise.
+/// The team's tile is rows [row_begin, +BlockM) x keys [key_begin,
+/// +BlockN): where the modifier's block predicate hides it, every score is
+/// -inf and the modifier is not called.
+template <int BlockM, int BlockN, class Variant, int MTiles, int TilesS>
+KOKKOS_FORCEINLINE_FUNCTION void fwd_variant_scores(float (&s)[MTiles][TilesS][4],
+                                                    const Variant& variant,
+                                                    const AttentionMask& mask, int b, int h,
+                                                    int row_begin, int row0, int key_begin) {
+  const int col0 = key_begin + (cuda_mma::lane_id() % 4) * 2;
+  const SequenceInfo seq = Variant::sequence(mask, b);
+  if (!variant.m_pipe.visible(b, h, row_begin, imin(row_begin + BlockM, seq.seqlen_q), key_begin,
+                              imin(key_begin + BlockN, seq.seqlen_k))) {
+    for_each_score<MTiles, TilesS>([&](int mt, int n, int e) { s[mt][n][e] = -INFINITY; });
+    return;
+  }
+  for_each_score<MTiles, TilesS>([&](int mt, int n, int e) {
+    const int row = row0 + mt * 16 + (e / 2) * 8, col = col0 + n * 8 + (e & 1);
+    float x = s[mt][n][e] * variant.m_variant_scale;
+    if (row < seq.seqlen_q && col < seq.seqlen_k) {
+      float grad;
+      x = variant.m_pipe.template score<false>(seq, b, h, row, col, x, grad);
+    }
+    s[mt][n][e] = x;
+  });
+}
+
+/// Dropout on the probabilities P of a fragment (after the row sums, which
+/// take the undropped P): each kept element scaled by 1/(1-p), the others
+/// 0, drawn from the counter-based generator every backend shares.
+template <class Variant, int MTiles, int TilesS>
+KOKKOS_FORCEINLINE_FUNCTION void fwd_variant_dropout(float (&s)[MTiles][TilesS][4],
+                                                     const Variant& variant, int b, int h,
+                                                     int row0, int key_begin) {
+  if (!variant.m_pipe.dropout()) return;
+  const int col0 = key_begin + (cuda_mma::lane_id() % 4) * 2;
+  std::uint64_t row_key[2 * MTiles];
+#pragma unroll
+  for (int r = 0; r < 2 * MTiles; ++r)
+    row_key[r] = variant.m_pipe.dropout_row(b, h, row0 + (r / 2) * 16 + (r % 2) * 8);
+  for_each_score<MTiles, TilesS>([&](int mt, int n, int e) {
+    s[mt][n][e] *= variant.m_pipe.keep_factor(row_key[2 * mt + e / 2], col0 + n * 8 + (e & 1));
+  });
 }
 
 /// The scores of S at masked (row, key) positions set to `value`. Called

@@ -112,9 +112,15 @@ template <class ExecSpace, int HeadDim, class Format, class QView, class KView, 
           int WarpGroups = WgmmaFwdShape<HeadDim>::kWarpGroups,
           bool Tma = WgmmaFwdShape<HeadDim>::kTma, int Stages = WgmmaFwdShape<HeadDim>::kStages,
           bool Realloc = WgmmaFwdShape<HeadDim>::kRealloc,
-          bool Persistent = WgmmaFwdShape<HeadDim>::kPersistent>
-class FlashForwardWgmmaKernel : public Fused16Forward, public WgmmaFwdMaps<Tma> {
+          bool Persistent = WgmmaFwdShape<HeadDim>::kPersistent, class VariantT = PlainVariant>
+class FlashForwardWgmmaKernel : public Fused16Forward,
+                                public WgmmaFwdMaps<Tma>,
+                                public FusedVariantParams<VariantT> {
  public:
+  using variant_params = FusedVariantParams<VariantT>;
+  /// The variant's pipeline applied to each score fragment (fwd_variant_*):
+  /// the scale is then applied before it, not folded into the exponent.
+  static constexpr bool kVariant = variant_params::kVariant;
   /// FoldScale: the softmax scale folded into the exponent's FFMA
   /// (fwd_softmax_scores_folded) instead of a multiply per score.
   static constexpr bool kFoldScale = FoldScale;
@@ -172,8 +178,10 @@ class FlashForwardWgmmaKernel : public Fused16Forward, public WgmmaFwdMaps<Tma> 
   using policy_t = Kokkos::TeamPolicy<ExecSpace>;
 
   FlashForwardWgmmaKernel(const QView& q, const KView& k, const VView& v, const OView& o,
-                          const LseView& lse, float scale, bool causal)
-      : Fused16Forward(q, k, v, o, lse, scale, causal),
+                          const LseView& lse, float scale, FusedWindow window,
+                          const variant_params& variant = variant_params())
+      : Fused16Forward(q, k, v, o, lse, scale, window),
+        variant_params(variant),
         m_num_q_blocks((m_p.seqlen_q + kBlockM - 1) / kBlockM),
         m_num_tiles(m_p.league(m_num_q_blocks)) {
 #if defined(KOKKOS_ENABLE_CUDA)
@@ -265,12 +273,16 @@ class FlashForwardWgmmaKernel : public Fused16Forward, public WgmmaFwdMaps<Tma> 
     // The tile in hand (`tile` of the league, FusedProblem::block_of): its
     // batch, head, first query row and key blocks, and this thread's rows
     // row0 and row0 + 8 (warp = 4·wg + warp in group).
-    int b = 0, h = 0, row_begin = 0, num_kv_blocks = 0, row0 = 0;
+    // Key blocks first_kv_block + [0, num_kv_blocks) are those inside the
+    // mask's window; the loops count them from 0.
+    int b = 0, h = 0, row_begin = 0, first_kv_block = 0, num_kv_blocks = 0, row0 = 0;
     auto set_tile = [&](int tile) {
       // Longest rows first under the causal mask.
       row_begin = (m_num_q_blocks - 1 - m_p.block_of(tile, m_num_q_blocks, b, h)) * kBlockM;
       const int rows = imin(kBlockM, m_p.seqlen_q - row_begin);
-      num_kv_blocks = (m_p.mask.key_end(row_begin + rows) + kBlockN - 1) / kBlockN;
+      int end_kv_block;
+      m_p.mask.key_blocks(row_begin, row_begin + rows, kBlockN, first_kv_block, end_kv_block);
+      num_kv_blocks = imax(0, end_kv_block - first_kv_block);
       row0 = row_begin + warp * 16 + lane / 4;
     };
 
@@ -336,7 +348,13 @@ class FlashForwardWgmmaKernel : public Fused16Forward, public WgmmaFwdMaps<Tma> 
     auto softmax = [&](int key_begin, float (&alpha)[2]) {
       const bool needs_mask =
           m_p.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin, key_begin + kBlockN);
-      if constexpr (kFoldScale)
+      if constexpr (kVariant) {
+        fwd_variant_scores<kBlockM, kBlockN>(s, *this, m_p.mask, b, h, row_begin, row0,
+                                               key_begin);
+        fwd_softmax_scores(s, row_max, row_sum, alpha, m_p.mask, needs_mask,
+                           1.4426950408889634f, row0, key_begin);
+        fwd_variant_dropout(s, *this, b, h, row0, key_begin);
+      } else if constexpr (kFoldScale)
         fwd_softmax_scores_folded(s, row_max, row_sum, alpha, m_p.mask, needs_mask, m_scale_log2,
                                   row0, key_begin);
       else
@@ -366,7 +384,7 @@ class FlashForwardWgmmaKernel : public Fused16Forward, public WgmmaFwdMaps<Tma> 
       scores_done();
       fence_operands(s_flat);
       float alpha[2];
-      softmax(kv_block * kBlockN, alpha);
+      softmax((first_kv_block + kv_block) * kBlockN, alpha);
       wgmma_wait<0>();
       fence_operands(o_flat);
       if (kv_block > 0) pv_done();
@@ -443,7 +461,7 @@ class FlashForwardWgmmaKernel : public Fused16Forward, public WgmmaFwdMaps<Tma> 
 #pragma unroll
               for (int c = 0; c < kHeadDim / 64; ++c)
                 tma_load_box(tile_addr + c * sw128_block_bytes(kBlockN), map, 64 * c, hk,
-                             j * kBlockN, b, full);
+                             (first_kv_block + j) * kBlockN, b, full);
             };
             mbarrier_arrive_expect(full_q, sizeof(std::uint16_t) * kTileQ);
 #pragma unroll
@@ -527,12 +545,14 @@ class FlashForwardWgmmaKernel : public Fused16Forward, public WgmmaFwdMaps<Tma> 
       const bool loads_kv = kLoadThreads == 128 * kWarpGroups || tid < kLoadThreads;
       auto load_k = [&](int kv_block) {
         if (loads_kv)
-          kv_loader.load(addr(sK(kv_block % kStages)), gK, kv_stride, kv_block * kBlockN,
+          kv_loader.load(addr(sK(kv_block % kStages)), gK, kv_stride,
+                         (first_kv_block + kv_block) * kBlockN,
                          m_p.seqlen_k);
       };
       auto load_v = [&](int kv_block) {
         if (loads_kv)
-          kv_loader.load(addr(sV(kv_block % kStages)), gV, kv_stride, kv_block * kBlockN,
+          kv_loader.load(addr(sV(kv_block % kStages)), gV, kv_stride,
+                         (first_kv_block + kv_block) * kBlockN,
                          m_p.seqlen_k);
       };
       if (num_kv_blocks > 0) load_k(0);
@@ -576,12 +596,13 @@ class FlashForwardWgmmaKernel : public Fused16Forward, public WgmmaFwdMaps<Tma> 
 /// FlashForwardWgmmaKernel in `Shape` (WgmmaFwdShape's members), the scale
 /// folded or not.
 template <class Shape, class ExecSpace, int HeadDim, class Format, class QView, class KView,
-          class VView, class OView, class LseView, bool FoldScale = true>
+          class VView, class OView, class LseView, bool FoldScale = true,
+          class VariantT = PlainVariant>
 using FlashForwardWgmmaKernelIn =
     FlashForwardWgmmaKernel<ExecSpace, HeadDim, Format, QView, KView, VView, OView, LseView,
                             FoldScale, Shape::kBlockN, Shape::kMinBlocksPerSM,
                             Shape::kWarpGroups, Shape::kTma, Shape::kStages, Shape::kRealloc,
-                            Shape::kPersistent>;
+                            Shape::kPersistent, VariantT>;
 
 }  // namespace Impl
 }  // namespace kfa

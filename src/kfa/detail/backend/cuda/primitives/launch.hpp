@@ -19,6 +19,7 @@
 
 #include <kfa/detail/common/team_launch.hpp>
 #include <kfa/detail/attention/mask.hpp>
+#include <kfa/detail/attention/variant.hpp>
 
 #include <kfa/detail/backend/cuda/primitives/mma.hpp>
 
@@ -36,9 +37,20 @@ namespace Impl {
 /// otherwise.
 constexpr int kDefaultLeagueGroupTeams = 256;
 
+/// The mask of a fused call: AttentionOptions' window_left and window_right
+/// (-1 unbounded), causal being (-1, 0). A kernel visits only the key
+/// blocks (forward) or query blocks (backward) inside the window and tests
+/// single scores only in the tiles the window's edges cut.
+struct FusedWindow {
+  int left = -1, right = -1;
+  FusedWindow(bool causal) : right(causal ? 0 : -1) {}
+  FusedWindow(int window_left, int window_right) : left(window_left), right(window_right) {}
+  bool causal() const { return left < 0 && right == 0; }
+};
+
 /// What every fused CUDA kernel knows of its problem: q [batch][seqlen_q]
 /// [heads][head_dim], k and v [batch][seqlen_k][heads][head_dim], lse
-/// [batch][heads][seqlen_q], and the causal (or no) mask; the offsets of one
+/// [batch][heads][seqlen_q], and the mask (FusedWindow); the offsets of one
 /// (batch, head) in those tensors; and which (batch, head, block) a team of
 /// a league that runs the blocks of every (batch, head) owns. (k and v with
 /// fewer heads: FusedKvHeads, in the 16-bit kernels only.)
@@ -48,12 +60,12 @@ struct FusedProblem {
   int group_teams = kDefaultLeagueGroupTeams;  // 0: one group of every pair
 
   template <class Q, class K>
-  FusedProblem(const Q& q, const K& k, bool causal)
+  FusedProblem(const Q& q, const K& k, FusedWindow window)
       : batch(static_cast<int>(q.extent(0))),
         seqlen_q(static_cast<int>(q.extent(1))),
         heads(static_cast<int>(q.extent(2))),
         seqlen_k(static_cast<int>(k.extent(1))),
-        mask(seqlen_q, seqlen_k, -1, causal ? 0 : -1) {}
+        mask(seqlen_q, seqlen_k, window.left, window.right) {}
 
   /// Teams of a league of `blocks` blocks per (batch, head).
   int league(int blocks) const { return blocks * batch * heads; }
@@ -128,6 +140,32 @@ struct FusedKvHeads {
   KOKKOS_INLINE_FUNCTION long row_stride(int head_dim) const { return long(heads_kv) * head_dim; }
 };
 
+/// A fused 16-bit kernel's variant (kfa/detail/attention/variant.hpp) at run
+/// time: the score pipeline (softcap, score modifier, dropout) that its
+/// kernels apply to the score fragments in registers, and the softmax scale
+/// in natural units, which the pipeline takes before the exponent. Empty for
+/// the plain variant, whose kernels fold the scale into the exponent.
+template <class VariantT, bool = VariantT::kModifiers || VariantT::kScoreMod>
+struct FusedVariantParams {
+  static constexpr bool kVariant = false;
+};
+template <class VariantT>
+struct FusedVariantParams<VariantT, true> {
+  static constexpr bool kVariant = true;
+  ScorePipeline<VariantT, float> m_pipe;
+  float m_variant_scale;
+
+  template <class MemorySpace>
+  FusedVariantParams(const KernelParams<float, MemorySpace>& params,
+                     const typename VariantT::score_mod_type& mod)
+      : m_pipe(params, mod), m_variant_scale(params.scale) {}
+
+  /// Sequence b's rows as the pipeline's modifiers see them.
+  KOKKOS_FORCEINLINE_FUNCTION static SequenceInfo sequence(const AttentionMask& mask, int b) {
+    return {b, 0, mask.m_seqlen_q, 0, mask.m_seqlen_k};
+  }
+};
+
 /// The operands of a fused 16-bit forward (q, k, v, o as raw 16-bit values,
 /// lse), its scale in base 2 and its problem: what the mma.sync and the
 /// wgmma forward kernels hold alike (their base).
@@ -145,14 +183,14 @@ struct Fused16Forward {
 
   template <class Q, class K, class V, class O, class Lse>
   Fused16Forward(const Q& q, const K& k, const V& v, const O& o, const Lse& lse, float scale,
-                 bool causal)
+                 FusedWindow window)
       : m_q(reinterpret_cast<const std::uint16_t*>(q.data())),
         m_k(reinterpret_cast<const std::uint16_t*>(k.data())),
         m_v(reinterpret_cast<const std::uint16_t*>(v.data())),
         m_o(reinterpret_cast<std::uint16_t*>(o.data())),
         m_lse(lse.data()),
         m_scale_log2(scale * 1.4426950408889634f),
-        m_p(q, k, causal),
+        m_p(q, k, window),
         m_kv(q, k) {}
 };
 
@@ -209,7 +247,7 @@ struct Fused16Backward {
             class DV>
   Fused16Backward(const Q& q, const K& k, const V& v, const DO& d_o, const Lse& lse,
                   const Delta& delta, const DQAcc& dq_acc, const DK& dk, const DV& dv,
-                  float scale, bool causal)
+                  float scale, FusedWindow window)
       : m_q(reinterpret_cast<const std::uint16_t*>(q.data())),
         m_k(reinterpret_cast<const std::uint16_t*>(k.data())),
         m_v(reinterpret_cast<const std::uint16_t*>(v.data())),
@@ -220,7 +258,7 @@ struct Fused16Backward {
         m_dk(reinterpret_cast<std::uint16_t*>(dk.data())),
         m_dv(reinterpret_cast<std::uint16_t*>(dv.data())),
         m_scale(scale),
-        m_p(q, k, causal),
+        m_p(q, k, window),
         m_kv(q, k) {}
 };
 
