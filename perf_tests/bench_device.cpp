@@ -9,7 +9,15 @@
 //                [--heads-kv HKV] --head-dim D [--causal] [--iters 20] [--warmup 3] [--no-bwd]
 //                [--fwd-variant NAME] [--bwd-variant NAME] [--no-wgmma]
 //                [--league-group TEAMS] [--timing sequential|interleaved] [--trace]
+//                [--window LEFT,RIGHT] [--softcap X] [--dropout P]
+//                [--mod alibi|relbias|document]
 //                --dir /dev/shm/kfa_bench | --random
+//
+// Variants (bench_variants.py): --window, --softcap, --dropout set the
+// options; --mod passes a score modifier (bf16 only): kfa::alibi with the
+// slopes 2^(-8(h+1)/H), a relative-position bias table read from rel.bin
+// (float [H][2·128+1]), or a document mask from doc.bin (int32 [B][N],
+// non-decreasing ids) with its block predicate.
 //
 // --timing: sequential (default) times --iters forwards, then --iters
 // backwards, then --iters pairs; interleaved takes one of each in turn, so
@@ -65,6 +73,9 @@ struct Args {
   bool wgmma = true;
   int league_group = kfa::Experimental::KernelPolicy{}.league_group_teams;
   bool interleaved = false, trace = false;
+  int window_left = -1, window_right = -1;
+  double softcap = 0, dropout = 0;
+  std::string mod = "none";
 };
 
 Args parse(int argc, char* argv[]) {
@@ -98,7 +109,19 @@ Args parse(int argc, char* argv[]) {
         throw std::invalid_argument("--timing must be sequential or interleaved");
       a.interleaved = t == "interleaved";
     } else if (s == "--trace") a.trace = true;
-    else throw std::invalid_argument("unknown argument " + s);
+    else if (s == "--window") {
+      const std::string w = next();
+      const auto comma = w.find(',');
+      if (comma == std::string::npos) throw std::invalid_argument("--window takes LEFT,RIGHT");
+      a.window_left = std::stoi(w.substr(0, comma));
+      a.window_right = std::stoi(w.substr(comma + 1));
+    } else if (s == "--softcap") a.softcap = std::stod(next());
+    else if (s == "--dropout") a.dropout = std::stod(next());
+    else if (s == "--mod") {
+      a.mod = next();
+      if (a.mod != "none" && a.mod != "alibi" && a.mod != "relbias" && a.mod != "document")
+        throw std::invalid_argument("--mod must be none, alibi, relbias or document");
+    } else throw std::invalid_argument("unknown argument " + s);
   }
   return a;
 }
@@ -740,6 +763,61 @@ std::function<void()> forward_variant(const Args& a, View4 q, View4 k, View4 v, 
   }
 }
 
+/// A learned relative-position bias (T5 / Swin style): rel(h, clamp(j - i) + R).
+struct RelativeBias {
+  static constexpr int kRadius = 128;
+  Kokkos::View<const float**, Kokkos::LayoutRight, Kokkos::DefaultExecutionSpace::memory_space> rel;
+
+  template <class Acc>
+  KOKKOS_INLINE_FUNCTION Acc operator()(int, int h, int i, int j, Acc s) const {
+    const int r = j - i < -kRadius ? -kRadius : (j - i > kRadius ? kRadius : j - i);
+    return s + static_cast<Acc>(rel(h, r + kRadius));
+  }
+};
+
+/// Documents packed in one sequence: a key is visible to a query of the same
+/// document only; ids never decrease, so a tile whose id ranges do not meet
+/// is skipped.
+struct DocumentMask {
+  Kokkos::View<const int**, Kokkos::LayoutRight, Kokkos::DefaultExecutionSpace::memory_space> doc;
+
+  template <class Acc>
+  KOKKOS_INLINE_FUNCTION Acc operator()(int b, int, int i, int j, Acc s) const {
+    return doc(b, i) == doc(b, j) ? s : kfa::masked_score<Acc>();
+  }
+  KOKKOS_INLINE_FUNCTION bool visible(int b, int, int row_begin, int row_end, int key_begin,
+                                      int key_end) const {
+    return doc(b, row_begin) <= doc(b, key_end - 1) && doc(b, key_begin) <= doc(b, row_end - 1);
+  }
+};
+
+/// Calls f with the score modifier --mod names (NoScoreMod for none).
+template <class T, class F>
+void with_mod(const Args& a, F&& f) {
+  using mem = Kokkos::DefaultExecutionSpace::memory_space;
+  if (a.mod == "none") return f(kfa::Impl::NoScoreMod());
+  if constexpr (!std::is_same<T, kfa::bfloat16>::value) {
+    throw std::invalid_argument("--mod needs --dtype bf16");
+  } else {
+    if (a.mod == "alibi") {
+      Kokkos::View<float*, mem> slopes("slopes", a.heads);
+      auto h = Kokkos::create_mirror_view(slopes);
+      for (int i = 0; i < a.heads; ++i) h(i) = std::pow(2.0f, -8.0f * (i + 1) / a.heads);
+      Kokkos::deep_copy(slopes, h);
+      return f(kfa::alibi(slopes));
+    }
+    if (a.mod == "relbias") {
+      Kokkos::View<float**, Kokkos::LayoutRight, mem> rel("rel", a.heads,
+                                                          2 * RelativeBias::kRadius + 1);
+      read_into(rel, a.dir + "/rel.bin");
+      return f(RelativeBias{rel});
+    }
+    Kokkos::View<int**, Kokkos::LayoutRight, mem> doc("doc", a.batch, a.seqlen);
+    read_into(doc, a.dir + "/doc.bin");
+    return f(DocumentMask{doc});
+  }
+}
+
 template <class T>
 void run(const Args& a) {
   using Space = Kokkos::DefaultExecutionSpace;
@@ -764,12 +842,18 @@ void run(const Args& a) {
   opt.kernel_policy.league_group_teams = a.league_group;
   opt.causal = a.causal;
   opt.fp32_matmul = fp32_matmul(a.fp32_matmul);
+  opt.window_left = a.window_left;
+  opt.window_right = a.window_right;
+  opt.softcap = a.softcap;
+  opt.dropout_p = a.dropout;
+  opt.dropout_seed = 1;
   const Space space;
-  std::function<void()> fwd = [&] { kfa::flash_attention_forward(space, q, k, v, o, lse, opt); };
+  std::function<void()> fwd, bwd;
+  with_mod<T>(a, [&](auto mod) {
+    fwd = [=] { kfa::flash_attention_forward(space, q, k, v, o, lse, opt, mod); };
+    bwd = [=] { kfa::flash_attention_backward(space, q, k, v, o, lse, d_o, dq, dk, dv, opt, mod); };
+  });
   if (a.fwd_variant != "default") fwd = forward_variant<T>(a, q, k, v, o, lse);
-  std::function<void()> bwd = [&] {
-    kfa::flash_attention_backward(space, q, k, v, o, lse, d_o, dq, dk, dv, opt);
-  };
   if (a.bwd_variant != "default") bwd = backward_variant<T>(a, q, k, v, o, lse, d_o, dq, dk, dv);
   std::vector<std::function<void()>> timed = {fwd};
   if (a.backward) {
