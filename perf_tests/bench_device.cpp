@@ -793,14 +793,17 @@ struct DocumentMask {
 
 /// Calls f with the score modifier --mod names (NoScoreMod for none).
 template <class T, class F>
-void with_mod(const Args& a, F&& f) {
+void with_mod(const Args& a, Kokkos::View<float*, Kokkos::DefaultExecutionSpace::memory_space>& slopes,
+              F&& f) {
   using mem = Kokkos::DefaultExecutionSpace::memory_space;
   if (a.mod == "none") return f(kfa::Impl::NoScoreMod());
   if constexpr (!std::is_same<T, kfa::bfloat16>::value) {
     throw std::invalid_argument("--mod needs --dtype bf16");
   } else {
     if (a.mod == "alibi") {
-      Kokkos::View<float*, mem> slopes("slopes", a.heads);
+      // kfa::alibi holds an unmanaged view of the slopes: `slopes` keeps
+      // them alive for the caller's timed calls.
+      slopes = Kokkos::View<float*, mem>("slopes", a.heads);
       auto h = Kokkos::create_mirror_view(slopes);
       for (int i = 0; i < a.heads; ++i) h(i) = std::pow(2.0f, -8.0f * (i + 1) / a.heads);
       Kokkos::deep_copy(slopes, h);
@@ -849,7 +852,8 @@ void run(const Args& a) {
   opt.dropout_seed = 1;
   const Space space;
   std::function<void()> fwd, bwd;
-  with_mod<T>(a, [&](auto mod) {
+  Kokkos::View<float*, Space::memory_space> slopes;
+  with_mod<T>(a, slopes, [&](auto mod) {
     fwd = [=] { kfa::flash_attention_forward(space, q, k, v, o, lse, opt, mod); };
     bwd = [=] { kfa::flash_attention_backward(space, q, k, v, o, lse, d_o, dq, dk, dv, opt, mod); };
   });

@@ -62,6 +62,32 @@ TYPED_TEST(Alibi, PerHeadAndPerBatch) {
                            alibi_extras(slopes2, 2, true));
 }
 
+#ifdef KOKKOS_ENABLE_CUDA
+// ALiBi on the 16-bit tensor-core kernels (wgmma on Hopper with sm_90a code,
+// mma.sync with wgmma off) at each fused head dim, seqlen_q above and below
+// seqlen_k (the distance from the bottom-right diagonal), causal and window.
+TEST(AlibiCuda, OnTheTensorCoreKernels) {
+  using Space = Kokkos::Cuda;
+  const auto slopes = alibi_slopes(4, 4);
+  const auto device_slopes = slopes_on_device<Space>(slopes);
+  for (const bool wgmma : {true, false})
+    for (const int d : {64, 128, 256}) {
+      kfa::AttentionOptions opt;
+      opt.kernel_policy.wgmma = wgmma;
+      opt.causal = true;
+      check_variant<Config<Space, kfa::bfloat16>>({2, 203, 157, 4, d, wgmma ? 2 : 4}, opt,
+                                                  "alibi-fused", kfa::alibi(device_slopes),
+                                                  alibi_extras(slopes, 4, false));
+      opt.causal = false;
+      opt.window_left = 45;
+      opt.window_right = 12;
+      check_variant<Config<Space, kfa::half, true>>({1, 131, 250, 4, d}, opt, "alibi-fused",
+                                                    kfa::alibi(device_slopes),
+                                                    alibi_extras(slopes, 4, false));
+    }
+}
+#endif
+
 // ALiBi in a packed batch is aligned to each sequence's own bottom-right corner.
 TYPED_TEST(Alibi, PackedSequences) {
   using Space = typename TypeParam::space;

@@ -74,6 +74,7 @@ TYPED_TEST(KernelChoice, TablePerTypeAndPolicy) {
 #ifdef KOKKOS_ENABLE_CUDA
     constexpr bool k16 = !std::is_same<T, float>::value && !std::is_same<T, double>::value;
     kfa::AttentionOptions no_wgmma, no_opt_in, split;
+    no_wgmma.kernel_policy.wgmma = false;
     no_opt_in.kernel_policy.opt_in_shared_memory = false;
     split.fp32_matmul = kfa::Fp32Matmul::split_tf32;
     const bool hopper = kfa::Impl::wgmma_available(Space());

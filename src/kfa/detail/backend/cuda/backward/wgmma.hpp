@@ -503,9 +503,11 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
 
     // This thread's keys (rows of Sᵀ): warp = 4·wg + warp in group.
     const int key0 = key_begin + warp * 16 + lane / 4;
-    const int first_q_block = m_p.mask.row_begin(key_begin) / kBlockM;
     // The query blocks that see these keys: [first_q_block, num_q_blocks).
-    const int num_q_blocks = (m_p.mask.row_end(key_begin + kBlockN) + kBlockM - 1) / kBlockM;
+    int first_q_block = m_p.mask.row_begin(key_begin) / kBlockM;
+    int num_q_blocks = (m_p.mask.row_end(key_begin + kBlockN) + kBlockM - 1) / kBlockM;
+    this->trim_query_blocks(m_p.mask, b, h, key_begin, imin(key_begin + kBlockN, m_p.seqlen_k),
+                            kBlockM, first_q_block, num_q_blocks);
     // The probe's events of query block q_block (NoProbe).
     auto probe_block = [&](int q_block, int event) {
       this->block_event(league, tid, wg, q_block - first_q_block, event);

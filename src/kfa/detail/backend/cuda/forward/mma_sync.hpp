@@ -169,6 +169,8 @@ class FlashForwardMmaKernel : public Fused16Forward, public FusedVariantParams<V
     // The key blocks inside the mask's window (AttentionMask::key_blocks).
     int first_kv_block, end_kv_block;
     m_p.mask.key_blocks(row_begin, row_begin + rows, kBlockN, first_kv_block, end_kv_block);
+    this->trim_key_blocks(m_p.mask, b, h, row_begin, row_begin + rows, kBlockN, first_kv_block,
+                          end_kv_block);
     // Rows of accumulator element (mt, e): row0 + mt * 16 + (e / 2) * 8.
     const int row0 = row_begin + warp * kWarpRows + lane / 4;
 

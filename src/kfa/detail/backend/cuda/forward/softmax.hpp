@@ -47,15 +47,22 @@ KOKKOS_FORCEINLINE_FUNCTION void fwd_variant_scores(float (&s)[MTiles][TilesS][4
     for_each_score<MTiles, TilesS>([&](int mt, int n, int e) { s[mt][n][e] = -INFINITY; });
     return;
   }
-  for_each_score<MTiles, TilesS>([&](int mt, int n, int e) {
-    const int row = row0 + mt * 16 + (e / 2) * 8, col = col0 + n * 8 + (e & 1);
-    float x = s[mt][n][e] * variant.m_variant_scale;
-    if (row < seq.seqlen_q && col < seq.seqlen_k) {
-      float grad;
-      x = variant.m_pipe.template score<false>(seq, b, h, row, col, x, grad);
-    }
-    s[mt][n][e] = x;
-  });
+  auto apply = [&](auto inside_test) {
+    for_each_score<MTiles, TilesS>([&](int mt, int n, int e) {
+      const int row = row0 + mt * 16 + (e / 2) * 8, col = col0 + n * 8 + (e & 1);
+      float x = s[mt][n][e] * variant.m_variant_scale;
+      if (!decltype(inside_test)::value || (row < seq.seqlen_q && col < seq.seqlen_k)) {
+        float grad;
+        x = variant.m_pipe.template score<false>(seq, b, h, row, col, x, grad);
+      }
+      s[mt][n][e] = x;
+    });
+  };
+  // The per-element bounds test only where the tile crosses a sequence's end.
+  if (row_begin + BlockM <= seq.seqlen_q && key_begin + BlockN <= seq.seqlen_k)
+    apply(std::false_type());
+  else
+    apply(std::true_type());
 }
 
 /// Dropout on the probabilities P of a fragment (after the row sums, which

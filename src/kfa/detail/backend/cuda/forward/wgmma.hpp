@@ -282,6 +282,8 @@ class FlashForwardWgmmaKernel : public Fused16Forward,
       const int rows = imin(kBlockM, m_p.seqlen_q - row_begin);
       int end_kv_block;
       m_p.mask.key_blocks(row_begin, row_begin + rows, kBlockN, first_kv_block, end_kv_block);
+      this->trim_key_blocks(m_p.mask, b, h, row_begin, row_begin + rows, kBlockN, first_kv_block,
+                            end_kv_block);
       num_kv_blocks = imax(0, end_kv_block - first_kv_block);
       row0 = row_begin + warp * 16 + lane / 4;
     };

@@ -148,6 +148,11 @@ struct FusedKvHeads {
 template <class VariantT, bool = VariantT::kModifiers || VariantT::kScoreMod>
 struct FusedVariantParams {
   static constexpr bool kVariant = false;
+
+  KOKKOS_FORCEINLINE_FUNCTION void trim_key_blocks(const AttentionMask&, int, int, int, int, int,
+                                                   int&, int&) const {}
+  KOKKOS_FORCEINLINE_FUNCTION void trim_query_blocks(const AttentionMask&, int, int, int, int,
+                                                     int, int&, int&) const {}
 };
 template <class VariantT>
 struct FusedVariantParams<VariantT, true> {
@@ -163,6 +168,38 @@ struct FusedVariantParams<VariantT, true> {
   /// Sequence b's rows as the pipeline's modifiers see them.
   KOKKOS_FORCEINLINE_FUNCTION static SequenceInfo sequence(const AttentionMask& mask, int b) {
     return {b, 0, mask.m_seqlen_q, 0, mask.m_seqlen_k};
+  }
+
+  /// Narrows the key blocks [first, end) of rows [row_begin, row_end) to the
+  /// first and last ones the modifier's block predicate lets through, so
+  /// that loads and loops skip the hidden blocks at both ends (all but a
+  /// document's own under a document mask); hidden blocks between stay and
+  /// score -inf.
+  KOKKOS_FORCEINLINE_FUNCTION void trim_key_blocks(const AttentionMask& mask, int b, int h,
+                                                   int row_begin, int row_end, int block_n,
+                                                   int& first, int& end) const {
+    if constexpr (score_mod_has_visible<typename VariantT::score_mod_type>::value) {
+      auto shown = [&](int block) {
+        return m_pipe.visible(b, h, row_begin, row_end, block * block_n,
+                              imin((block + 1) * block_n, mask.m_seqlen_k));
+      };
+      while (first < end && !shown(first)) ++first;
+      while (end > first && !shown(end - 1)) --end;
+    }
+  }
+
+  /// The same for the query blocks [first, end) of keys [key_begin, key_end).
+  KOKKOS_FORCEINLINE_FUNCTION void trim_query_blocks(const AttentionMask& mask, int b, int h,
+                                                     int key_begin, int key_end, int block_m,
+                                                     int& first, int& end) const {
+    if constexpr (score_mod_has_visible<typename VariantT::score_mod_type>::value) {
+      auto shown = [&](int block) {
+        return m_pipe.visible(b, h, block * block_m, imin((block + 1) * block_m, mask.m_seqlen_q),
+                              key_begin, key_end);
+      };
+      while (first < end && !shown(first)) ++first;
+      while (end > first && !shown(end - 1)) --end;
+    }
   }
 };
 
