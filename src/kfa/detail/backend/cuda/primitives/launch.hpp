@@ -183,8 +183,7 @@ struct FusedVariantParams<VariantT, true> {
         return m_pipe.visible(b, h, row_begin, row_end, block * block_n,
                               imin((block + 1) * block_n, mask.m_seqlen_k));
       };
-      while (first < end && !shown(first)) ++first;
-      while (end > first && !shown(end - 1)) --end;
+      trim_blocks(shown, first, end);
     }
   }
 
@@ -197,9 +196,16 @@ struct FusedVariantParams<VariantT, true> {
         return m_pipe.visible(b, h, block * block_m, imin((block + 1) * block_m, mask.m_seqlen_q),
                               key_begin, key_end);
       };
-      while (first < end && !shown(first)) ++first;
-      while (end > first && !shown(end - 1)) --end;
+      trim_blocks(shown, first, end);
     }
+  }
+
+ private:
+  /// [first, end) narrowed to its first and last blocks where shown(block).
+  template <class Shown>
+  KOKKOS_FORCEINLINE_FUNCTION static void trim_blocks(const Shown& shown, int& first, int& end) {
+    while (first < end && !shown(first)) ++first;
+    while (end > first && !shown(end - 1)) --end;
   }
 };
 
