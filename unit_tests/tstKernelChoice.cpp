@@ -24,10 +24,11 @@ struct RelativeBias {
   }
 };
 
-/// The families a forward and a backward call of `shape` with `opt` (and a
-/// score modifier of type ScoreMod) get.
+/// The kernels (family, padded head dim or 0) a forward and a backward call
+/// of `shape` with `opt` (and a score modifier of type ScoreMod) get.
 template <class C, class ScoreMod = kfa::Impl::NoScoreMod>
-std::pair<KernelFamily, KernelFamily> families(const Shape& s, const kfa::AttentionOptions& opt) {
+std::pair<kfa::Impl::KernelChoice, kfa::Impl::KernelChoice> choices(
+    const Shape& s, const kfa::AttentionOptions& opt) {
   using Space = typename C::space;
   using T = typename C::value_type;
   using Acc = kfa::accumulator_t<T>;
@@ -41,17 +42,24 @@ std::pair<KernelFamily, KernelFamily> families(const Shape& s, const kfa::Attent
   const Space space;
   const auto seq = batch_sequences(q, k);
   const auto fwd =
-      choose_forward_kernel<ScoreMod, Space, decltype(in4(q)), decltype(in4(k)),
+      forward_kernel_choice<ScoreMod, Space, decltype(in4(q)), decltype(in4(k)),
                             decltype(in4(v)), decltype(out4(o)), decltype(out3(lse))>(
           space, in4(q), in4(k), in4(v), out4(o), seq, opt);
   using Delta = Kokkos::View<Acc***, Kokkos::LayoutRight, mem>;
   const auto bwd =
-      choose_backward_kernel<ScoreMod, Space, decltype(in4(q)), decltype(in4(k)),
+      backward_kernel_choice<ScoreMod, Space, decltype(in4(q)), decltype(in4(k)),
                              decltype(in4(v)), decltype(in4(o)), decltype(in3(lse)),
                              decltype(in4(o)), decltype(out4(o)), decltype(out4(k)),
                              decltype(out4(v)), Delta>(space, in4(q), in4(k), in4(v), in4(o),
                                                        out4(o), out4(k), out4(v), seq, opt);
   return std::make_pair(fwd, bwd);
+}
+
+/// The families of choices().
+template <class C, class ScoreMod = kfa::Impl::NoScoreMod>
+std::pair<KernelFamily, KernelFamily> families(const Shape& s, const kfa::AttentionOptions& opt) {
+  const auto [fwd, bwd] = choices<C, ScoreMod>(s, opt);
+  return std::make_pair(fwd.family, bwd.family);
 }
 
 TYPED_TEST(KernelChoice, TablePerTypeAndPolicy) {
@@ -167,7 +175,6 @@ TYPED_TEST(KernelChoice, VariantsOnTheFusedKernels) {
   const KernelFamily elsewhere = host ? KernelFamily::host_tiled : KernelFamily::portable;
   EXPECT_EQ(families<TypeParam>(dense, team).first, KernelFamily::portable);
   EXPECT_EQ(families<TypeParam>(dense, team).second, KernelFamily::portable);
-  EXPECT_EQ(families<TypeParam>({1, 100, 120, 2, 96}, {}).first, elsewhere);
   EXPECT_EQ(families<TypeParam>(dense, det).second, elsewhere);
   if (host) {
     for (const Shape& odd : {Shape{1, 1, 1, 1, 1}, Shape{1, 97, 113, 6, 59, 2},
@@ -178,6 +185,55 @@ TYPED_TEST(KernelChoice, VariantsOnTheFusedKernels) {
   }
   EXPECT_STREQ(kfa::Impl::to_string(KernelFamily::exact_fp32), "exact_fp32");
   EXPECT_STREQ(kfa::Impl::to_string(KernelFamily::host_tiled), "host_tiled");
+}
+
+// Head dims without a fused kernel of their own run on GPUs on the fused
+// kernel of the next compiled head dim up (64, 128, and 256 for 16-bit
+// types), zero-padded; beyond that, and on host backends (whose kernels take
+// any head dim), at their own head dim.
+TYPED_TEST(KernelChoice, OddHeadDimsOnTheFusedKernels) {
+  if (is_duplicate_config<TypeParam>()) GTEST_SKIP() << "half is float here";
+  using Space = typename TypeParam::space;
+  using T = typename TypeParam::value_type;
+  const auto dense = choices<TypeParam>({1, 100, 120, 2, 64}, {});
+  constexpr bool k16 = !std::is_same<T, float>::value && !std::is_same<T, double>::value;
+  kfa::AttentionOptions softcap, team, det;
+  softcap.softcap = 20;
+  team.team_size = 2;
+  det.deterministic = true;
+  for (const int d : {1, 8, 40, 63, 65, 80, 96, 127, 129, 160, 200, 255}) {
+    SCOPED_TRACE("head_dim " + std::to_string(d));
+    const Shape shape{1, 100, 120, 2, d};
+    const auto [fwd, bwd] = choices<TypeParam>(shape, {});
+    if constexpr (is_host_space<Space>()) {
+      EXPECT_EQ(fwd.family, KernelFamily::host_tiled);
+      EXPECT_EQ(fwd.head_dim, 0);
+      EXPECT_EQ(bwd.family, KernelFamily::host_tiled);
+    } else {
+      const int bucket = d <= 64 ? 64 : d <= 128 ? 128 : k16 ? 256 : 0;
+      if (bucket == 0) {
+        EXPECT_EQ(fwd.family, KernelFamily::portable);
+        EXPECT_EQ(bwd.family, KernelFamily::portable);
+        continue;
+      }
+      EXPECT_EQ(fwd.head_dim, bucket);
+      EXPECT_EQ(bwd.head_dim, bucket);
+      if (bucket != 256) {
+        EXPECT_EQ(fwd.family, dense.first.family);
+        EXPECT_EQ(bwd.family, dense.second.family);
+      } else {
+        EXPECT_NE(fwd.family, KernelFamily::portable);
+        EXPECT_NE(bwd.family, KernelFamily::portable);
+      }
+      // An explicit team size and the deterministic backward stay portable.
+      EXPECT_EQ(choices<TypeParam>(shape, team).first.family, KernelFamily::portable);
+      EXPECT_EQ(choices<TypeParam>(shape, det).second.family, KernelFamily::portable);
+      if constexpr (k16) {
+        EXPECT_EQ(choices<TypeParam>(shape, softcap).first.family,
+                  choices<TypeParam>({1, 100, 120, 2, bucket}, softcap).first.family);
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 #include <kfa/detail/attention/forward_kernel.hpp>
 #include <kfa/detail/attention/kernel_choice.hpp>
 #include <kfa/detail/attention/kernel_views.hpp>
+#include <kfa/detail/attention/padded_head_dim.hpp>
 #include <kfa/detail/attention/sequences.hpp>
 #include <kfa/detail/attention/variant.hpp>
 #include <kfa/detail/backend/host/backward.hpp>
@@ -79,6 +80,46 @@ void dispatch_fused_variant(const AttentionOptions& options, const Params& param
   }
 }
 
+/// Launches fused `family` on q..lse, whose head dim may be a padded one:
+/// the scale is that of the caller's `head_dim`.
+template <class ExecSpace, class Q, class K, class V, class O, class Lse, class ScoreMod>
+void launch_fused_forward(KernelFamily family, const ExecSpace& space, const Q& q, const K& k,
+                          const V& v, const O& o, const Lse& lse,
+                          const Sequences<typename Q::memory_space>& seq,
+                          const AttentionOptions& options, const ScoreMod& score_mod,
+                          int head_dim) {
+  using acc_t = typename Lse::non_const_value_type;
+  using fused_t = FusedForward<ExecSpace, Q, K, V, O, Lse>;
+  const int heads = static_cast<int>(q.extent(2)), heads_kv = static_cast<int>(k.extent(2));
+  const auto params = make_params<acc_t>(options, seq, heads, heads_kv, head_dim);
+  dispatch_fused_variant<fused_t::k16Bit>(options, params, score_mod, [&](const auto& variant) {
+    fused_t::launch(family, space, q, k, v, o, lse, softmax_scale<double>(options, head_dim),
+                    fused_call<ScoreMod>(options, static_cast<int>(q.extent(3)), heads, heads_kv),
+                    variant);
+  });
+}
+
+/// A forward on zero-padded copies (padded_head_dim.hpp) with fused
+/// `family` at `padded` head dim.
+template <class ExecSpace, class Q, class K, class V, class O, class Lse, class ScoreMod>
+void forward_padded(KernelFamily family, int padded, const ExecSpace& space, const Q& q,
+                    const K& k, const V& v, const O& o, const Lse& lse,
+                    const Sequences<typename Q::memory_space>& seq,
+                    const AttentionOptions& options, const ScoreMod& score_mod) {
+  PaddedTensors<ExecSpace> tensors(padded);
+  const std::size_t at_q = tensors.add(q), at_k = tensors.add(k), at_v = tensors.add(v),
+                    at_o = tensors.add(o);
+  tensors.allocate(space, "kfa::fwd::padded_head_dim");
+  copy_head_dim(space, "kfa::fwd::pad_q", q, tensors.writable(q, at_q));
+  copy_head_dim(space, "kfa::fwd::pad_k", k, tensors.writable(k, at_k));
+  copy_head_dim(space, "kfa::fwd::pad_v", v, tensors.writable(v, at_v));
+  const O po = tensors.view(o, at_o);
+  launch_fused_forward(family, space, tensors.view(q, at_q), tensors.view(k, at_k),
+                       tensors.view(v, at_v), po, lse, seq, options, score_mod,
+                       static_cast<int>(q.extent(3)));
+  copy_head_dim(space, "kfa::fwd::crop_o", po, o);
+}
+
 template <class ExecSpace, class Q, class K, class V, class O, class Lse, class ScoreMod>
 void dispatch_forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
                       const Lse& lse, const Sequences<typename Q::memory_space>& seq,
@@ -87,8 +128,14 @@ void dispatch_forward(const ExecSpace& space, const Q& q, const K& k, const V& v
   if constexpr (is_host_tiled_space<ExecSpace>()) Host::check_host_isa();
   const int head_dim = static_cast<int>(q.extent(3)), heads = static_cast<int>(q.extent(2)),
             heads_kv = static_cast<int>(k.extent(2));
-  const KernelFamily family =
-      choose_forward_kernel<ScoreMod, ExecSpace, Q, K, V, O, Lse>(space, q, k, v, o, seq, options);
+  const KernelChoice choice =
+      forward_kernel_choice<ScoreMod, ExecSpace, Q, K, V, O, Lse>(space, q, k, v, o, seq, options);
+  if (choice.padded()) {
+    forward_padded(choice.family, choice.head_dim, space, q, k, v, o, lse, seq, options,
+                   score_mod);
+    return;
+  }
+  const KernelFamily family = choice.family;
   const auto params = make_params<acc_t>(options, seq, heads, heads_kv, head_dim);
   if constexpr (is_host_tiled_space<ExecSpace>()) {
     if (family == KernelFamily::host_tiled) {
@@ -101,11 +148,7 @@ void dispatch_forward(const ExecSpace& space, const Q& q, const K& k, const V& v
     }
   }
   if (family != KernelFamily::portable) {
-    using fused_t = FusedForward<ExecSpace, Q, K, V, O, Lse>;
-    dispatch_fused_variant<fused_t::k16Bit>(options, params, score_mod, [&](const auto& variant) {
-      fused_t::launch(family, space, q, k, v, o, lse, softmax_scale<double>(options, head_dim),
-                      fused_call<ScoreMod>(options, head_dim, heads, heads_kv), variant);
-    });
+    launch_fused_forward(family, space, q, k, v, o, lse, seq, options, score_mod, head_dim);
     return;
   }
   dispatch_variant<ScoreMod>(options, [&](auto variant) {
@@ -115,6 +158,63 @@ void dispatch_forward(const ExecSpace& space, const Q& q, const K& k, const V& v
           .launch(space, options.team_size);
     });
   });
+}
+
+/// Launches fused backward `family`, whose head dim may be a padded one
+/// (see launch_fused_forward).
+template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DQ,
+          class DK, class DV, class Delta, class Preprocess, class ScoreMod>
+void launch_fused_backward(KernelFamily family, const ExecSpace& space, const Q& q, const K& k,
+                           const V& v, const O& o, const Lse& lse, const DO& d_o, const DQ& dq,
+                           const DK& dk, const DV& dv, const Delta& delta,
+                           const Preprocess& preprocess,
+                           const Sequences<typename Q::memory_space>& seq,
+                           const AttentionOptions& options, const ScoreMod& score_mod,
+                           int head_dim) {
+  using acc_t = typename Lse::non_const_value_type;
+  using fused_t = FusedBackward<ExecSpace, Q, K, V, O, Lse, DO, DQ, DK, DV, Delta>;
+  const int heads = static_cast<int>(q.extent(2)), heads_kv = static_cast<int>(k.extent(2));
+  const auto params = make_params<acc_t>(options, seq, heads, heads_kv, head_dim);
+  dispatch_fused_variant<fused_t::k16Bit>(options, params, score_mod, [&](const auto& variant) {
+    fused_t::launch(family, space, q, k, v, o, lse, d_o, dq, dk, dv, delta,
+                    softmax_scale<double>(options, head_dim),
+                    fused_call<ScoreMod>(options, static_cast<int>(q.extent(3)), heads, heads_kv),
+                    preprocess, variant);
+  });
+}
+
+/// The backward of forward_padded: q, k, v, o and dO padded, dQ, dK and dV
+/// computed padded and cropped; D from the caller's o and dO (`preprocess`)
+/// or, in the 16-bit families, from the padded ones (zero columns add
+/// nothing).
+template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DQ,
+          class DK, class DV, class Delta, class Preprocess, class ScoreMod>
+void backward_padded(KernelFamily family, int padded, const ExecSpace& space, const Q& q,
+                     const K& k, const V& v, const O& o, const Lse& lse, const DO& d_o,
+                     const DQ& dq, const DK& dk, const DV& dv, const Delta& delta,
+                     const Preprocess& preprocess,
+                     const Sequences<typename Q::memory_space>& seq,
+                     const AttentionOptions& options, const ScoreMod& score_mod) {
+  PaddedTensors<ExecSpace> tensors(padded);
+  const std::size_t at_q = tensors.add(q), at_k = tensors.add(k), at_v = tensors.add(v),
+                    at_o = tensors.add(o), at_do = tensors.add(d_o), at_dq = tensors.add(dq),
+                    at_dk = tensors.add(dk), at_dv = tensors.add(dv);
+  tensors.allocate(space, "kfa::bwd::padded_head_dim");
+  copy_head_dim(space, "kfa::bwd::pad_q", q, tensors.writable(q, at_q));
+  copy_head_dim(space, "kfa::bwd::pad_k", k, tensors.writable(k, at_k));
+  copy_head_dim(space, "kfa::bwd::pad_v", v, tensors.writable(v, at_v));
+  copy_head_dim(space, "kfa::bwd::pad_o", o, tensors.writable(o, at_o));
+  copy_head_dim(space, "kfa::bwd::pad_do", d_o, tensors.writable(d_o, at_do));
+  const DQ pdq = tensors.view(dq, at_dq);
+  const DK pdk = tensors.view(dk, at_dk);
+  const DV pdv = tensors.view(dv, at_dv);
+  launch_fused_backward(family, space, tensors.view(q, at_q), tensors.view(k, at_k),
+                        tensors.view(v, at_v), tensors.view(o, at_o), lse,
+                        tensors.view(d_o, at_do), pdq, pdk, pdv, delta, preprocess, seq, options,
+                        score_mod, static_cast<int>(q.extent(3)));
+  copy_head_dim(space, "kfa::bwd::crop_dq", pdq, dq);
+  copy_head_dim(space, "kfa::bwd::crop_dk", pdk, dk);
+  copy_head_dim(space, "kfa::bwd::crop_dv", pdv, dv);
 }
 
 template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DQ,
@@ -142,10 +242,15 @@ void dispatch_backward(const ExecSpace& space, const Q& q, const K& k, const V& 
     BackwardPreprocess<ExecSpace, O, DO, Delta>{o, d_o, delta, rows, heads, head_dim}.launch(
         space);
   };
-  using fused_t = FusedBackward<ExecSpace, Q, K, V, O, Lse, DO, DQ, DK, DV, Delta>;
-  const KernelFamily family =
-      choose_backward_kernel<ScoreMod, ExecSpace, Q, K, V, O, Lse, DO, DQ, DK, DV, Delta>(
+  const KernelChoice choice =
+      backward_kernel_choice<ScoreMod, ExecSpace, Q, K, V, O, Lse, DO, DQ, DK, DV, Delta>(
           space, q, k, v, d_o, dq, dk, dv, seq, options);
+  if (choice.padded()) {
+    backward_padded(choice.family, choice.head_dim, space, q, k, v, o, lse, d_o, dq, dk, dv,
+                    delta, preprocess, seq, options, score_mod);
+    return;
+  }
+  const KernelFamily family = choice.family;
   const auto params = make_params<acc_t>(options, seq, heads, heads_kv, head_dim);
   if constexpr (is_host_tiled_space<ExecSpace>()) {
     if (family == KernelFamily::host_tiled) {
@@ -158,12 +263,8 @@ void dispatch_backward(const ExecSpace& space, const Q& q, const K& k, const V& 
     }
   }
   if (family != KernelFamily::portable) {
-    dispatch_fused_variant<fused_t::k16Bit>(options, params, score_mod, [&](const auto& variant) {
-      fused_t::launch(family, space, q, k, v, o, lse, d_o, dq, dk, dv, delta,
-                      softmax_scale<double>(options, head_dim),
-                      fused_call<ScoreMod>(options, head_dim, heads, heads_kv), preprocess,
-                      variant);
-    });
+    launch_fused_backward(family, space, q, k, v, o, lse, d_o, dq, dk, dv, delta, preprocess, seq,
+                          options, score_mod, head_dim);
     return;
   }
   preprocess();

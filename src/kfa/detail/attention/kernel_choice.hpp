@@ -19,7 +19,8 @@
 //
 // Every fused row (all but portable) also needs a call the fused kernels
 // take (fused_shape_applies): fixed-length batches, head_dim 64 or 128 (and
-// 256 for the 16-bit families), as many k/v heads as q heads (fewer for the
+// 256 for the 16-bit families; other head dims up to these run on zero-padded
+// copies, padded_head_dim.hpp), as many k/v heads as q heads (fewer for the
 // 16-bit families), no explicit team size, 16-byte aligned tensors, and for
 // the backward not deterministic mode; and its kernel's tiles must fit the
 // GPU (FusedForward::fits / FusedBackward::fits in backend/cuda/). Causal
@@ -35,6 +36,7 @@
 
 #include <kfa/detail/attention/kernel_family.hpp>
 #include <kfa/detail/attention/kernel_views.hpp>
+#include <kfa/detail/attention/padded_head_dim.hpp>
 #include <kfa/detail/attention/sequences.hpp>
 #include <kfa/detail/attention/variant.hpp>
 
@@ -68,7 +70,7 @@ bool fused_shape_applies(const Sequences<MemorySpace>& seq, int heads_q, int hea
   for (const void* p : pointers)
     aligned = aligned && reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
   return aligned &&
-         (head_dim == 64 || head_dim == 128 || (with_16bit_reach && head_dim == 256)) &&
+         fused_head_dim(head_dim, with_16bit_reach) == head_dim &&
          !seq.packed && (heads_q == heads_kv || with_16bit_reach) &&
          (!is_variant_call<ScoreMod>(options) || with_16bit_reach) && options.team_size == 0;
 }
@@ -168,6 +170,65 @@ KernelFamily choose_backward_kernel(const ExecSpace& space, const Q& q, const K&
       return family;
   }
   return KernelFamily::portable;
+}
+
+/// A family and the head dim its kernel computes the call at: the caller's,
+/// or a padded one (padded_head_dim.hpp).
+struct KernelChoice {
+  KernelFamily family;
+  int head_dim;
+  bool padded() const { return family != KernelFamily::portable && head_dim > 0; }
+};
+
+/// The kernel a forward call runs: where the caller's head dim has no fused
+/// kernel of its own, a GPU call with no explicit team size takes the fused
+/// family that runs the zero-padded call, if any; else choose_forward_kernel.
+/// (head_dim is 0 unless padded.)
+template <class ScoreMod, class ExecSpace, class Q, class K, class V, class O, class Lse>
+KernelChoice forward_kernel_choice(const ExecSpace& space, const Q& q, const K& k, const V& v,
+                                   const O& o, const Sequences<typename Q::memory_space>& seq,
+                                   const AttentionOptions& options) {
+  if constexpr (!is_host_tiled_space<ExecSpace>()) {
+    const int head_dim = static_cast<int>(q.extent(3));
+    const int padded = fused_head_dim(head_dim, FusedForward<ExecSpace, Q, K, V, O, Lse>::k16Bit);
+    if (padded != 0 && padded != head_dim && options.team_size == 0) {
+      const KernelFamily family = choose_forward_kernel<ScoreMod, ExecSpace, Q, K, V, O, Lse>(
+          space, padded_shape(q, padded), padded_shape(k, padded), padded_shape(v, padded),
+          padded_shape(o, padded), seq, options);
+      if (family != KernelFamily::portable) return {family, padded};
+    }
+  }
+  return {choose_forward_kernel<ScoreMod, ExecSpace, Q, K, V, O, Lse>(space, q, k, v, o, seq,
+                                                                      options),
+          0};
+}
+
+/// The same for a backward call (deterministic calls are never padded:
+/// no fused family takes them).
+template <class ScoreMod, class ExecSpace, class Q, class K, class V, class O, class Lse,
+          class DO, class DQ, class DK, class DV, class Delta>
+KernelChoice backward_kernel_choice(const ExecSpace& space, const Q& q, const K& k, const V& v,
+                                    const DO& d_o, const DQ& dq, const DK& dk, const DV& dv,
+                                    const Sequences<typename Q::memory_space>& seq,
+                                    const AttentionOptions& options) {
+  auto choose = [&](const auto& q_, const auto& k_, const auto& v_, const auto& do_,
+                    const auto& dq_, const auto& dk_, const auto& dv_) {
+    return choose_backward_kernel<ScoreMod, ExecSpace, Q, K, V, O, Lse, DO, DQ, DK, DV, Delta>(
+        space, q_, k_, v_, do_, dq_, dk_, dv_, seq, options);
+  };
+  if constexpr (!is_host_tiled_space<ExecSpace>()) {
+    const int head_dim = static_cast<int>(q.extent(3));
+    const int padded = fused_head_dim(
+        head_dim, FusedBackward<ExecSpace, Q, K, V, O, Lse, DO, DQ, DK, DV, Delta>::k16Bit);
+    if (padded != 0 && padded != head_dim && options.team_size == 0) {
+      const KernelFamily family =
+          choose(padded_shape(q, padded), padded_shape(k, padded), padded_shape(v, padded),
+                 padded_shape(d_o, padded), padded_shape(dq, padded), padded_shape(dk, padded),
+                 padded_shape(dv, padded));
+      if (family != KernelFamily::portable) return {family, padded};
+    }
+  }
+  return {choose(q, k, v, d_o, dq, dk, dv), 0};
 }
 
 }  // namespace Impl

@@ -29,7 +29,8 @@ namespace Impl {
 /// (dkv_grouped: the fp32 dK and dV per query head of a grouped-query
 /// backward on tensor cores, summed per k/v head afterwards; tile_counter:
 /// the counter from which the persistent teams of a kernel take their
-/// tiles; ring_forward, ring_backward: every buffer of a ring attention
+/// tiles; padded_head_dim: the zero-padded operands of a call whose head
+/// dim has no fused kernel of its own; ring_forward, ring_backward: every buffer of a ring attention
 /// call, carved with WorkspaceParts; staging_send, staging_recv: the pinned
 /// host buffers of a ring exchange staged through the host).
 enum class WorkspaceSlot {
@@ -37,6 +38,7 @@ enum class WorkspaceSlot {
   dq_accum,
   dkv_grouped,
   tile_counter,
+  padded_head_dim,
   ring_forward,
   ring_backward,
   staging_send,

@@ -1,0 +1,105 @@
+#ifndef KFA_DETAIL_ATTENTION_PADDED_HEAD_DIM_HPP
+#define KFA_DETAIL_ATTENTION_PADDED_HEAD_DIM_HPP
+
+// Head dims the fused GPU kernels are not compiled for (anything but 64,
+// 128 and, for the 16-bit families, 256) run on the kernel of the next
+// compiled head dim up, on zero-padded copies of the operands in workspace
+// memory: a zero column adds nothing to q·k, and gives a zero column of O,
+// dQ, dK and dV that is not copied back. The softmax scale stays that of
+// the caller's head dim. The copies cost a pass over the operands, small
+// next to attention's O(N²) work, and the caller's Views are only read and
+// written in their own shape.
+
+#include <kfa/detail/attention/kernel_views.hpp>
+#include <kfa/detail/common/workspace.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <cstddef>
+#include <type_traits>
+
+namespace kfa {
+namespace Impl {
+
+/// The head dim the fused kernels compute a call of `head_dim` at: 64, 128,
+/// or 256 where `with_256` (the 16-bit families); 0 where none holds it.
+constexpr int fused_head_dim(int head_dim, bool with_256) {
+  return head_dim <= 0     ? 0
+         : head_dim <= 64  ? 64
+         : head_dim <= 128 ? 128
+         : (with_256 && head_dim <= 256) ? 256
+                                         : 0;
+}
+
+/// A View of `view`'s type and extents but head dim `head_dim`, with no
+/// data: what the kernel choice sees of a padded call.
+template <class View>
+View padded_shape(const View& view, int head_dim) {
+  return View(static_cast<typename View::pointer_type>(nullptr), view.extent(0), view.extent(1),
+              view.extent(2), head_dim);
+}
+
+/// dst = src with columns [src.extent(3), dst.extent(3)) zero (pad), or
+/// dst = the first dst.extent(3) columns of src (crop); both
+/// [batch][rows][heads][head_dim].
+template <class ExecSpace, class Src, class Dst>
+void copy_head_dim(const ExecSpace& space, const char* label, const Src& src, const Dst& dst) {
+  using value_type = typename Dst::non_const_value_type;
+  const long rows = long(dst.extent(0)) * long(dst.extent(1)) * long(dst.extent(2));
+  const int d_src = static_cast<int>(src.extent(3)), d_dst = static_cast<int>(dst.extent(3));
+  const int n1 = static_cast<int>(dst.extent(1)), n2 = static_cast<int>(dst.extent(2));
+  Kokkos::parallel_for(
+      label, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<long>>(space, 0, rows * d_dst),
+      KOKKOS_LAMBDA(const long index) {
+        const int c = static_cast<int>(index % d_dst);
+        const long row = index / d_dst;
+        const int h = static_cast<int>(row % n2);
+        const long bn = row / n2;
+        const int n = static_cast<int>(bn % n1), b = static_cast<int>(bn / n1);
+        dst(b, n, h, c) = c < d_src ? static_cast<value_type>(src(b, n, h, c)) : value_type(0);
+      });
+}
+
+/// Padded copies of a call's [batch][rows][heads][head_dim] tensors in one
+/// workspace: add() reserves a tensor's place, allocate() takes the memory,
+/// then view() gives each copy's View over it.
+template <class ExecSpace>
+class PaddedTensors {
+ public:
+  PaddedTensors(int head_dim) : m_head_dim(head_dim) {}
+
+  /// Reserves the padded copy of `like`; returns its place.
+  template <class View>
+  std::size_t add(const View& like) {
+    return m_parts.add<typename View::non_const_value_type>(
+        std::size_t(like.extent(0)) * like.extent(1) * like.extent(2) * m_head_dim);
+  }
+
+  void allocate(const ExecSpace& space, const char* label) {
+    m_bytes = workspace(space, WorkspaceSlot::padded_head_dim, m_parts.bytes(), label);
+  }
+
+  /// The padded copy of `like` at `slot`, as a View of like's type (or of
+  /// its writable type, out4_t).
+  template <class Result = void, class View>
+  auto view(const View& like, std::size_t slot) const {
+    using result_t = std::conditional_t<std::is_void<Result>::value, View, Result>;
+    using value_type = typename View::non_const_value_type;
+    return result_t(WorkspaceParts::part<value_type>(m_bytes, slot), like.extent(0),
+                    like.extent(1), like.extent(2), m_head_dim);
+  }
+  template <class View>
+  out4_t<View> writable(const View& like, std::size_t slot) const {
+    return view<out4_t<View>>(like, slot);
+  }
+
+ private:
+  int m_head_dim;
+  WorkspaceParts m_parts;
+  Kokkos::View<unsigned char*, typename ExecSpace::memory_space> m_bytes;
+};
+
+}  // namespace Impl
+}  // namespace kfa
+
+#endif
