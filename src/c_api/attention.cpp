@@ -24,6 +24,15 @@ void check_shape(const Shape& s) {
   check_size("heads", s.heads, 1);
   check_size("kv_heads", s.kv_heads, 1);
   check_size("head_dim", s.head_dim, 1);
+  // The C++ checks say these too, in the C++ API's words (heads_kv, q's extents).
+  if (s.heads % s.kv_heads != 0) {
+    invalid("heads (" + std::to_string(s.heads) + ") must be a multiple of kv_heads (" +
+            std::to_string(s.kv_heads) + ")");
+  }
+  if (s.head_dim > kfa::Impl::max_head_dim) {
+    invalid("head_dim must be in 1.." + std::to_string(kfa::Impl::max_head_dim) + ", got " +
+            std::to_string(s.head_dim));
+  }
 }
 
 constexpr const char* kQShape = "[batch][seqlen_q][heads][head_dim]";
