@@ -5,9 +5,12 @@
 enable_language(C)
 add_library(kfa_c src/c_api/c_api.cpp src/c_api/attention.cpp src/c_api/block.cpp)
 add_library(kfa::kfa_c ALIAS kfa_c)
-# kfa's usage requirements (C++17, -march, Kokkos' flags) are for C++
-# translation units; C and Fortran users get the header and the link only.
-target_link_libraries(kfa_c PRIVATE kfa::kfa)
+# Public: C and Fortran programs link through the C++ compiler with Kokkos'
+# link options (-fopenmp), which CMake before 3.30 does not pass on from a
+# static library's private dependencies. kfa's compile flags that reach
+# them (-march, -fopenmp-simd) suit C and Fortran too; the C++ ones are
+# guarded by language.
+target_link_libraries(kfa_c PUBLIC kfa::kfa)
 target_include_directories(kfa_c PUBLIC
   $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/include>
   $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
