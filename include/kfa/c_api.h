@@ -136,6 +136,7 @@ typedef struct kfa_block_options {
   int32_t rotary_style;
   int32_t rotary_dim;
   int32_t rotary_position_offset;
+  /* Keeps the doubles 8-byte aligned in every language's view; unused. */
   int32_t reserved;
   double rotary_base;
   double norm_eps;
