@@ -241,7 +241,9 @@ class MultiHeadAttention {
 
   template <class DY>
   static void check_like_forward(const char* function, const DY& dy, const context_type& c) {
-    if (c.x.use_count() == 0 || dy.extent(0) != c.x.extent(0) || dy.extent(1) != c.x.extent(1)) {
+    // x may be the caller's unmanaged View (use_count 0); lse is the context's own.
+    if (c.lse.use_count() == 0 || dy.extent(0) != c.x.extent(0) ||
+        dy.extent(1) != c.x.extent(1)) {
       Impl::throw_invalid(function, "dy " + Impl::extents_string(dy) +
                                         " must have the shape of the forward's x " +
                                         Impl::extents_string(c.x) +
