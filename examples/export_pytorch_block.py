@@ -18,6 +18,10 @@ itself (8-byte little-endian header length, JSON header, raw data).
 
     python3 examples/export_pytorch_block.py --out-dir build/examples/pytorch
     python3 examples/export_pytorch_block.py --out-dir build/examples/pytorch --dtype float32
+
+With --check DIR it goes the other way: loads the blocks that
+`pytorch_inference --save-dir DIR` wrote back from kfa into fresh PyTorch
+modules (load_state_dict, strict) and checks that they reproduce y.
 """
 
 import argparse
@@ -56,6 +60,22 @@ def save_file(tensors, path, metadata):
         f.write(text)
         for blob in blobs:
             f.write(blob)
+
+
+def load_file(path):
+    """(tensors, metadata) of a safetensors file, read here (no package needed)."""
+    with open(path, "rb") as f:
+        length = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(length))
+        data = f.read()
+    metadata = header.pop("__metadata__", {})
+    types = {"F64": torch.float64, "F32": torch.float32}
+    tensors = {}
+    for name, entry in header.items():
+        begin, end = entry["data_offsets"]
+        tensors[name] = torch.frombuffer(bytearray(data[begin:end]),
+                                         dtype=types[entry["dtype"]]).reshape(entry["shape"])
+    return tensors, metadata
 
 
 def randomize(module, generator):
@@ -151,6 +171,8 @@ def main():
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--kv-heads", type=int, default=2, help="Llama block only")
     parser.add_argument("--d-ff", type=int, default=96)
+    parser.add_argument("--check", metavar="DIR",
+                        help="load the blocks kfa saved in DIR and compare with --out-dir's y")
     args = parser.parse_args()
     dtype = DTYPES[args.dtype][0]
     os.makedirs(args.out_dir, exist_ok=True)
@@ -173,6 +195,18 @@ def main():
                              bias="0", kv_heads=str(args.kv_heads), fused_qkv="0", rotary="1",
                              rope_base="10000", causal="1")),
     }
+    if args.check:
+        status = 0
+        for name, (block, prefix, _) in blocks.items():
+            weights, _ = load_file(os.path.join(args.check, name + ".safetensors"))
+            io, _ = load_file(os.path.join(args.out_dir, name + "_io.safetensors"))
+            block.load_state_dict({k[len(prefix):]: v for k, v in weights.items()}, strict=True)
+            block.eval()
+            with torch.no_grad():
+                diff = (block(io["x"].to(dtype)) - io["y"].to(dtype)).abs().max().item()
+            print(f"{name}: saved by kfa, loaded by PyTorch (strict): max |y - y0| = {diff:.3g}")
+            status |= diff != 0
+        raise SystemExit(status)
     for name, (block, prefix, metadata) in blocks.items():
         randomize(block, generator)
         block.eval()

@@ -6,7 +6,10 @@
 //
 //   python3 examples/export_pytorch_block.py --out-dir DIR [--dtype float32]
 //   pytorch_inference --dir DIR [--block encoder_layer|llama_block] [--tolerance T]
+//                     [--save-dir OUT]
 //
+// --save-dir writes each loaded block back (save_safetensors, same names) to
+// OUT/<block>.safetensors, which torch's load_state_dict(strict=True) takes.
 // The block's configuration comes from the __metadata__ of <block>_io.safetensors.
 
 #include <kfa/nn.hpp>
@@ -53,16 +56,17 @@ kfa::nn::TransformerBlockOptions block_options(const Metadata& m) {
 /// Loads, runs and compares one block in T; returns the max abs difference.
 template <class T>
 double run(const std::string& weights, const kfa::nn::SafetensorsContents<T>& io,
-           double& max_y) {
+           const std::string& save_path, double& max_y) {
   using View3 = Kokkos::View<T***, Kokkos::LayoutRight, Space::memory_space>;
   const auto& m = io.metadata;
   kfa::nn::TransformerBlock<Space, T> block(block_options(m));
   kfa::nn::SafetensorsOptions load_options;
-  load_options.names =
-      get(m, "names") == "llama" ? kfa::nn::ParameterNames::llama : kfa::nn::ParameterNames::pytorch;
+  load_options.names = get(m, "names") == "llama" ? kfa::nn::ParameterNames::llama
+                                                  : kfa::nn::ParameterNames::pytorch;
   load_options.prefix = get(m, "prefix");
   const Space space;
   kfa::nn::load_safetensors(space, weights, block, load_options);
+  if (!save_path.empty()) kfa::nn::save_safetensors(space, save_path, block, load_options);
 
   const auto& x = io.tensors.at("x");
   const auto& y_torch = io.tensors.at("y");
@@ -94,16 +98,19 @@ int main(int argc, char* argv[]) {
   using namespace pytorch_example;
   std::string dir = ".";
   std::vector<std::string> blocks = {"encoder_layer", "llama_block"};
+  std::string save_dir;
   double tolerance = -1;
   for (int i = 1; i < argc; ++i) {
     const std::string s = argv[i];
     if (i + 1 >= argc) {
-      std::fprintf(stderr, "%s: %s needs a value (see the comment at the top)\n", argv[0], s.c_str());
+      std::fprintf(stderr, "%s: %s needs a value (see the comment at the top)\n", argv[0],
+                   s.c_str());
       return 2;
     }
     if (s == "--dir") dir = argv[++i];
     else if (s == "--block") blocks = {argv[++i]};
     else if (s == "--tolerance") tolerance = std::atof(argv[++i]);
+    else if (s == "--save-dir") save_dir = argv[++i];
     else {
       std::fprintf(stderr, "%s: unknown argument %s (see the comment at the top)\n", argv[0],
                    s.c_str());
@@ -124,7 +131,8 @@ int main(int argc, char* argv[]) {
   int status = 0;
   Kokkos::ScopeGuard guard(argc, argv);
   for (const auto& b : blocks) {
-    const std::string weights = dir + "/" + b + ".safetensors", io = dir + "/" + b + "_io.safetensors";
+    const std::string weights = dir + "/" + b + ".safetensors";
+    const std::string io = dir + "/" + b + "_io.safetensors";
     // The io file says the dtype; the block runs in it.
     bool fp32 = false;
     try {
@@ -134,11 +142,12 @@ int main(int argc, char* argv[]) {
       return 1;
     }
     double max_y = 0, err = 0;
+    const std::string save_path = save_dir.empty() ? "" : save_dir + "/" + b + ".safetensors";
     try {
       if (fp32)
-        err = run<float>(weights, kfa::nn::read_safetensors<float>(io), max_y);
+        err = run<float>(weights, kfa::nn::read_safetensors<float>(io), save_path, max_y);
       else
-        err = run<double>(weights, kfa::nn::read_safetensors<double>(io), max_y);
+        err = run<double>(weights, kfa::nn::read_safetensors<double>(io), save_path, max_y);
     } catch (const std::exception& e) {
       std::printf("FAILED %s: %s\n", b.c_str(), e.what());
       status = 1;

@@ -91,7 +91,8 @@ struct FileBuilder {
     for (Word w : words) {
       std::uint64_t bits = 0;
       std::memcpy(&bits, &w, sizeof(Word));
-      for (std::size_t b = 0; b < sizeof(Word); ++b) bytes.push_back(char((bits >> (8 * b)) & 0xff));
+      for (std::size_t b = 0; b < sizeof(Word); ++b)
+        bytes.push_back(char((bits >> (8 * b)) & 0xff));
     }
     entries.push_back({name, dtype, shape, bytes});
   }

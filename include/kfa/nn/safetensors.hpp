@@ -19,6 +19,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace kfa {
@@ -74,7 +75,8 @@ struct SafetensorsContents {
 /// (F8_E4M3, F8_E5M2).
 template <class T>
 SafetensorsContents<T> read_safetensors(const std::string& path) {
-  static_assert(Impl::nn_value_type_ok<T>(), "kfa::nn::read_safetensors: T must be double or float");
+  static_assert(Impl::nn_value_type_ok<T>(),
+                "kfa::nn::read_safetensors: T must be double or float");
   Impl::ProfilingRegion region("kfa::nn::read_safetensors");
   Impl::SafetensorsReader reader(path);
   for (const auto& t : reader.tensors()) {
@@ -88,9 +90,10 @@ SafetensorsContents<T> read_safetensors(const std::string& path) {
   for (const auto& t : reader.tensors()) {
     std::size_t numel = 1;
     for (std::size_t e : t.shape) numel *= e;
+    const std::string label = "kfa::nn::read_safetensors::" + t.name;
     HostTensor<T> tensor{t.shape, t.dtype,
                          Kokkos::View<T*, Kokkos::LayoutRight, Kokkos::HostSpace>(
-                             Kokkos::view_alloc(Kokkos::WithoutInitializing, t.name), numel)};
+                             Kokkos::view_alloc(Kokkos::WithoutInitializing, label), numel)};
     reader.read(t, tensor.values.data());
     contents.tensors.emplace(t.name, std::move(tensor));
   }
@@ -105,7 +108,8 @@ SafetensorsContents<T> read_safetensors(const std::string& path) {
 template <class T>
 void write_safetensors(const std::string& path, const std::map<std::string, HostTensor<T>>& tensors,
                        const std::map<std::string, std::string>& metadata = {}) {
-  static_assert(Impl::nn_value_type_ok<T>(), "kfa::nn::write_safetensors: T must be double or float");
+  static_assert(Impl::nn_value_type_ok<T>(),
+                "kfa::nn::write_safetensors: T must be double or float");
   Impl::ProfilingRegion region("kfa::nn::write_safetensors");
   std::vector<Impl::SafetensorsRecord> records;
   for (const auto& [name, t] : tensors) {

@@ -128,8 +128,9 @@ SafetensorsReader::SafetensorsReader(const std::string& path)
   m_file.read(reinterpret_cast<char*>(length_bytes), 8);
   const std::uint64_t header_length = little_endian(length_bytes, 8);
   if (header_length > file_size - 8) {
-    fail(path, "header length " + std::to_string(header_length) + " runs past the end of the file (" +
-                   std::to_string(file_size) + " bytes): truncated or not a safetensors file");
+    fail(path, "header length " + std::to_string(header_length) +
+                   " runs past the end of the file (" + std::to_string(file_size) +
+                   " bytes): truncated or not a safetensors file");
   }
   std::string text(header_length, '\0');
   m_file.read(&text[0], std::streamsize(header_length));
