@@ -2,7 +2,8 @@
 # Installs everything kfa needs on a fresh Debian 12 machine and prints, on its
 # last line, the CMake arguments that point a build at the dependencies.
 #
-#  - apt packages: compiler, cmake, OpenMPI, GoogleTest, Google Benchmark, BLAS;
+#  - apt packages: compiler, cmake, OpenMPI, GoogleTest, Google Benchmark, BLAS,
+#    nlohmann-json (the safetensors headers);
 #  - Kokkos 3.4.01 and Kokkos Kernels 3.4.01 (OpenMP + Serial, C++17, BLAS TPL,
 #    no default ETI) built from Debian's `trilinos` source package into a cache
 #    prefix that later runs reuse.
@@ -19,7 +20,7 @@ sudo_cmd=""
 if [ "$(id -u)" != 0 ]; then sudo_cmd="sudo"; fi
 
 apt_packages=(g++ cmake make libopenmpi-dev openmpi-bin libgtest-dev libgmock-dev
-              googletest libbenchmark-dev libblas-dev dpkg-dev)
+              googletest libbenchmark-dev libblas-dev dpkg-dev nlohmann-json3-dev)
 
 missing=()
 for p in "${apt_packages[@]}"; do

@@ -3,7 +3,10 @@
 
 // kfa::nn: transformer layers on Kokkos Views. Stateless forward/backward
 // steps (linear, norms, rotary embeddings, activations, dropout, AdamW) and
-// the layer objects built on them (MultiHeadAttention, TransformerBlock).
+// the layer objects built on them (MultiHeadAttention, TransformerBlock),
+// and their weights in the safetensors format.
+
+#include <kfa/kfa_config.hpp>
 
 #include <kfa/nn/activation.hpp>
 #include <kfa/nn/adamw.hpp>
@@ -15,5 +18,8 @@
 #include <kfa/nn/parameter.hpp>
 #include <kfa/nn/rotary.hpp>
 #include <kfa/nn/transformer_block.hpp>
+#if KFA_ENABLE_SAFETENSORS
+#include <kfa/nn/safetensors.hpp>
+#endif
 
 #endif
