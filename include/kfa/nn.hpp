@@ -3,8 +3,11 @@
 
 // kfa::nn: transformer layers on Kokkos Views. Stateless forward/backward
 // steps (linear, norms, rotary embeddings, activations, dropout, AdamW) and
-// the layer objects built on them (MultiHeadAttention, TransformerBlock).
+// the layer objects built on them (MultiHeadAttention, TransformerBlock);
+// with MPI, gradient averaging over ranks and the layers' sequence-parallel
+// mode.
 
+#include <kfa/kfa_config.hpp>
 #include <kfa/nn/activation.hpp>
 #include <kfa/nn/adamw.hpp>
 #include <kfa/nn/dropout.hpp>
@@ -15,5 +18,10 @@
 #include <kfa/nn/parameter.hpp>
 #include <kfa/nn/rotary.hpp>
 #include <kfa/nn/transformer_block.hpp>
+
+#if KFA_ENABLE_MPI
+#include <kfa/nn/distributed.hpp>
+#include <kfa/ring_communicator.hpp>
+#endif
 
 #endif
