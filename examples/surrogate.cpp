@@ -259,10 +259,10 @@ int run(const Args& args) {
     return 2;
   }
   // This rank's patches: a contiguous run, as kfa::ring_local_seqlen splits them.
-  const int local = int(kfa::ring_local_seqlen(patches, rank, ranks, kfa::RingSharding::contiguous));
+  const auto split = kfa::RingSharding::contiguous;
+  const int local = int(kfa::ring_local_seqlen(patches, rank, ranks, split));
   int first = 0;
-  for (int r = 0; r < rank; ++r)
-    first += int(kfa::ring_local_seqlen(patches, r, ranks, kfa::RingSharding::contiguous));
+  for (int r = 0; r < rank; ++r) first += int(kfa::ring_local_seqlen(patches, r, ranks, split));
 
   Burgers sim(fields, args.grid, local * args.patch, first * args.patch, MPI_COMM_WORLD);
   // Field f restarts every kLife steps, the fields staggered.

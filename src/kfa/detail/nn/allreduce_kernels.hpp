@@ -130,9 +130,9 @@ void allreduce_gradients_impl(const char* function, const ExecSpace& space,
     Kokkos::deep_copy(space, Kokkos::subview(buffer, std::make_pair(offset, offset + len)), p.grad);
     offset += len;
   }
-  const bool staged = host_staged || !Kokkos::SpaceAccessibility<Kokkos::HostSpace,
-                                                                 MemorySpace>::accessible &&
-                                         !mpi_is_cuda_aware();
+  constexpr bool host_memory = Kokkos::SpaceAccessibility<Kokkos::HostSpace,
+                                                          MemorySpace>::accessible;
+  const bool staged = host_staged || (!host_memory && !mpi_is_cuda_aware());
   Kokkos::View<T*, Kokkos::HostSpace> host;
   if (staged) {
     host = Kokkos::View<T*, Kokkos::HostSpace>(

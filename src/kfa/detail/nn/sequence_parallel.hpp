@@ -94,6 +94,7 @@ void nn_attention_forward(const ExecSpace& space, const nn::SequenceParallelOpti
     return;
   }
 #endif
+  (void)options;
   flash_attention_forward(space, q, k, v, o, lse, attention);
 }
 
@@ -109,6 +110,7 @@ void nn_attention_backward(const ExecSpace& space, const nn::SequenceParallelOpt
     return;
   }
 #endif
+  (void)options;
   flash_attention_backward(space, q, k, v, o, lse, d_o, dq, dk, dv, attention);
 }
 
