@@ -19,7 +19,9 @@
 // compute the same model as one rank does on the whole grid.
 //
 //   mpirun -np P surrogate [--repeat STEPS] [--grid N] [--patch P] [--batch FIELDS]
-//                          [--heads H] [--head-dim D] [--blocks L] [--float]
+//                          [--heads H] [--head-dim D] [--blocks L]
+//
+// In fp64 (one value type keeps the example quick to build).
 //
 // Exits non-zero unless the loss falls tenfold: the mean of the last ten
 // steps' losses against the first step's.
@@ -47,7 +49,6 @@ using Space = Kokkos::DefaultExecutionSpace;
 
 struct Args : kfa_example::CommonArgs {
   int grid = 256, patch = 8, blocks = 2;
-  bool use_float = false;
 };
 
 /// The simulation: `fields` Burgers fields on this rank's `local` points of
@@ -291,9 +292,9 @@ int run(const Args& args) {
   const Space space;
   if (rank == 0) {
     std::printf("surrogate: Burgers, %d fields of %d points, %d patches of %d on %d rank(s), "
-                "%d block(s) of d_model %d, %s\n",
+                "%d block(s) of d_model %d\n",
                 fields, args.grid, patches, args.patch, ranks, args.blocks,
-                args.heads * args.head_dim, args.use_float ? "float" : "double");
+                args.heads * args.head_dim);
   }
 
   std::vector<double> losses;
@@ -373,11 +374,10 @@ int main(int argc, char* argv[]) {
           if (s == "--grid") a.grid = next();
           else if (s == "--patch") a.patch = next();
           else if (s == "--blocks") a.blocks = next();
-          else if (s == "--float") a.use_float = true;
           else return false;
           return true;
         });
-    status = args.use_float ? surrogate::run<float>(args) : surrogate::run<double>(args);
+    status = surrogate::run<double>(args);
   }
   MPI_Allreduce(MPI_IN_PLACE, &status, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   MPI_Finalize();
