@@ -4,10 +4,10 @@
 // kfa::nn: transformer layers on Kokkos Views. Stateless forward/backward
 // steps (linear, norms, rotary embeddings, activations, dropout, AdamW) and
 // the layer objects built on them (MultiHeadAttention, TransformerBlock),
-// and their weights in the safetensors format.
+// and their weights in the safetensors format; with MPI, gradient averaging
+// over ranks and the layers' sequence-parallel mode.
 
 #include <kfa/kfa_config.hpp>
-
 #include <kfa/nn/activation.hpp>
 #include <kfa/nn/adamw.hpp>
 #include <kfa/nn/dropout.hpp>
@@ -20,6 +20,11 @@
 #include <kfa/nn/transformer_block.hpp>
 #if KFA_ENABLE_SAFETENSORS
 #include <kfa/nn/safetensors.hpp>
+#endif
+
+#if KFA_ENABLE_MPI
+#include <kfa/nn/distributed.hpp>
+#include <kfa/ring_communicator.hpp>
 #endif
 
 #endif

@@ -9,6 +9,7 @@
 #include <kfa/detail/nn/layer_support.hpp>
 #include <kfa/detail/nn/linear_impl.hpp>
 #include <kfa/detail/nn/rotary_kernels.hpp>
+#include <kfa/detail/nn/sequence_parallel.hpp>
 
 #include <cmath>
 #include <cstdint>
@@ -46,6 +47,8 @@ struct MultiHeadAttentionContext {
   view4 q, k, v, o;
   lse_view lse;
   AttentionOptions attention;
+  // Where x's tokens sit in the global sequence (sequence-parallel mode).
+  Impl::NnSequenceSlice slice;
   // Workspaces: the fused q|k|v projection, the backward's gradients.
   view2 qkv, dqkv;
   view4 d_o, dq, dk, dv;
@@ -56,6 +59,14 @@ struct MultiHeadAttentionContext {
 /// rotary(x·W_qᵀ + b_q), rotary(x·W_kᵀ + b_k), x·W_vᵀ + b_v)), the attention
 /// through kfa::flash_attention_forward/backward with the options'
 /// AttentionOptions. Grouped-query heads when kv_heads < heads.
+///
+/// Sequence-parallel mode (options.sequence_parallel.comm): x holds this
+/// rank's contiguous run of tokens of every sequence, attention runs as
+/// kfa::ring_attention_forward/backward over the ranks, rotary embeddings
+/// and causal masks use global positions, and forward and backward are
+/// collective over the communicator. Parameter gradients are then this
+/// rank's part of the sum over all tokens: add them up over the ranks with
+/// kfa::nn::allreduce_gradients (GradientReduction::sum).
 ///
 /// Parameters and their gradients are Views held by the layer (weights(),
 /// grads()); backward accumulates into the gradients (zero_grad resets them).
@@ -140,7 +151,8 @@ class MultiHeadAttention {
   void forward(const ExecSpace& space, const X& x, const Y& y, context_type& context) const {
     const char* function = "kfa::nn::MultiHeadAttention::forward";
     Impl::ProfilingRegion region(function);
-    check_pair<X, Y>(function, "x", x, "y", y);
+    Impl::nn_checks_on_every_rank(m_options.sequence_parallel,
+                                  [&] { check_pair<X, Y>(function, "x", x, "y", y); });
     if constexpr (pair_ok<X, Y>()) forward_impl(space, x, Impl::out_matrix(y), context);
   }
 
@@ -151,9 +163,11 @@ class MultiHeadAttention {
   void backward(const ExecSpace& space, const DY& dy, const DX& dx, context_type& context) {
     const char* function = "kfa::nn::MultiHeadAttention::backward";
     Impl::ProfilingRegion region(function);
-    check_pair<DY, DX>(function, "dy", dy, "dx", dx);
+    Impl::nn_checks_on_every_rank(m_options.sequence_parallel, [&] {
+      check_pair<DY, DX>(function, "dy", dy, "dx", dx);
+      if constexpr (pair_ok<DY, DX>()) check_like_forward(function, dy, context);
+    });
     if constexpr (pair_ok<DY, DX>()) {
-      check_like_forward(function, dy, context);
       backward_impl(space, Impl::in_matrix(dy), Impl::out_matrix(dx), context);
     }
   }
@@ -216,6 +230,7 @@ class MultiHeadAttention {
                                     "0..head_dim, base > 0, position_offset >= 0");
     }
     Impl::check_options(function, o.attention);
+    Impl::nn_check_sequence_parallel(function, o.sequence_parallel, o.attention);
     return o;
   }
 
@@ -252,13 +267,16 @@ class MultiHeadAttention {
   }
 
   /// Rotates `heads` heads of in's columns from in_col0 into out's from
-  /// out_col0 (sign -1: the inverse); without rotary a copy.
+  /// out_col0 (sign -1: the inverse); without rotary a copy. Positions are
+  /// global: the tokens of `slice` start at slice.offset.
   void rotate(const ExecSpace& space, const in2& in, int in_col0, const out2& out, int out_col0,
-              int seqlen, int heads, bool rotary, int sign) const {
-    Impl::rotary_apply_impl<ExecSpace, T>(space, in, in_col0, out, out_col0, seqlen, heads,
+              const Impl::NnSequenceSlice& slice, int heads, bool rotary, int sign) const {
+    RotaryOptions rotary_options = m_options.rotary_options;
+    rotary_options.position_offset += slice.offset;
+    Impl::rotary_apply_impl<ExecSpace, T>(space, in, in_col0, out, out_col0, slice.seqlen, heads,
                                           m_options.head_dim,
-                                          rotary ? m_options.rotary_options.rotary_dim : 0,
-                                          m_options.rotary_options, sign);
+                                          rotary ? rotary_options.rotary_dim : 0, rotary_options,
+                                          sign);
   }
 
   template <class X>
@@ -268,6 +286,7 @@ class MultiHeadAttention {
     const int batch = int(x.extent(0)), seqlen = int(x.extent(1)), tokens = batch * seqlen;
     const int hd = o.head_dim, q_cols = o.heads * hd, kv_cols = o.kv_heads * hd;
     c.x = x;
+    c.slice = Impl::nn_sequence_slice(o.sequence_parallel, seqlen);
     Impl::nn_ensure(c.q, "kfa::nn::MultiHeadAttention::q", batch, seqlen, o.heads, hd);
     Impl::nn_ensure(c.k, "kfa::nn::MultiHeadAttention::k", batch, seqlen, o.kv_heads, hd);
     Impl::nn_ensure(c.v, "kfa::nn::MultiHeadAttention::v", batch, seqlen, o.kv_heads, hd);
@@ -281,22 +300,23 @@ class MultiHeadAttention {
       Impl::nn_ensure(c.qkv, "kfa::nn::MultiHeadAttention::qkv", tokens, q_cols + 2 * kv_cols);
       Impl::linear_forward_impl<ExecSpace, T>(space, x2, m_weights.w_qkv, m_weights.b_qkv,
                                               c.qkv);
-      rotate(space, c.qkv, 0, q2, 0, seqlen, o.heads, o.rotary, 1);
-      rotate(space, c.qkv, q_cols, k2, 0, seqlen, o.kv_heads, o.rotary, 1);
-      rotate(space, c.qkv, q_cols + kv_cols, v2, 0, seqlen, o.kv_heads, false, 1);
+      rotate(space, c.qkv, 0, q2, 0, c.slice, o.heads, o.rotary, 1);
+      rotate(space, c.qkv, q_cols, k2, 0, c.slice, o.kv_heads, o.rotary, 1);
+      rotate(space, c.qkv, q_cols + kv_cols, v2, 0, c.slice, o.kv_heads, false, 1);
     } else {
       Impl::linear_forward_impl<ExecSpace, T>(space, x2, m_weights.w_q, m_weights.b_q, q2);
       Impl::linear_forward_impl<ExecSpace, T>(space, x2, m_weights.w_k, m_weights.b_k, k2);
       Impl::linear_forward_impl<ExecSpace, T>(space, x2, m_weights.w_v, m_weights.b_v, v2);
       if (o.rotary) {
-        rotate(space, q2, 0, q2, 0, seqlen, o.heads, true, 1);
-        rotate(space, k2, 0, k2, 0, seqlen, o.kv_heads, true, 1);
+        rotate(space, q2, 0, q2, 0, c.slice, o.heads, true, 1);
+        rotate(space, k2, 0, k2, 0, c.slice, o.kv_heads, true, 1);
       }
     }
     c.attention = o.attention;
     c.attention.dropout_seed = c.dropout_seed;
     if (!c.training) c.attention.dropout_p = 0;
-    flash_attention_forward(space, c.q, c.k, c.v, c.o, c.lse, c.attention);
+    Impl::nn_attention_forward(space, o.sequence_parallel, c.q, c.k, c.v, c.o, c.lse,
+                               c.attention);
     Impl::linear_forward_impl<ExecSpace, T>(space, Impl::in_tokens(c.o), m_weights.w_o,
                                             m_weights.b_o, y);
   }
@@ -311,23 +331,23 @@ class MultiHeadAttention {
     Impl::nn_ensure(c.dv, "kfa::nn::MultiHeadAttention::dv", batch, seqlen, o.kv_heads, hd);
     Impl::linear_backward_impl<ExecSpace, T>(space, Impl::in_tokens(c.o), m_weights.w_o, dy,
                                              Impl::out_tokens(c.d_o), m_grads.w_o, m_grads.b_o);
-    flash_attention_backward(space, c.q, c.k, c.v, c.o, c.lse, c.d_o, c.dq, c.dk, c.dv,
-                             c.attention);
+    Impl::nn_attention_backward(space, o.sequence_parallel, c.q, c.k, c.v, c.o, c.lse, c.d_o,
+                                c.dq, c.dk, c.dv, c.attention);
     const in2 x2 = Impl::in_matrix(c.x);
     const out2 dq2 = Impl::out_tokens(c.dq), dk2 = Impl::out_tokens(c.dk),
                dv2 = Impl::out_tokens(c.dv);
     if (o.fused_qkv) {
       // The inverse rotations write straight into the fused gradient.
       Impl::nn_ensure(c.dqkv, "kfa::nn::MultiHeadAttention::dqkv", tokens, q_cols + 2 * kv_cols);
-      rotate(space, dq2, 0, c.dqkv, 0, seqlen, o.heads, o.rotary, -1);
-      rotate(space, dk2, 0, c.dqkv, q_cols, seqlen, o.kv_heads, o.rotary, -1);
-      rotate(space, dv2, 0, c.dqkv, q_cols + kv_cols, seqlen, o.kv_heads, false, -1);
+      rotate(space, dq2, 0, c.dqkv, 0, c.slice, o.heads, o.rotary, -1);
+      rotate(space, dk2, 0, c.dqkv, q_cols, c.slice, o.kv_heads, o.rotary, -1);
+      rotate(space, dv2, 0, c.dqkv, q_cols + kv_cols, c.slice, o.kv_heads, false, -1);
       Impl::linear_backward_impl<ExecSpace, T>(space, x2, m_weights.w_qkv, c.dqkv, dx,
                                                m_grads.w_qkv, m_grads.b_qkv);
     } else {
       if (o.rotary) {
-        rotate(space, dq2, 0, dq2, 0, seqlen, o.heads, true, -1);
-        rotate(space, dk2, 0, dk2, 0, seqlen, o.kv_heads, true, -1);
+        rotate(space, dq2, 0, dq2, 0, c.slice, o.heads, true, -1);
+        rotate(space, dk2, 0, dk2, 0, c.slice, o.kv_heads, true, -1);
       }
       Impl::linear_backward_impl<ExecSpace, T>(space, x2, m_weights.w_q, dq2, dx, m_grads.w_q,
                                                m_grads.b_q);

@@ -2,10 +2,14 @@
 #define KFA_NN_OPTIONS_HPP
 
 #include <kfa/options.hpp>
+#include <kfa/ring_options.hpp>
 
 #include <cstdint>
 
 namespace kfa {
+
+class RingCommunicator;
+
 namespace nn {
 
 /// LayerNorm and RMSNorm.
@@ -67,6 +71,19 @@ enum class Activation {
   swiglu
 };
 
+/// Sequence parallelism (kfa built with KFA_ENABLE_MPI): every rank of
+/// `comm` holds its own contiguous run of tokens of every sequence, the runs
+/// in rank order (a near-even split is kfa::ring_local_seqlen's with
+/// RingSharding::contiguous; any lengths work). Attention runs as ring
+/// attention over `comm`; everything else is per token and stays local.
+struct SequenceParallelOptions {
+  /// The ranks that share each sequence; null turns the mode off. The caller
+  /// keeps it alive while the layer is used.
+  const RingCommunicator* comm = nullptr;
+  /// How the ring moves K/V blocks (RingOptions::transport).
+  RingTransport transport = RingTransport::mpi;
+};
+
 /// kfa::nn::MultiHeadAttention (self-attention).
 struct MultiHeadAttentionOptions {
   int d_model = 0;
@@ -89,6 +106,10 @@ struct MultiHeadAttentionOptions {
   AttentionOptions attention;
   /// Seed of the host generator that initialises the weights.
   std::uint64_t init_seed = 0;
+  /// Sequence-parallel mode (off by default). Rotary positions and causal
+  /// masks are then global; attention.window_left/right and dropout_p must
+  /// stay off, as in ring attention.
+  SequenceParallelOptions sequence_parallel;
 };
 
 /// kfa::nn::TransformerBlock: x + attn(norm1(x)), then + mlp(norm2(·)).

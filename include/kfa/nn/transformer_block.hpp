@@ -46,6 +46,11 @@ struct TransformerBlockContext {
 /// Parameters and gradients are Views held by the block (weights(),
 /// grads(), attention()); backward accumulates the gradients (zero_grad
 /// resets them). Value types double and float.
+///
+/// Sequence-parallel mode: options.attention.sequence_parallel (see
+/// MultiHeadAttention); norms and MLP are per token and stay local, and the
+/// dropout masks follow the tokens, so the ranks draw the masks that one rank
+/// draws on the whole sequence.
 template <class ExecSpace, class T>
 class TransformerBlock {
  public:
@@ -120,7 +125,8 @@ class TransformerBlock {
   void forward(const ExecSpace& space, const X& x, const Y& y, context_type& context) const {
     const char* function = "kfa::nn::TransformerBlock::forward";
     Impl::ProfilingRegion region(function);
-    m_attention.check_pair(function, "x", x, "y", y);
+    Impl::nn_checks_on_every_rank(m_options.attention.sequence_parallel,
+                                  [&] { m_attention.check_pair(function, "x", x, "y", y); });
     if constexpr (MultiHeadAttention<ExecSpace, T>::template pair_ok<X, Y>())
       forward_impl(space, x, Impl::out_matrix(y), context);
   }
@@ -132,9 +138,13 @@ class TransformerBlock {
   void backward(const ExecSpace& space, const DY& dy, const DX& dx, context_type& context) {
     const char* function = "kfa::nn::TransformerBlock::backward";
     Impl::ProfilingRegion region(function);
-    m_attention.check_pair(function, "dy", dy, "dx", dx);
-    if constexpr (MultiHeadAttention<ExecSpace, T>::template pair_ok<DY, DX>()) {
-      MultiHeadAttention<ExecSpace, T>::check_like_forward(function, dy, context.attention);
+    using Attention = MultiHeadAttention<ExecSpace, T>;
+    Impl::nn_checks_on_every_rank(m_options.attention.sequence_parallel, [&] {
+      m_attention.check_pair(function, "dy", dy, "dx", dx);
+      if constexpr (Attention::template pair_ok<DY, DX>())
+        Attention::check_like_forward(function, dy, context.attention);
+    });
+    if constexpr (Attention::template pair_ok<DY, DX>()) {
       backward_impl(space, Impl::in_matrix(dy), Impl::out_matrix(dx), context);
     }
   }
@@ -186,6 +196,15 @@ class TransformerBlock {
   nn::DropoutOptions dropout(const context_type& c, Site site) const {
     return {c.training ? m_options.dropout_p : 0.0, Impl::nn_site_seed(c.dropout_seed, site)};
   }
+  /// y = residual + dropout(x) with the mask of `site`; the masks are keyed
+  /// by the tokens' places in the whole batch, which the attention's forward
+  /// found out (they differ from the local rows in the sequence-parallel mode).
+  void residual_dropout(const ExecSpace& space, const char* label, const in2& residual,
+                        const in2& x, const out2& y, const context_type& c, Site site) const {
+    const auto& slice = c.attention.slice;
+    Impl::residual_dropout_impl<ExecSpace, T>(space, label, residual, x, y, dropout(c, site),
+                                              {slice.seqlen, slice.seqlen_global, slice.offset});
+  }
 
   void norm_forward(const ExecSpace& space, const in2& x, const view1& gamma, const view1& beta,
                     const out2& y, const typename context_type::view1_acc& mean,
@@ -231,9 +250,8 @@ class TransformerBlock {
     c.attention.training = c.training;
     c.attention.dropout_seed = Impl::nn_site_seed(c.dropout_seed, kAttentionWeights);
     m_attention.forward_impl(space, c.h1, Impl::out_matrix(c.a), c.attention);
-    Impl::residual_dropout_impl<ExecSpace, T>(space, "kfa::nn::TransformerBlock::residual1", x2,
-                                              Impl::in_matrix(c.a), c.x1,
-                                              dropout(c, kAttentionOutput));
+    residual_dropout(space, "kfa::nn::TransformerBlock::residual1", x2, Impl::in_matrix(c.a), c.x1,
+                     c, kAttentionOutput);
     norm_forward(space, c.x1, w.norm2_weight, w.norm2_bias, c.h2, c.mean2, c.rstd2);
     Impl::linear_forward_impl<ExecSpace, T>(space, c.h2, w.w1, w.b1, c.u);
     if (m_options.activation == Activation::swiglu)
@@ -241,11 +259,10 @@ class TransformerBlock {
     else
       Impl::gelu_forward_impl<ExecSpace, T>(space, c.u, c.g,
                                             m_options.activation == Activation::gelu_tanh);
-    Impl::residual_dropout_impl<ExecSpace, T>(space, "kfa::nn::TransformerBlock::mlp_dropout",
-                                              none, c.g, c.g, dropout(c, kActivation));
+    residual_dropout(space, "kfa::nn::TransformerBlock::mlp_dropout", none, c.g, c.g, c,
+                     kActivation);
     Impl::linear_forward_impl<ExecSpace, T>(space, c.g, w.w2, w.b2, y);
-    Impl::residual_dropout_impl<ExecSpace, T>(space, "kfa::nn::TransformerBlock::residual2", c.x1,
-                                              y, y, dropout(c, kMlpOutput));
+    residual_dropout(space, "kfa::nn::TransformerBlock::residual2", c.x1, y, y, c, kMlpOutput);
   }
 
   void backward_impl(const ExecSpace& space, const in2& dy, const out2& dx, context_type& c) {
@@ -262,12 +279,11 @@ class TransformerBlock {
     const in2 none;
 
     // MLP branch: y = x1 + dropout(m), m = g·W2ᵀ + b2.
-    Impl::residual_dropout_impl<ExecSpace, T>(space, "kfa::nn::TransformerBlock::residual2_backward",
-                                              none, dy, c.dm, dropout(c, kMlpOutput));
+    residual_dropout(space, "kfa::nn::TransformerBlock::residual2_backward", none, dy, c.dm, c,
+                     kMlpOutput);
     Impl::linear_backward_impl<ExecSpace, T>(space, c.g, w.w2, c.dm, c.dg, g.w2, g.b2);
-    Impl::residual_dropout_impl<ExecSpace, T>(space,
-                                              "kfa::nn::TransformerBlock::mlp_dropout_backward",
-                                              none, c.dg, c.dg, dropout(c, kActivation));
+    residual_dropout(space, "kfa::nn::TransformerBlock::mlp_dropout_backward", none, c.dg, c.dg,
+                     c, kActivation);
     if (m_options.activation == Activation::swiglu)
       Impl::swiglu_backward_impl<ExecSpace, T>(space, c.u, c.dg, c.du);
     else
@@ -279,10 +295,8 @@ class TransformerBlock {
     norm_backward(space, c.x1, w.norm2_weight, c.mean2, c.rstd2, c.dh2, c.dx1, g.norm2_weight,
                   g.norm2_bias);
     // Attention branch: x1 = x + dropout(a), a = attention(h1).
-    Impl::residual_dropout_impl<ExecSpace, T>(space,
-                                              "kfa::nn::TransformerBlock::residual1_backward",
-                                              none, c.dx1, Impl::out_matrix(c.da),
-                                              dropout(c, kAttentionOutput));
+    residual_dropout(space, "kfa::nn::TransformerBlock::residual1_backward", none, c.dx1,
+                     Impl::out_matrix(c.da), c, kAttentionOutput);
     m_attention.backward_impl(space, Impl::in_matrix(c.da), Impl::out_matrix(c.dh1), c.attention);
     Kokkos::deep_copy(space, dx, in2(c.dx1));
     norm_backward(space, Impl::in_matrix(c.x), w.norm1_weight, c.mean1, c.rstd1,

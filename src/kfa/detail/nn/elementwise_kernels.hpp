@@ -101,6 +101,19 @@ struct SwigluBackward {
   }
 };
 
+/// Which token of the whole batch a rank's token is: a rank holding
+/// positions [offset, offset + seqlen) of sequences of seqlen_global
+/// (sequence parallelism) has token t at (t / seqlen)·seqlen_global + offset
+/// + t % seqlen. Dropout masks are keyed by it, so that ranks sharing a
+/// sequence draw the masks one rank would. The default is the identity.
+struct NnTokenMap {
+  int seqlen = 0, seqlen_global = 0, offset = 0;
+  KOKKOS_FORCEINLINE_FUNCTION int global(int token) const {
+    if (seqlen == seqlen_global) return token;
+    return (token / seqlen) * seqlen_global + offset + token % seqlen;
+  }
+};
+
 /// y = residual + Z∘x/(1 - p) (no residual: y = Z∘x/(1 - p)); also the
 /// dropout backward (dx = Z∘dy/(1 - p)). y may be x or residual itself.
 template <class ExecSpace, class T>
@@ -112,10 +125,13 @@ struct ResidualDropout {
   DropoutGenerator m_generator;
   acc_t m_keep_scale;
   bool m_dropout;
+  NnTokenMap m_tokens;
   KOKKOS_FUNCTION void operator()(const int token, const int j) const {
     acc_t x = m_x(token, j);
-    if (m_dropout)
-      x = m_generator.kept(m_generator.row_key(0, 0, token), j) ? x * m_keep_scale : acc_t(0);
+    if (m_dropout) {
+      const std::uint64_t row = m_generator.row_key(0, 0, m_tokens.global(token));
+      x = m_generator.kept(row, j) ? x * m_keep_scale : acc_t(0);
+    }
     m_y(token, j) = static_cast<T>(m_residual.extent(0) > 0 ? acc_t(m_residual(token, j)) + x : x);
   }
 };
@@ -169,20 +185,20 @@ void swiglu_backward_impl(const ExecSpace& space,
 }
 
 /// y = residual + dropout(x) (residual empty: y = dropout(x)); p = 0 adds or
-/// copies.
+/// copies. `tokens` places x's rows in the batch (sequence parallelism).
 template <class ExecSpace, class T>
 void residual_dropout_impl(const ExecSpace& space, const char* label,
                            const NnIn2<T, typename ExecSpace::memory_space>& residual,
                            const NnIn2<T, typename ExecSpace::memory_space>& x,
                            const NnOut2<T, typename ExecSpace::memory_space>& y,
-                           const nn::DropoutOptions& options) {
+                           const nn::DropoutOptions& options, const NnTokenMap& tokens = {}) {
   using acc_t = accumulator_t<T>;
   if (x.size() == 0) return;
   const bool dropout = options.p > 0;
   Kokkos::parallel_for(label, elementwise_policy(space, x.extent(0), x.extent(1)),
                        ResidualDropout<ExecSpace, T>{
                            residual, x, y, DropoutGenerator(options.p, options.seed),
-                           dropout ? acc_t(1.0 / (1.0 - options.p)) : acc_t(1), dropout});
+                           dropout ? acc_t(1.0 / (1.0 - options.p)) : acc_t(1), dropout, tokens});
 }
 
 }  // namespace Impl
