@@ -62,6 +62,9 @@ def rows(args):
         ("16 documents of 0.5-1.7k, causal", (1, sum(doc_lengths), 16, 128), True,
          ["--mod", "document"], {"documents": doc_lengths}, ("flex",)),
         ("head_dim 96, not causal", (1, 4096, 16, 96), False, [], {}, ("cudnn", "flash")),
+    ] + [
+        (f"head_dim {d}, not causal", (1, 4096, 16, d), False, [], {}, ("cudnn", "flash"))
+        for d in (32, 80, 160, 192)
     ]
     if args.rows:
         keep = [int(x) for x in args.rows.split(",")]

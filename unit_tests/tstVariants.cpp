@@ -204,6 +204,33 @@ TEST(VariantsCuda, EveryVariantOnTheTensorCoreKernels) {
       check_variant<Config<Kokkos::Cuda, double>>({1, 131, 250, 2, d}, opt, "fused-window");
     }
 }
+
+// Head dims without a kernel of their own run on the fused kernel of the
+// next compiled head dim on zero-padded copies (KernelChoice.
+// OddHeadDimsOnTheFusedKernels): dense, causal, windows, softcap and dropout,
+// grouped-query heads, forward and backward against the fp64 oracle, with
+// wgmma on and off; fp32 and fp64 up to 128.
+TEST(VariantsCuda, OddHeadDimsOnThePaddedFusedKernels) {
+  using Cb = Config<Kokkos::Cuda, kfa::bfloat16>;
+  using Ch = Config<Kokkos::Cuda, kfa::half, true>;
+  kfa::AttentionOptions causal = window(-1, -1, true), mixed = window(45, -1, true);
+  mixed.softcap = 4;
+  mixed.dropout_p = 0.15;
+  mixed.dropout_seed = 5;
+  for (const bool wgmma : {true, false})
+    for (const int d : {8, 40, 80, 96, 112, 160, 200}) {
+      for (auto opt : {kfa::AttentionOptions{}, causal, mixed, window(30, 9)}) {
+        opt.kernel_policy.wgmma = wgmma;
+        check_variant<Cb>({2, 157, 203, 4, d, 2}, opt, "padded");
+        check_variant<Ch>({1, 203, 131, 3, d}, opt, "padded");
+      }
+    }
+  for (const int d : {24, 72, 100})
+    for (const auto& opt : {kfa::AttentionOptions{}, causal, window(40, 7)}) {
+      check_variant<Config<Kokkos::Cuda, float>>({2, 157, 203, 3, d}, opt, "padded");
+      check_variant<Config<Kokkos::Cuda, double>>({1, 131, 250, 2, d}, opt, "padded");
+    }
+}
 #endif
 
 // Sliding windows, alone and with causal, seqlen_q below, equal to and above
