@@ -62,6 +62,17 @@ struct AttentionViews {
   }
 };
 
+/// The shape and the operands the forward and the backward share.
+void check_forward_operands(const Shape& s, const void* q, const void* k, const void* v,
+                            const void* o, const void* lse) {
+  check_shape(s);
+  check_pointer("q", q, kQShape, s.q());
+  check_pointer("k", k, kKvShape, s.kv());
+  check_pointer("v", v, kKvShape, s.kv());
+  check_pointer("o", o, kQShape, s.q());
+  check_pointer("lse", lse, kLseShape, s.lse());
+}
+
 }  // namespace
 
 extern "C" {
@@ -73,12 +84,7 @@ kfa_status kfa_attention_forward(kfa_space space, void* stream, kfa_dtype dtype,
                                  const kfa_attention_options* options) {
   return guarded("kfa_attention_forward", [&] {
     const Shape s{batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim};
-    check_shape(s);
-    check_pointer("q", q, kQShape, s.q());
-    check_pointer("k", k, kKvShape, s.kv());
-    check_pointer("v", v, kKvShape, s.kv());
-    check_pointer("o", o, kQShape, s.q());
-    check_pointer("lse", lse, kLseShape, s.lse());
+    check_forward_operands(s, q, k, v, o, lse);
     const kfa::AttentionOptions o_options = attention_options(options);
     with_space(space, [&](auto space_tag) {
       using ExecSpace = decltype(space_tag);
@@ -102,12 +108,7 @@ kfa_status kfa_attention_backward(kfa_space space, void* stream, kfa_dtype dtype
                                   const kfa_attention_options* options) {
   return guarded("kfa_attention_backward", [&] {
     const Shape s{batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim};
-    check_shape(s);
-    check_pointer("q", q, kQShape, s.q());
-    check_pointer("k", k, kKvShape, s.kv());
-    check_pointer("v", v, kKvShape, s.kv());
-    check_pointer("o", o, kQShape, s.q());
-    check_pointer("lse", lse, kLseShape, s.lse());
+    check_forward_operands(s, q, k, v, o, lse);
     check_pointer("d_o", d_o, kQShape, s.q());
     check_pointer("dq", dq, kQShape, s.q());
     check_pointer("dk", dk, kKvShape, s.kv());
