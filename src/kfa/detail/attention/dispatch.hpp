@@ -130,10 +130,12 @@ void dispatch_forward(const ExecSpace& space, const Q& q, const K& k, const V& v
             heads_kv = static_cast<int>(k.extent(2));
   const KernelChoice choice =
       forward_kernel_choice<ScoreMod, ExecSpace, Q, K, V, O, Lse>(space, q, k, v, o, seq, options);
-  if (choice.padded()) {
-    forward_padded(choice.family, choice.head_dim, space, q, k, v, o, lse, seq, options,
-                   score_mod);
-    return;
+  if constexpr (!is_host_tiled_space<ExecSpace>()) {
+    if (choice.padded()) {
+      forward_padded(choice.family, choice.head_dim, space, q, k, v, o, lse, seq, options,
+                     score_mod);
+      return;
+    }
   }
   const KernelFamily family = choice.family;
   const auto params = make_params<acc_t>(options, seq, heads, heads_kv, head_dim);
@@ -245,10 +247,12 @@ void dispatch_backward(const ExecSpace& space, const Q& q, const K& k, const V& 
   const KernelChoice choice =
       backward_kernel_choice<ScoreMod, ExecSpace, Q, K, V, O, Lse, DO, DQ, DK, DV, Delta>(
           space, q, k, v, d_o, dq, dk, dv, seq, options);
-  if (choice.padded()) {
-    backward_padded(choice.family, choice.head_dim, space, q, k, v, o, lse, d_o, dq, dk, dv,
-                    delta, preprocess, seq, options, score_mod);
-    return;
+  if constexpr (!is_host_tiled_space<ExecSpace>()) {
+    if (choice.padded()) {
+      backward_padded(choice.family, choice.head_dim, space, q, k, v, o, lse, d_o, dq, dk, dv,
+                      delta, preprocess, seq, options, score_mod);
+      return;
+    }
   }
   const KernelFamily family = choice.family;
   const auto params = make_params<acc_t>(options, seq, heads, heads_kv, head_dim);

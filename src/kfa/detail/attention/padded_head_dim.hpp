@@ -56,7 +56,8 @@ void copy_head_dim(const ExecSpace& space, const char* label, const Src& src, co
         const int h = static_cast<int>(row % n2);
         const long bn = row / n2;
         const int n = static_cast<int>(bn % n1), b = static_cast<int>(bn / n1);
-        dst(b, n, h, c) = c < d_src ? static_cast<value_type>(src(b, n, h, c)) : value_type(0);
+        dst(b, n, h, c) = c < d_src ? static_cast<value_type>(src(b, n, h, c))
+                                     : static_cast<value_type>(0.0f);
       });
 }
 
