@@ -267,10 +267,11 @@ class FlashForwardExactFp32Kernel {
       float sum = row_sum[i];
 #pragma unroll
       for (int m = 1; m < Scores::kLanesPerRow; m *= 2) sum += shfl_xor(sum, m);
-      inv[i] = sum > 0.f ? 1.f / sum : 0.f;
+      // Sum 0: no key (O = 0, lse = -inf); a NaN sum stays NaN.
+      inv[i] = sum == 0.f ? 0.f : 1.f / sum;
       const int row = row_begin + row_of(i);
       if (first_of_row && row < m_p.seqlen_q)
-        m_lse[m_p.lse_offset(b, h) + row] = sum > 0.f ? row_max[i] + logf(sum) : -INFINITY;
+        m_lse[m_p.lse_offset(b, h) + row] = sum == 0.f ? -INFINITY : row_max[i] + logf(sum);
     }
     store_row_factors(sF, inv, row_of, first_of_row);
     __syncwarp();

@@ -440,7 +440,8 @@ class FlashForwardFp32Fp64Kernel {
       const int mt = r / kHalves, half = r % kHalves;
       const int row = row0 + mt * Atom::kRows + half * 8;
       if (row >= m_p.seqlen_q) continue;
-      const value_type inv = row_sum[r] > 0 ? value_type(1) / row_sum[r] : value_type(0);
+      // Sum 0: no key (O = 0, lse = -inf); a NaN sum stays NaN.
+      const value_type inv = row_sum[r] == 0 ? value_type(0) : value_type(1) / row_sum[r];
       value_type* gO = m_o + m_p.offset(b, h, m_p.seqlen_q, kHeadDim) + row * row_stride;
       #pragma unroll
       for (int n = 0; n < kTilesO; ++n) {
@@ -451,9 +452,9 @@ class FlashForwardFp32Fp64Kernel {
       if (lane % 4 == 0) {
         // lse in the natural base: row_max is in the softmax's base.
         m_lse[m_p.lse_offset(b, h) + row] =
-            row_sum[r] > 0 ? (kBase2 ? row_max[r] * value_type(0.6931471805599453) : row_max[r]) +
-                                 log_base(row_sum[r])
-                           : value_type(-INFINITY);
+            row_sum[r] == 0 ? value_type(-INFINITY)
+                            : (kBase2 ? row_max[r] * value_type(0.6931471805599453) : row_max[r]) +
+                                  log_base(row_sum[r]);
       }
     }
   }

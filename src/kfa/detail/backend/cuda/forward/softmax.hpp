@@ -292,7 +292,9 @@ KOKKOS_FORCEINLINE_FUNCTION void fwd_write_output(const float (&acc_o)[MTiles][T
     const int mt = r / 2, half = r % 2;
     const int row = row0 + mt * 16 + half * 8;
     if (row >= seqlen_q) continue;
-    const float inv = row_sum[r] > 0.f ? 1.f / row_sum[r] : 0.f;
+    // A row that saw no key has sum 0: O = 0, lse = -inf. A NaN sum (a
+    // non-finite input reached the row) stays NaN in O and lse.
+    const float inv = row_sum[r] == 0.f ? 0.f : 1.f / row_sum[r];
     std::uint16_t* o_row = gO + row * row_stride;
 #pragma unroll
     for (int n = 0; n < TilesO; ++n) {
@@ -301,8 +303,8 @@ KOKKOS_FORCEINLINE_FUNCTION void fwd_write_output(const float (&acc_o)[MTiles][T
           pack2<Format>(acc_o[mt][n][2 * half] * inv, acc_o[mt][n][2 * half + 1] * inv);
     }
     if (lane % 4 == 0) {
-      g_lse[row] = row_sum[r] > 0.f ? (row_max[r] + log2f(row_sum[r])) * 0.6931471805599453f
-                                    : -INFINITY;
+      g_lse[row] = row_sum[r] == 0.f ? -INFINITY
+                                     : (row_max[r] + log2f(row_sum[r])) * 0.6931471805599453f;
     }
   }
 }
