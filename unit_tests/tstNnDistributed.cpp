@@ -15,19 +15,10 @@
 
 #include <mpi.h>
 
+#include "mpi_test_helpers.hpp"
+
 namespace kfa_test {
 namespace {
-
-int world_rank() {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank;
-}
-int world_size() {
-  int size = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  return size;
-}
 
 /// A small block whose parameters() are the list the allreduce tests reduce.
 kfa::nn::TransformerBlockOptions small_block() {
