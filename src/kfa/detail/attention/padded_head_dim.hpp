@@ -40,24 +40,25 @@ View padded_shape(const View& view, int head_dim) {
 }
 
 /// dst = src with columns [src.extent(3), dst.extent(3)) zero (pad), or
-/// dst = the first dst.extent(3) columns of src (crop); both
-/// [batch][rows][heads][head_dim].
+/// dst = the first dst.extent(3) columns of src (crop); both contiguous
+/// [batch][rows][heads][head_dim], as the fused kernels take them, so that
+/// they are copied as [batch·rows·heads][head_dim] matrices with no index
+/// division per element.
 template <class ExecSpace, class Src, class Dst>
 void copy_head_dim(const ExecSpace& space, const char* label, const Src& src, const Dst& dst) {
   using value_type = typename Dst::non_const_value_type;
   const long rows = long(dst.extent(0)) * long(dst.extent(1)) * long(dst.extent(2));
-  const int d_src = static_cast<int>(src.extent(3)), d_dst = static_cast<int>(dst.extent(3));
-  const int n1 = static_cast<int>(dst.extent(1)), n2 = static_cast<int>(dst.extent(2));
+  const long d_src = long(src.extent(3)), d_dst = long(dst.extent(3));
+  const auto* from = src.data();
+  auto* to = dst.data();
   Kokkos::parallel_for(
-      label, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<long>>(space, 0, rows * d_dst),
-      KOKKOS_LAMBDA(const long index) {
-        const int c = static_cast<int>(index % d_dst);
-        const long row = index / d_dst;
-        const int h = static_cast<int>(row % n2);
-        const long bn = row / n2;
-        const int n = static_cast<int>(bn % n1), b = static_cast<int>(bn / n1);
-        dst(b, n, h, c) = c < d_src ? static_cast<value_type>(src(b, n, h, c))
-                                     : static_cast<value_type>(0.0f);
+      label,
+      Kokkos::MDRangePolicy<ExecSpace,
+                            Kokkos::Rank<2, Kokkos::Iterate::Right, Kokkos::Iterate::Right>,
+                            Kokkos::IndexType<long>>(space, {0, 0}, {rows, d_dst}),
+      KOKKOS_LAMBDA(const long r, const long c) {
+        to[r * d_dst + c] = c < d_src ? static_cast<value_type>(from[r * d_src + c])
+                                      : static_cast<value_type>(0.0f);
       });
 }
 
