@@ -10,9 +10,12 @@
 //                [--fwd-variant NAME] [--bwd-variant NAME] [--no-wgmma]
 //                [--league-group TEAMS] [--timing sequential|interleaved] [--trace]
 //                [--window LEFT,RIGHT] [--softcap X] [--dropout P]
-//                [--mod alibi|relbias|document]
+//                [--mod alibi|relbias|document] [--packed S]
 //                --dir /dev/shm/kfa_bench | --random
 //
+// --packed S: a packed variable-length batch of S sequences in the --seqlen
+// rows (--batch 1), their offsets (S + 1 int32, cu_seqlens) read from
+// --dir/cu.bin, run by the varlen entry points.
 // Variants (bench_variants.py): --window, --softcap, --dropout set the
 // options; --mod passes a score modifier (bf16 only): kfa::alibi with the
 // slopes 2^(-8(h+1)/H), a relative-position bias table read from rel.bin
@@ -76,6 +79,8 @@ struct Args {
   int window_left = -1, window_right = -1;
   double softcap = 0, dropout = 0;
   std::string mod = "none";
+  /// Sequences of a packed batch (0: a fixed-length batch).
+  int packed = 0;
 };
 
 Args parse(int argc, char* argv[]) {
@@ -117,6 +122,7 @@ Args parse(int argc, char* argv[]) {
       a.window_right = std::stoi(w.substr(comma + 1));
     } else if (s == "--softcap") a.softcap = std::stod(next());
     else if (s == "--dropout") a.dropout = std::stod(next());
+    else if (s == "--packed") a.packed = std::stoi(next());
     else if (s == "--mod") {
       a.mod = next();
       if (a.mod != "none" && a.mod != "alibi" && a.mod != "relbias" && a.mod != "document")
@@ -853,10 +859,40 @@ void run(const Args& a) {
   const Space space;
   std::function<void()> fwd, bwd;
   Kokkos::View<float*, Space::memory_space> slopes;
-  with_mod<T>(a, slopes, [&](auto mod) {
-    fwd = [=] { kfa::flash_attention_forward(space, q, k, v, o, lse, opt, mod); };
-    bwd = [=] { kfa::flash_attention_backward(space, q, k, v, o, lse, d_o, dq, dk, dv, opt, mod); };
-  });
+  if (a.packed > 0) {
+    if (B != 1 || a.random || a.mod != "none")
+      throw std::invalid_argument("--packed needs --batch 1, inputs from --dir and no --mod");
+    // The packed tensors [total][heads][head_dim] over the same memory, lse
+    // [heads][total].
+    using Packed = Kokkos::View<T***, Kokkos::LayoutRight, Space::memory_space>;
+    using PackedLse = Kokkos::View<Acc**, Kokkos::LayoutRight, Space::memory_space>;
+    Kokkos::View<int*, Space::memory_space> cu("cu_seqlens", a.packed + 1);
+    read_into(cu, a.dir + "/cu.bin");
+    const auto cu_h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), cu);
+    int longest = 0;
+    for (int s = 0; s < a.packed; ++s) longest = std::max(longest, cu_h(s + 1) - cu_h(s));
+    if (cu_h(0) != 0 || cu_h(a.packed) != N)
+      throw std::invalid_argument("--packed: cu.bin must run from 0 to --seqlen");
+    const Packed q3(q.data(), N, H, D), k3(k.data(), N, Hkv, D), v3(v.data(), N, Hkv, D),
+        o3(o.data(), N, H, D), do3(d_o.data(), N, H, D), dq3(dq.data(), N, H, D),
+        dk3(dk.data(), N, Hkv, D), dv3(dv.data(), N, Hkv, D);
+    const PackedLse lse2(lse.data(), H, N);
+    fwd = [=] {
+      kfa::flash_attention_varlen_forward(space, q3, k3, v3, cu, cu, longest, longest, o3, lse2,
+                                          opt);
+    };
+    bwd = [=] {
+      kfa::flash_attention_varlen_backward(space, q3, k3, v3, cu, cu, longest, longest, o3, lse2,
+                                           do3, dq3, dk3, dv3, opt);
+    };
+  } else {
+    with_mod<T>(a, slopes, [&](auto mod) {
+      fwd = [=] { kfa::flash_attention_forward(space, q, k, v, o, lse, opt, mod); };
+      bwd = [=] {
+        kfa::flash_attention_backward(space, q, k, v, o, lse, d_o, dq, dk, dv, opt, mod);
+      };
+    });
+  }
   if (a.fwd_variant != "default") fwd = forward_variant<T>(a, q, k, v, o, lse);
   if (a.bwd_variant != "default") bwd = backward_variant<T>(a, q, k, v, o, lse, d_o, dq, dk, dv);
   std::vector<std::function<void()>> timed = {fwd};

@@ -5,10 +5,14 @@ Each row runs kfa (bench_device with the variant's flags) and the anchor the
 issue names on the same inputs: FlexAttention (torch.compile(flex_attention)
 with a block mask) for windows, softcap, ALiBi, a user score modifier and a
 document mask; SDPA flash for dropout; SDPA flash and cuDNN for the dense
-reference and odd head dims. O, dQ, dK and dV of kfa and of the anchor are
+reference and odd head dims. Packed rows run kfa's varlen entry points on
+the documents (bench_device --packed) beside FlexAttention's document mask
+on the same packed tensor, and, for many short sequences, beside SDPA on the
+sequences padded to the longest (efficient attention with a key-padding mask;
+the padding and unpadding copies are not timed). O, dQ, dK and dV of kfa and of the anchor are
 checked against an fp64 reference of the same variant on batch 0, heads 0-1
 (max-abs error; dropout rows are timed only: its mask is kfa's own, which the
-unit tests check).
+unit tests check). Document rows check the first documents up to 4096 rows.
 
   python3 perf_tests/bench_variants.py --exe build-cuda/perf_tests/bench_device
 
@@ -49,6 +53,7 @@ def rows(args):
     big = (2, 8192, 16, 128)
     gen = torch.Generator().manual_seed(7)
     doc_lengths = [int(x) for x in torch.randint(512, 1700, (16,), generator=gen)]
+    short_lengths = [int(x) for x in torch.randint(16, 129, (4096,), generator=gen)]
     out = [
         ("dense causal", big, True, [], {}, ("cudnn", "flash", "flex")),
         ("window 1024 back, causal", big, True, ["--window", "1024,-1"], {"window": 1024},
@@ -65,6 +70,12 @@ def rows(args):
     ] + [
         (f"head_dim {d}, not causal", (1, 4096, 16, d), False, [], {}, ("cudnn", "flash"))
         for d in (32, 80, 160, 192)
+    ] + [
+        ("16 documents of 0.5-1.7k, packed (varlen), causal", (1, sum(doc_lengths), 16, 128),
+         True, ["--packed", "16"], {"documents": doc_lengths, "packed": True}, ("flex",)),
+        (f"{len(short_lengths)} sequences of 16-128 (varlen), d 64", (1, sum(short_lengths), 8, 64),
+         False, ["--packed", str(len(short_lengths))],
+         {"documents": short_lengths, "packed": True}, ("flex", "padded")),
     ]
     if args.rows:
         keep = [int(x) for x in args.rows.split(",")]
@@ -97,7 +108,7 @@ def score_transform(var, n, heads, device, rel):
     return apply
 
 
-def flex_mods(var, heads, device, rel):
+def flex_mods(var, heads, device, rel, is_causal=True):
     """(score_mod, mask_mod) for FlexAttention."""
     causal = lambda b, h, q, kv: q >= kv
     mask_mod, score_mod = causal, None
@@ -106,7 +117,10 @@ def flex_mods(var, heads, device, rel):
         mask_mod = lambda b, h, q, kv: (q >= kv) & (q - kv <= w)
     if "documents" in var:
         doc = document_ids(var["documents"], device)
-        mask_mod = lambda b, h, q, kv: (q >= kv) & (doc[q] == doc[kv])
+        if is_causal:
+            mask_mod = lambda b, h, q, kv: (q >= kv) & (doc[q] == doc[kv])
+        else:
+            mask_mod = lambda b, h, q, kv: doc[q] == doc[kv]
     if "softcap" in var:
         cap = var["softcap"]
         score_mod = lambda s, b, h, q, kv: cap * torch.tanh(s / cap)
@@ -148,6 +162,8 @@ def anchor_run(kind, q, k, v, do, causal, var, block_mask, score_mod):
     if kind == "flex":
         call = lambda: flex(qt, kt, vt, score_mod=score_mod, block_mask=block_mask)
         ctx = None
+    elif kind == "padded":
+        return padded_run(q, k, v, do, causal, var["documents"])
     else:
         backend = SDPBackend.CUDNN_ATTENTION if kind == "cudnn" else SDPBackend.FLASH_ATTENTION
         call = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, dropout_p=p)
@@ -173,6 +189,67 @@ def anchor_run(kind, q, k, v, do, causal, var, block_mask, score_mod):
         return None
 
 
+def padded_run(q, k, v, do, causal, lengths):
+    """SDPA on the packed sequences padded to the longest: [S][H][L][D] with a
+    key-padding mask (efficient attention, which takes a mask); the copies
+    in and out of the padded layout are not timed."""
+    dev, (_, n, h, d) = q.device, q.shape
+    s, longest = len(lengths), max(lengths)
+    lens = torch.tensor(lengths, device=dev)
+    starts = torch.cumsum(lens, 0) - lens
+    pos = torch.arange(longest, device=dev)
+    valid = pos[None, :] < lens[:, None]                        # [S][L]
+    rows = (starts[:, None] + pos[None, :]).clamp(max=n - 1)    # [S][L]
+    pad = lambda x: (x[0][rows] * valid[..., None, None]).transpose(1, 2).contiguous()
+    qp, kp, vp = (pad(x).detach().requires_grad_(True) for x in (q, k, v))
+    dop = pad(do)
+    mask = valid[:, None, None, :]
+    if causal:
+        mask = mask & torch.ones(longest, longest, dtype=torch.bool, device=dev).tril()
+    call = lambda: F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask)
+
+    def fwd_bwd():
+        qp.grad = kp.grad = vp.grad = None
+        call().backward(dop)
+
+    def unpad(x):  # [S][H][L][D] -> [1][N][H][D]
+        out = torch.zeros(1, n, h, d, dtype=x.dtype, device=dev)
+        out[0][rows[valid]] = x.transpose(1, 2)[valid]
+        return out
+    try:
+        with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+            out = call()
+            ms = cuda_times_ms([call, fwd_bwd], interleaved=True)
+            fwd_bwd()
+    except Exception as e:
+        print(f"  padded: not run ({str(e).splitlines()[0][:100]})", flush=True)
+        return None
+    return ms[0], ms[1], tuple(unpad(x.detach()) for x in (out, qp.grad, kp.grad, vp.grad))
+
+
+def doc_prefix(var, n_ref):
+    """The documents inside the first n_ref rows."""
+    rows = 0
+    for length in var["documents"]:
+        if rows >= n_ref:
+            return
+        rows += length
+        yield length
+
+
+def reference_rows(var, n):
+    """Rows the fp64 reference covers: all, or with documents the first
+    whole documents up to 4096 rows (documents see only themselves)."""
+    if "documents" not in var:
+        return n
+    rows = 0
+    for length in var["documents"]:
+        if rows + length > 4096 and rows > 0:
+            break
+        rows += length
+    return rows
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--exe", required=True)
@@ -195,6 +272,9 @@ def main():
         write(rel, f"{args.dir}/rel.bin")
         if "documents" in var:
             write(document_ids(var["documents"], dev).reshape(1, N), f"{args.dir}/doc.bin")
+        if "packed" in var:
+            lens = torch.tensor([0] + var["documents"], dtype=torch.int32)
+            write(torch.cumsum(lens, 0, dtype=torch.int32), f"{args.dir}/cu.bin")
         cmd = [args.exe, "--dtype", "bf16", "--batch", str(B), "--seqlen", str(N), "--heads",
                str(H), "--head-dim", str(D), "--dir", args.dir, "--timing", "interleaved",
                "--iters", "10"] + (["--causal"] if causal else []) + flags
@@ -212,12 +292,23 @@ def main():
             shape4 = (B, N, H, D)
             kouts = [read(f"{args.dir}/{f}_kfa.bin", shape4, torch.bfloat16)
                      for f in ("o", "dq", "dk", "dv")]
-            ref = reference(q, k, v, do, causal, score_transform(var, N, H, dev, rel))
-            row["kfa_err"] = errors(kouts, ref)
-        score_mod, mask_mod = flex_mods(var, H, dev, rel) if flex else (None, None)
+            n_ref = reference_rows(var, N)
+            ref_var = dict(var)
+            if "documents" in var:
+                ref_var["documents"] = var["documents"][:sum(1 for _ in doc_prefix(var, n_ref))]
+            ref = reference(q[:, :n_ref], k[:, :n_ref], v[:, :n_ref], do[:, :n_ref], causal,
+                            score_transform(ref_var, n_ref, H, dev, rel))
+            row["kfa_err"] = errors([x[:, :n_ref] for x in kouts], ref)
+        score_mod, mask_mod = flex_mods(var, H, dev, rel, causal) if flex else (None, None)
         block_mask = None
-        if flex and "flex" in anchors and causal:
-            block_mask = create_block_mask(mask_mod, None, None, N, N, device=dev)
+        if flex and "flex" in anchors and (causal or "documents" in var):
+            try:  # compiled: long packed rows' masks are never materialised whole
+                block_mask = create_block_mask(mask_mod, None, None, N, N, device=dev,
+                                               _compile=N > 32768)
+            except Exception as e:
+                print(f"  flex block mask: not built ({str(e).splitlines()[0][:100]})",
+                      flush=True)
+                anchors = tuple(a for a in anchors if a != "flex")
         line = (f"{name:36s} B{B} N{N} H{H} D{D}: kfa {kt['fwd_ms']:8.3f} / "
                 f"{kt['fwd_bwd_ms']:8.3f} ms")
         for a in anchors:
@@ -229,7 +320,7 @@ def main():
             line += (f" | {a} {fms:8.3f} / {fbms:8.3f} ({fms / kt['fwd_ms']:.2f}x / "
                      f"{fbms / kt['fwd_bwd_ms']:.2f}x)")
             if check:
-                row[f"{a}_err"] = errors(outs, ref)
+                row[f"{a}_err"] = errors([x[:, :n_ref] for x in outs], ref)
         print(line, flush=True)
         if check:
             errs = "  err O/dQ/dK/dV: kfa " + " ".join(f"{e:.2e}" for e in row["kfa_err"])

@@ -28,7 +28,8 @@ struct RelativeBias {
 /// of `shape` with `opt` (and a score modifier of type ScoreMod) get.
 template <class C, class ScoreMod = kfa::Impl::NoScoreMod>
 std::pair<kfa::Impl::KernelChoice, kfa::Impl::KernelChoice> choices(
-    const Shape& s, const kfa::AttentionOptions& opt) {
+    const Shape& s, const kfa::AttentionOptions& opt,
+    const std::vector<int>& packed_lengths = {}) {
   using Space = typename C::space;
   using T = typename C::value_type;
   using Acc = kfa::accumulator_t<T>;
@@ -40,7 +41,14 @@ std::pair<kfa::Impl::KernelChoice, kfa::Impl::KernelChoice> choices(
   Kokkos::View<Acc***, Kokkos::LayoutRight, mem> lse("lse", s.batch, s.heads, s.seqlen_q);
   using namespace kfa::Impl;
   const Space space;
-  const auto seq = batch_sequences(q, k);
+  // With packed_lengths: a packed batch of those sequences, the views
+  // [1][total] (s.batch 1, s.seqlen_q = s.seqlen_k = the total).
+  auto seq = batch_sequences(q, k);
+  if (!packed_lengths.empty()) {
+    const auto cu = offsets_to_device<Space>(offsets_of(packed_lengths), "cu");
+    const int longest = *std::max_element(packed_lengths.begin(), packed_lengths.end());
+    seq = packed_sequences<mem>(cu, cu, longest, longest);
+  }
   const auto fwd =
       forward_kernel_choice<ScoreMod, Space, decltype(in4(q)), decltype(in4(k)),
                             decltype(in4(v)), decltype(out4(o)), decltype(out3(lse))>(
@@ -105,9 +113,9 @@ TYPED_TEST(KernelChoice, TablePerTypeAndPolicy) {
       EXPECT_EQ(bwd, ieee);
       EXPECT_EQ(families<TypeParam>(dense, split).first, KernelFamily::fp32_fp64);
       EXPECT_EQ(families<TypeParam>(dense, no_opt_in).first, KernelFamily::portable);
-      // Grouped-query heads: the portable kernels for fp32 and fp64.
-      EXPECT_EQ(families<TypeParam>({1, 100, 100, 4, 64, 2}, plain).first,
-                KernelFamily::portable);
+      // Grouped-query heads on the fused kernels too.
+      EXPECT_EQ(families<TypeParam>({1, 100, 100, 4, 64, 2}, plain).first, ieee);
+      EXPECT_EQ(families<TypeParam>({1, 100, 100, 4, 64, 2}, plain).second, ieee);
     }
 #endif
   }
@@ -185,6 +193,38 @@ TYPED_TEST(KernelChoice, VariantsOnTheFusedKernels) {
   }
   EXPECT_STREQ(kfa::Impl::to_string(KernelFamily::exact_fp32), "exact_fp32");
   EXPECT_STREQ(kfa::Impl::to_string(KernelFamily::host_tiled), "host_tiled");
+}
+
+// Packed variable-length batches take the fixed-length batch's kernels, on
+// every backend, at every head dim, with and without masks and grouped
+// heads.
+TYPED_TEST(KernelChoice, PackedBatchesOnTheFusedKernels) {
+  if (is_duplicate_config<TypeParam>()) GTEST_SKIP() << "half is float here";
+  using Space = typename TypeParam::space;
+  const std::vector<int> lengths{100, 3, 0, 257, 1};
+  const int total = 361;
+  kfa::AttentionOptions causal, window;
+  causal.causal = true;
+  window.window_left = 30;
+  window.window_right = 0;
+  for (const int heads_kv : {2, 1})
+    for (const int d : {64, 128, 80})
+      for (const auto& opt : {kfa::AttentionOptions(), causal, window}) {
+        SCOPED_TRACE("heads_kv " + std::to_string(heads_kv) + " head_dim " + std::to_string(d) +
+                     to_string(opt));
+        const Shape packed{1, total, total, 2, d, heads_kv}, fixed{2, 100, 120, 2, d, heads_kv};
+        const auto [fwd, bwd] = choices<TypeParam>(packed, opt, lengths);
+        const auto [fwd_fixed, bwd_fixed] = choices<TypeParam>(fixed, opt);
+        EXPECT_EQ(fwd.family, fwd_fixed.family);
+        EXPECT_EQ(fwd.head_dim, fwd_fixed.head_dim);
+        EXPECT_EQ(bwd.family, bwd_fixed.family);
+        EXPECT_EQ(bwd.head_dim, bwd_fixed.head_dim);
+        if constexpr (!is_host_space<Space>()) {
+#ifdef KOKKOS_ENABLE_CUDA
+          EXPECT_NE(fwd.family, KernelFamily::portable);
+#endif
+        }
+      }
 }
 
 // Head dims without a fused kernel of their own run on GPUs on the fused

@@ -1,8 +1,10 @@
 // Packed variable-length batches (cu_seqlens): fused and materialised,
 // forward and backward, against the fp64 oracle run one sequence at a time;
 // empty sequences, sequences whose rows see no key, grouped-query heads,
-// windows, softcap and dropout; a packed batch of equal lengths gives the
-// fixed-length batch's results bit for bit.
+// windows, softcap and dropout; sequences longer and shorter than a tile at
+// the fused kernels' own head dims; a packed batch of equal lengths gives
+// the fixed-length batch's results bit for bit, on the portable kernels and
+// (forward, dK and dV) on the fused ones.
 
 #include "kfa_test_helpers.hpp"
 
@@ -36,6 +38,24 @@ TYPED_TEST(Varlen, CrossLengthsCausalGroupedQuery) {
   check_varlen<TypeParam>(shape, opt, "varlen-cross");
 }
 
+// At head dims the fused kernels have (no padded copies): sequences of one
+// row, of a tile and one row, of several tiles, empty ones, between one
+// another, so that a tile's rows or keys past its sequence's end are the
+// next sequence's and must neither be seen nor written.
+TYPED_TEST(Varlen, SequencesAcrossTileEdges) {
+  if (is_duplicate_config<TypeParam>()) GTEST_SKIP() << "half is float here";
+  const std::vector<int> lengths{1, 130, 257, 0, 64, 200, 5, 129};
+  kfa::AttentionOptions causal;
+  causal.causal = true;
+  check_varlen<TypeParam>({lengths, lengths, 2, 2, 128}, causal, "varlen-tiles");
+  const std::vector<int> keys{70, 129, 300, 17, 0, 199, 64, 128};
+  kfa::AttentionOptions window;
+  window.window_left = 50;
+  window.window_right = 3;
+  check_varlen<TypeParam>({lengths, keys, 4, 2, 64}, window, "varlen-tiles");
+  check_varlen<TypeParam>({lengths, keys, 4, 4, 64}, {}, "varlen-tiles");
+}
+
 TYPED_TEST(Varlen, WindowSoftcapDropout) {
   if (is_duplicate_config<TypeParam>()) GTEST_SKIP() << "half is float here";
   kfa::AttentionOptions opt;
@@ -49,9 +69,9 @@ TYPED_TEST(Varlen, WindowSoftcapDropout) {
 
 // The packed and the fixed-length entry points run the same kernels: equal
 // lengths must give identical bits (deterministic mode, so dQ's order is fixed).
-// Packed batches do not run on the fused GPU kernels, so the fixed-length
-// call is held to the portable kernels there too (no opt-in shared memory,
-// a variant: no fused family takes it).
+// The fixed-length call is held to the portable kernels on GPUs (no opt-in
+// shared memory and a variant: no fused family takes it), as the packed one
+// is (deterministic backward).
 TYPED_TEST(Varlen, EqualLengthsMatchFixedBatchBitwise) {
   using Space = typename TypeParam::space;
   using T = typename TypeParam::value_type;
@@ -108,6 +128,72 @@ TYPED_TEST(Varlen, EqualLengthsMatchFixedBatchBitwise) {
     for (int h = 0; h < s.heads; ++h)
       for (int i = 0; i < s.seqlen_q; ++i)
         ASSERT_EQ(lp.data[std::size_t(h) * tq + b * s.seqlen_q + i], l.at(b, h, i));
+}
+
+// The fused kernels run a packed batch of equal lengths as they run the
+// fixed-length batch: the same O, lse, dK and dV bits (dQ is added up by
+// atomics in the fused backwards, in no fixed order: close, not equal).
+TYPED_TEST(Varlen, EqualLengthsMatchFixedBatchOnTheFusedKernels) {
+  using Space = typename TypeParam::space;
+  using T = typename TypeParam::value_type;
+  using Acc = kfa::accumulator_t<T>;
+  if (is_duplicate_config<TypeParam>()) GTEST_SKIP() << "half is float here";
+  if (is_host_space<Space>()) GTEST_SKIP() << "the fused kernels are CUDA's";
+  for (const Shape s : {Shape{3, 77, 90, 4, 64, 2}, Shape{2, 200, 130, 2, 128}}) {
+    kfa::AttentionOptions opt;
+    opt.causal = s.seqlen_q == 77;
+    const Case c = make_case<T>(s, {}, "varlen-fused-bitwise");
+    auto q = to_device<T, Space>(c.q, "q");
+    auto k = to_device<T, Space>(c.k, "k");
+    auto v = to_device<T, Space>(c.v, "v");
+    auto d_o = to_device<T, Space>(c.d_o, "d_o");
+    DeviceView4<T, Space> o("o", s.batch, s.seqlen_q, s.heads, s.head_dim),
+        dq("dq", s.batch, s.seqlen_q, s.heads, s.head_dim),
+        dk("dk", s.batch, s.seqlen_k, kv_heads(s), s.head_dim),
+        dv("dv", s.batch, s.seqlen_k, kv_heads(s), s.head_dim);
+    DeviceView3<Acc, Space> lse("lse", s.batch, s.heads, s.seqlen_q);
+    kfa::flash_attention_forward(Space(), q, k, v, o, lse, opt);
+    kfa::flash_attention_backward(Space(), q, k, v, o, lse, d_o, dq, dk, dv, opt);
+
+    const int tq = s.batch * s.seqlen_q, tk = s.batch * s.seqlen_k;
+    auto packed = [](const DeviceView4<T, Space>& x, int total) {
+      return DeviceView3<T, Space>(x.data(), total, x.extent(2), x.extent(3));
+    };
+    DeviceView3<T, Space> o_p("o_p", tq, s.heads, s.head_dim),
+        dq_p("dq_p", tq, s.heads, s.head_dim), dk_p("dk_p", tk, kv_heads(s), s.head_dim),
+        dv_p("dv_p", tk, kv_heads(s), s.head_dim);
+    DeviceView2<Acc, Space> lse_p("lse_p", s.heads, tq);
+    const auto cu_q =
+        offsets_to_device<Space>(offsets_of(std::vector<int>(s.batch, s.seqlen_q)), "cu_q");
+    const auto cu_k =
+        offsets_to_device<Space>(offsets_of(std::vector<int>(s.batch, s.seqlen_k)), "cu_k");
+    poison(o_p);
+    poison(lse_p);
+    poison(dq_p);
+    poison(dk_p);
+    poison(dv_p);
+    kfa::flash_attention_varlen_forward(Space(), packed(q, tq), packed(k, tk), packed(v, tk),
+                                        cu_q, cu_k, s.seqlen_q, s.seqlen_k, o_p, lse_p, opt);
+    kfa::flash_attention_varlen_backward(Space(), packed(q, tq), packed(k, tk), packed(v, tk),
+                                         cu_q, cu_k, s.seqlen_q, s.seqlen_k, o_p, lse_p,
+                                         packed(d_o, tq), dq_p, dk_p, dv_p, opt);
+    const std::string what = to_string(s) + to_string(opt);
+    EXPECT_EQ(to_host(o_p).data, to_host(o).data) << what;
+    EXPECT_EQ(to_host(dk_p).data, to_host(dk).data) << what;
+    EXPECT_EQ(to_host(dv_p).data, to_host(dv).data) << what;
+    const Tensor g = to_host(dq), gp = to_host(dq_p);
+    double worst = 0, scale = 0;
+    for (std::size_t i = 0; i < g.data.size(); ++i) {
+      worst = std::max(worst, std::abs(g.data[i] - gp.data[i]));
+      scale = std::max(scale, std::abs(g.data[i]));
+    }
+    EXPECT_LE(worst, 64 * scale * std::numeric_limits<Acc>::epsilon()) << what;
+    const Tensor l = to_host(lse), lp = to_host(lse_p);
+    for (int b = 0; b < s.batch; ++b)
+      for (int h = 0; h < s.heads; ++h)
+        for (int i = 0; i < s.seqlen_q; ++i)
+          ASSERT_EQ(lp.data[std::size_t(h) * tq + b * s.seqlen_q + i], l.at(b, h, i)) << what;
+  }
 }
 
 }  // namespace

@@ -40,12 +40,13 @@ void convert_dq(const ExecSpace& space, const AccView& dq_acc, const DQ& dq) {
       });
 }
 
-/// dk and dv [batch][seqlen_k][heads_kv][head_dim] from fp32 dK and dV per
-/// query head ([batch][seqlen_k][heads][head_dim], dV `half` floats after
-/// dK): each k/v head's the sum over its group of query heads, rounded once.
-/// One thread per output element, consecutive threads along head_dim.
-template <class ExecSpace, class DK, class DV>
-void sum_grouped_dk_dv(const ExecSpace& space, const float* dkv, long half, int heads,
+/// dk and dv [batch][seqlen_k][heads_kv][head_dim] from dK and dV per
+/// query head ([batch][seqlen_k][heads][head_dim], dV `half` values after
+/// dK, in fp32 for 16-bit types): each k/v head's the sum over its group of
+/// query heads, rounded once. One thread per output element, consecutive
+/// threads along head_dim.
+template <class ExecSpace, class Acc, class DK, class DV>
+void sum_grouped_dk_dv(const ExecSpace& space, const Acc* dkv, long half, int heads,
                        const DK& dk, const DV& dv) {
   using value_type = typename DK::non_const_value_type;
   const int seqlen_k = static_cast<int>(dk.extent(1)), heads_kv = static_cast<int>(dk.extent(2)),
@@ -60,7 +61,7 @@ void sum_grouped_dk_dv(const ExecSpace& space, const float* dkv, long half, int 
         const int hk = static_cast<int>(r % heads_kv);
         const long row = r / heads_kv;  // b * seqlen_k + key
         const long from = (row * heads + long(hk) * group) * head_dim + d;
-        float sum_k = 0, sum_v = 0;
+        Acc sum_k = 0, sum_v = 0;
         for (int g = 0; g < group; ++g) {
           sum_k += dkv[from + long(g) * head_dim];
           sum_v += dkv[half + from + long(g) * head_dim];

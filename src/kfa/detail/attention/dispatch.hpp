@@ -94,7 +94,7 @@ void launch_fused_forward(KernelFamily family, const ExecSpace& space, const Q& 
   const auto params = make_params<acc_t>(options, seq, heads, heads_kv, head_dim);
   dispatch_fused_variant<fused_t::k16Bit>(options, params, score_mod, [&](const auto& variant) {
     fused_t::launch(family, space, q, k, v, o, lse, softmax_scale<double>(options, head_dim),
-                    fused_call<ScoreMod>(options, static_cast<int>(q.extent(3)), heads, heads_kv),
+                    fused_call<ScoreMod>(options, seq, static_cast<int>(q.extent(3)), heads, heads_kv),
                     variant);
   });
 }
@@ -180,7 +180,7 @@ void launch_fused_backward(KernelFamily family, const ExecSpace& space, const Q&
   dispatch_fused_variant<fused_t::k16Bit>(options, params, score_mod, [&](const auto& variant) {
     fused_t::launch(family, space, q, k, v, o, lse, d_o, dq, dk, dv, delta,
                     softmax_scale<double>(options, head_dim),
-                    fused_call<ScoreMod>(options, static_cast<int>(q.extent(3)), heads, heads_kv),
+                    fused_call<ScoreMod>(options, seq, static_cast<int>(q.extent(3)), heads, heads_kv),
                     preprocess, variant);
   });
 }

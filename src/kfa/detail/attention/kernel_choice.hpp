@@ -18,13 +18,13 @@
 //                                           head dim and type
 //
 // Every fused row (all but portable) also needs a call the fused kernels
-// take (fused_shape_applies): fixed-length batches, head_dim 64 or 128 (and
-// 256 for the 16-bit families; other head dims up to these run on zero-padded
-// copies, padded_head_dim.hpp), as many k/v heads as q heads (fewer for the
-// 16-bit families), no explicit team size, 16-byte aligned tensors, and for
-// the backward not deterministic mode; and its kernel's tiles must fit the
-// GPU (FusedForward::fits / FusedBackward::fits in backend/cuda/). Causal
-// masks and windows run on every fused family. Variants (softcap, dropout,
+// take (fused_shape_applies): head_dim 64 or 128 (and 256 for the 16-bit
+// families; other head dims up to these run on zero-padded copies,
+// padded_head_dim.hpp), no explicit team size, 16-byte aligned tensors, and
+// for the backward not deterministic mode; and its kernel's tiles must fit
+// the GPU (FusedForward::fits / FusedBackward::fits in backend/cuda/).
+// Causal masks, windows, grouped-query heads and packed variable-length
+// batches run on every fused family. Variants (softcap, dropout,
 // score modifiers) run on the 16-bit families only: the wgmma forward and
 // backward (backward at head_dim 64 and 128), and the mma_sync forward with
 // as many k/v heads as q heads. "opt-in shared
@@ -60,25 +60,41 @@ bool is_variant_call(const AttentionOptions& options) {
 }
 
 /// True when the fused kernels take the call's shape and options (the
-/// conditions above); `with_16bit_reach`: head_dim 256, grouped-query heads
-/// and variants too.
+/// conditions above); `with_16bit_reach`: head_dim 256 and variants too;
+/// `grouped`: grouped-query heads.
 template <class ScoreMod, class MemorySpace>
-bool fused_shape_applies(const Sequences<MemorySpace>& seq, int heads_q, int heads_kv,
-                         int head_dim, const AttentionOptions& options,
-                         std::initializer_list<const void*> pointers, bool with_16bit_reach) {
+bool fused_shape_applies(int heads_q, int heads_kv, int head_dim,
+                         const AttentionOptions& options,
+                         std::initializer_list<const void*> pointers, bool with_16bit_reach,
+                         bool grouped) {
   bool aligned = true;
   for (const void* p : pointers)
     aligned = aligned && reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
-  return aligned &&
-         fused_head_dim(head_dim, with_16bit_reach) == head_dim &&
-         !seq.packed && (heads_q == heads_kv || with_16bit_reach) &&
+  return aligned && fused_head_dim(head_dim, with_16bit_reach) == head_dim &&
+         (heads_q == heads_kv || grouped) &&
          (!is_variant_call<ScoreMod>(options) || with_16bit_reach) && options.team_size == 0;
 }
 
-template <class ScoreMod>
-FusedCall fused_call(const AttentionOptions& options, int head_dim, int heads_q, int heads_kv) {
+/// The mask of a fused call: the options' window, and a packed batch's
+/// sequences.
+template <class MemorySpace>
+FusedWindow fused_window(const AttentionOptions& options, const Sequences<MemorySpace>& seq) {
+  FusedWindow window(options.window_left, options.causal ? 0 : options.window_right);
+  if (seq.packed) {
+    window.cu_q = seq.cu_q.data();
+    window.cu_k = seq.cu_k.data();
+    window.sequences = seq.batch;
+    window.max_seqlen_q = seq.max_seqlen_q;
+    window.max_seqlen_k = seq.max_seqlen_k;
+  }
+  return window;
+}
+
+template <class ScoreMod, class MemorySpace>
+FusedCall fused_call(const AttentionOptions& options, const Sequences<MemorySpace>& seq,
+                     int head_dim, int heads_q, int heads_kv) {
   return {head_dim,
-          FusedWindow(options.window_left, options.causal ? 0 : options.window_right),
+          fused_window(options, seq),
           heads_q != heads_kv,
           options.fp32_matmul,
           options.kernel_policy.league_group_teams,
@@ -132,13 +148,15 @@ KernelFamily choose_forward_kernel(const ExecSpace& space, const Q& q, const K& 
   using fused_t = FusedForward<ExecSpace, Q, K, V, O, Lse>;
   const int head_dim = static_cast<int>(q.extent(3)), heads = static_cast<int>(q.extent(2)),
             heads_kv = static_cast<int>(k.extent(2));
-  if (!fused_shape_applies<ScoreMod>(seq, heads, heads_kv, head_dim, options,
-                                     {q.data(), k.data(), v.data(), o.data()}, fused_t::k16Bit))
+  if (!fused_shape_applies<ScoreMod, typename Q::memory_space>(
+          heads, heads_kv, head_dim, options, {q.data(), k.data(), v.data(), o.data()},
+          fused_t::k16Bit, true))
     return KernelFamily::portable;
-  const FusedCall call = fused_call<ScoreMod>(options, head_dim, heads, heads_kv);
+  const FusedCall call = fused_call<ScoreMod>(options, seq, head_dim, heads, heads_kv);
+  const long seqlen_k = seq.packed ? seq.max_seqlen_k : long(k.extent(1));
   for (const KernelFamily family : FusedRows<fused_t::k16Bit>::rows) {
     if (policy_allows(family, options.kernel_policy) &&
-        fused_t::fits(family, space, call, long(k.extent(1))))
+        fused_t::fits(family, space, call, seqlen_k))
       return family;
   }
   return KernelFamily::portable;
@@ -159,12 +177,12 @@ KernelFamily choose_backward_kernel(const ExecSpace& space, const Q& q, const K&
   // into dq itself, so it must be aligned too.
   const void* dq_data = fused_t::k16Bit ? nullptr : dq.data();
   if (options.deterministic ||
-      !fused_shape_applies<ScoreMod>(
-          seq, heads, heads_kv, head_dim, options,
+      !fused_shape_applies<ScoreMod, typename Q::memory_space>(
+          heads, heads_kv, head_dim, options,
           {q.data(), k.data(), v.data(), d_o.data(), dq_data, dk.data(), dv.data()},
-          fused_t::k16Bit))
+          fused_t::k16Bit, true))
     return KernelFamily::portable;
-  const FusedCall call = fused_call<ScoreMod>(options, head_dim, heads, heads_kv);
+  const FusedCall call = fused_call<ScoreMod>(options, seq, head_dim, heads, heads_kv);
   for (const KernelFamily family : FusedRows<fused_t::k16Bit>::rows) {
     if (policy_allows(family, options.kernel_policy) && fused_t::fits(family, space, call))
       return family;

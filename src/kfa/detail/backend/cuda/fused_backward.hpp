@@ -20,9 +20,38 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 namespace kfa {
 namespace Impl {
+
+/// The per-query-head dK and dV buffers of a grouped-query backward (in the
+/// call's workspace), [batch][seqlen_k][heads][head_dim] each in `Acc`;
+/// none without grouped heads.
+template <class ExecSpace, class Acc>
+struct GroupedDkDv {
+  decltype(workspace(std::declval<const ExecSpace&>(), WorkspaceSlot::dkv_grouped, 0,
+                     "")) bytes;
+  Acc* data = nullptr;
+  long half = 0;
+  int heads = 0;
+
+  template <class Q, class K>
+  GroupedDkDv(const ExecSpace& space, const FusedCall& call, const Q& q, const K& k)
+      : heads(static_cast<int>(q.extent(2))) {
+    if (!call.grouped) return;
+    half = long(q.extent(0)) * long(k.extent(1)) * heads * call.head_dim;
+    bytes = workspace(space, WorkspaceSlot::dkv_grouped,
+                      workspace_bytes<Acc>(2 * std::size_t(half)), "kfa::bwd::dkv_grouped");
+    data = reinterpret_cast<Acc*>(bytes.data());
+  }
+  Acc* dk() const { return data; }
+  Acc* dv() const { return data + half; }
+  template <class DK, class DV>
+  void sum(const ExecSpace& space, const DK& dk, const DV& dv) const {
+    sum_grouped_dk_dv(space, data, half, heads, dk, dv);
+  }
+};
 
 template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DQ,
           class DK, class DV, class Delta>
@@ -119,26 +148,36 @@ struct FusedBackward {
                                            static_cast<float>(scale), call, preprocess, variant);
         return;
       case KernelFamily::fp32_fp64:
-        preprocess();
-        with_fp32_fp64_atom<ExecSpace, value_type>(call.fp32_matmul, [&](auto atom) {
-          with_fused_head_dim(call.head_dim, [&](auto d) {
-            Kokkos::deep_copy(space, dq, value_type(0));
-            run(fp32_fp64_t<decltype(atom), decltype(d)::value>(
-                q, k, v, d_o, lse, delta, dq, dk, dv, static_cast<value_type>(scale),
-                call.window));
-          });
-        });
-        return;
-      case KernelFamily::exact_fp32:
-        if constexpr (has_exact_fp32_kernels<ExecSpace, value_type>()) {
+      case KernelFamily::exact_fp32: {
+        if constexpr (!k16Bit) {
+          // Grouped-query heads: dK and dV per query head in the value type,
+          // summed per k/v head after the kernel.
+          GroupedDkDv<ExecSpace, value_type> grouped(space, call, q, k);
+          auto run_grouped = [&](auto kernel) {
+            if (call.grouped) kernel.write_grouped(grouped.dk(), grouped.dv());
+            run(kernel);
+          };
           preprocess();
-          with_fused_head_dim(call.head_dim, [&](auto d) {
-            Kokkos::deep_copy(space, dq, 0.0f);
-            run(exact_fp32_t<decltype(d)::value>(q, k, v, d_o, lse, delta, dq, dk, dv,
-                                                 static_cast<float>(scale), call.window));
-          });
+          Kokkos::deep_copy(space, dq, value_type(0));
+          if (family == KernelFamily::fp32_fp64) {
+            with_fp32_fp64_atom<ExecSpace, value_type>(call.fp32_matmul, [&](auto atom) {
+              with_fused_head_dim(call.head_dim, [&](auto d) {
+                run_grouped(fp32_fp64_t<decltype(atom), decltype(d)::value>(
+                    q, k, v, d_o, lse, delta, dq, dk, dv, static_cast<value_type>(scale),
+                    call.window));
+              });
+            });
+          } else if constexpr (has_exact_fp32_kernels<ExecSpace, value_type>()) {
+            with_fused_head_dim(call.head_dim, [&](auto d) {
+              run_grouped(exact_fp32_t<decltype(d)::value>(q, k, v, d_o, lse, delta, dq, dk, dv,
+                                                           static_cast<float>(scale),
+                                                           call.window));
+            });
+          }
+          if (call.grouped) grouped.sum(space, dk, dv);
         }
         return;
+      }
       case KernelFamily::portable: return;
     }
   }

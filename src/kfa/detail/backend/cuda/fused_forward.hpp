@@ -149,7 +149,9 @@ struct FusedForward {
   template <int D>
   static int wgmma_shape(const ExecSpace& space, const FusedCall& call, long seqlen_k) {
     if constexpr (D == 64) {
-      if (!call.variant && wgmma_fwd_short_causal<D>(call.window.causal(), seqlen_k) &&
+      if (!call.variant &&
+          wgmma_fwd_short_causal<D>(call.window.causal(), seqlen_k,
+                                    call.window.packed() ? call.window.max_seqlen_q : 0) &&
           wgmma_short_causal_t<D>::fits(space))
         return 1;
     }
@@ -214,7 +216,9 @@ struct FusedForward {
               run(wgmma_t<D, VariantT>(q, k, v, o, lse, scale16, call.window, variant));
             } else {
               if constexpr (D == 64) {
-                if (wgmma_shape<D>(space, call, long(k.extent(1))) == 1) {
+                const long seqlen_k =
+                    call.window.packed() ? call.window.max_seqlen_k : long(k.extent(1));
+                if (wgmma_shape<D>(space, call, seqlen_k) == 1) {
                   run(wgmma_short_causal_t<D>(q, k, v, o, lse, scale16, call.window));
                   return;
                 }

@@ -88,7 +88,16 @@ class FlashBackwardExactFp32Kernel {
         m_dv(dv.data()),
         m_scale(scale),
         m_p(q, k, window),
+        m_kv(q, k),
         m_num_kv_blocks((m_p.seqlen_k + kBlockN - 1) / kBlockN) {}
+
+  /// Grouped-query heads: dK and dV to buffers of every query head,
+  /// [batch][seqlen_k][heads][head_dim] each, in place of dk and dv (the
+  /// caller sums them per k/v head).
+  void write_grouped(float* dk, float* dv) {
+    m_dk = dk;
+    m_dv = dv;
+  }
 
   static bool fits(const ExecSpace& space) {
     return scratch_bytes() <= cuda_team_scratch_max(space);
@@ -123,11 +132,14 @@ class FlashBackwardExactFp32Kernel {
     int b, h;
     const int kv_block = m_p.block_of(league, m_num_kv_blocks, b, h);
     const int key_begin = kv_block * kBlockN;
+    // A packed batch's shorter sequences have fewer blocks than the league.
+    const FusedSeq sq = m_p.sequence(b);
+    if (key_begin >= sq.seqlen_k) return;
     const long row_stride = long(m_p.heads) * kHeadDim;
-    const long q_offset = m_p.offset(b, h, m_p.seqlen_q, kHeadDim);
-    const long k_offset = m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
-    const float* g_lse = m_lse + m_p.lse_offset(b, h);
-    const float* g_delta = m_delta + m_p.lse_offset(b, h);
+    const long q_offset = m_p.q_offset(sq, h, kHeadDim);
+    const long k_offset = m_p.k_offset(sq, h, kHeadDim);
+    const float* g_lse = m_lse + m_p.lse_offset(sq, h);
+    const float* g_delta = m_delta + m_p.lse_offset(sq, h);
 
     float* const sK = aligned_scratch<float>(raw);
     float* const sV = sK + kBlockN * kPitch;
@@ -138,19 +150,24 @@ class FlashBackwardExactFp32Kernel {
     auto stage_q = [&](int s) { return sQ0 + 2 * s * kBlockM * kPitch; };
     auto stage_lse = [&](int s) { return s_lse0 + 2 * s * kBlockM; };
 
-    auto load_rows = [&](float* dst, const float* src, int first_row, int rows, int rows_total) {
-      load_rows_async<kHeadDim, kPitch>(dst, src, row_stride, first_row, rows, rows_total, tid,
-                                        kWarps * 32);
+    // K or V rows (rows past rows_total zero-filled).
+    auto load_rows = [&](float* dst, const float* src, int first_row, int rows,
+                         int rows_total) {
+      load_rows_async<kHeadDim, kPitch>(dst, src, m_kv.row_stride(kHeadDim), first_row, rows,
+                                        rows_total, tid, kWarps * 32);
     };
     // Q, dO, lse and D of a query block into a stage (one commit group).
     auto load_q_block = [&](int q_block, int stage) {
       load_query_block_async<kHeadDim, kPitch, kBlockM>(
           stage_q(stage), stage_lse(stage), m_q + q_offset, m_do + q_offset, g_lse, g_delta,
-          row_stride, q_block * kBlockM, m_p.seqlen_q, tid, kWarps * 32);
+          row_stride, q_block * kBlockM, sq.seqlen_q, tid, kWarps * 32);
     };
 
-    load_rows(sK, m_k + k_offset, key_begin, kBlockN, m_p.seqlen_k);
-    load_rows(sV, m_v + k_offset, key_begin, kBlockN, m_p.seqlen_k);
+    // K and V of query head h's k/v head; dK and dV go to query head h's
+    // rows (k_offset).
+    const long kv_offset = m_kv.offset(m_p, sq, h, kHeadDim);
+    load_rows(sK, m_k + kv_offset, key_begin, kBlockN, sq.seqlen_k);
+    load_rows(sV, m_v + kv_offset, key_begin, kBlockN, sq.seqlen_k);
     cp_async_commit();
     float acc_dk[kRowsKV][4], acc_dv[kRowsKV][4];
 #pragma unroll
@@ -158,9 +175,9 @@ class FlashBackwardExactFp32Kernel {
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc_dk[i][c] = acc_dv[i][c] = 0.f;
 
-    const int first_q_block = m_p.mask.row_begin(key_begin) / kBlockM;
+    const int first_q_block = sq.mask.row_begin(key_begin) / kBlockM;
     // The query blocks that see these keys: [first_q_block, num_q_blocks).
-    const int num_q_blocks = (m_p.mask.row_end(key_begin + kBlockN) + kBlockM - 1) / kBlockM;
+    const int num_q_blocks = (sq.mask.row_end(key_begin + kBlockN) + kBlockM - 1) / kBlockM;
     if (first_q_block < num_q_blocks) load_q_block(first_q_block, 0);
 
     for (int q_block = first_q_block; q_block < num_q_blocks; ++q_block) {
@@ -185,7 +202,7 @@ class FlashBackwardExactFp32Kernel {
       if (q_block + 1 < num_q_blocks) load_q_block(q_block + 1, 1 - stage);
 
       // Pᵀ, dSᵀ; written [query][key] to the warp's own keys of P and dS.
-      const bool needs_mask = m_p.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin,
+      const bool needs_mask = sq.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin,
                                                      key_begin + kBlockN);
       // kPitchP keeps both layouts' stores free of bank conflicts.
       unswitch_mask(needs_mask, [&](auto masked) {
@@ -197,7 +214,7 @@ class FlashBackwardExactFp32Kernel {
           for (int i = 0; i < kScoreKeys; ++i) {
             p[i] = expf(st[i][j] * m_scale - s_lse[col]);
             if (decltype(masked)::value &&
-                m_p.mask.masked(row_begin + col, key_begin + key_of(i)))
+                sq.mask.masked(row_begin + col, key_begin + key_of(i)))
               p[i] = 0.f;
             ds[i] = p[i] * (dpt[i][j] - s_delta[col]);
           }
@@ -268,7 +285,7 @@ class FlashBackwardExactFp32Kernel {
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           const int row = row_begin + 16 * m_tile + g + 8 * i;
-          if (row >= m_p.seqlen_q) continue;
+          if (row >= sq.seqlen_q) continue;
           float* g_dq = m_dq + q_offset + long(row) * row_stride + 8 * n_tile + 2 * t;
 #pragma unroll
           for (int n = 0; n < kTiles; ++n)
@@ -308,7 +325,7 @@ class FlashBackwardExactFp32Kernel {
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
           const int row = row_begin + dq_row + r;
-          if (row >= m_p.seqlen_q) continue;
+          if (row >= sq.seqlen_q) continue;
           float* g_dq = m_dq + q_offset + long(row) * row_stride + dq_col;
 #pragma unroll
           for (int c = 0; c < 4; ++c) atomicAdd(g_dq + c, acc_dq[r][c] * m_scale);
@@ -319,7 +336,7 @@ class FlashBackwardExactFp32Kernel {
 #pragma unroll
     for (int i = 0; i < kRowsKV; ++i) {
       const int key = key_begin + kv_key + i;
-      if (key >= m_p.seqlen_k) continue;
+      if (key >= sq.seqlen_k) continue;
       const long at = k_offset + long(key) * row_stride + kv_col;
       *reinterpret_cast<float4*>(m_dk + at) =
           make_float4(acc_dk[i][0] * m_scale, acc_dk[i][1] * m_scale, acc_dk[i][2] * m_scale,
@@ -346,6 +363,7 @@ class FlashBackwardExactFp32Kernel {
   float* m_dv;
   float m_scale;
   FusedProblem m_p;
+  FusedKvHeads m_kv;
   int m_num_kv_blocks;
 };
 

@@ -138,7 +138,16 @@ class FlashBackwardFp32Fp64Kernel {
         m_dv(dv.data()),
         m_scale(scale),
         m_p(q, k, window),
+        m_kv(q, k),
         m_num_kv_blocks((m_p.seqlen_k + kBlockN - 1) / kBlockN) {}
+
+  /// Grouped-query heads: dK and dV to buffers of every query head,
+  /// [batch][seqlen_k][heads][head_dim] each, in place of dk and dv (the
+  /// caller sums them per k/v head).
+  void write_grouped(value_type* dk, value_type* dv) {
+    m_dk = dk;
+    m_dv = dv;
+  }
 
   static bool fits(const ExecSpace& space) {
     return scratch_bytes() <= cuda_team_scratch_max(space);
@@ -177,11 +186,14 @@ class FlashBackwardFp32Fp64Kernel {
     int b, h;
     const int kv_block = m_p.block_of(league, m_num_kv_blocks, b, h);
     const int key_begin = kv_block * kBlockN;
+    // A packed batch's shorter sequences have fewer blocks than the league.
+    const FusedSeq sq = m_p.sequence(b);
+    if (key_begin >= sq.seqlen_k) return;
     const long row_stride = long(m_p.heads) * kHeadDim;
-    const long q_offset = m_p.offset(b, h, m_p.seqlen_q, kHeadDim);
-    const long k_offset = m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
-    const value_type* g_lse = m_lse + m_p.lse_offset(b, h);
-    const value_type* g_delta = m_delta + m_p.lse_offset(b, h);
+    const long q_offset = m_p.q_offset(sq, h, kHeadDim);
+    const long k_offset = m_p.k_offset(sq, h, kHeadDim);
+    const value_type* g_lse = m_lse + m_p.lse_offset(sq, h);
+    const value_type* g_delta = m_delta + m_p.lse_offset(sq, h);
 
     value_type* const sK = aligned_scratch<value_type>(raw);
     value_type* const sV = sK + kBlockN * kPitch;
@@ -192,20 +204,25 @@ class FlashBackwardFp32Fp64Kernel {
     auto stage_q = [&](int s) { return sQ0 + 2 * s * kBlockM * kPitch; };
     auto stage_lse = [&](int s) { return s_lse0 + 2 * s * kBlockM; };
 
+    // K or V rows (rows past rows_total zero-filled).
     auto load_rows = [&](value_type* dst, const value_type* src, int first_row, int rows,
                          int rows_total) {
-      load_rows_async<kHeadDim, kPitch, Atom::kSwizzle>(dst, src, row_stride, first_row, rows,
-                                                        rows_total, tid, kWarps * 32);
+      load_rows_async<kHeadDim, kPitch, Atom::kSwizzle>(dst, src, m_kv.row_stride(kHeadDim),
+                                                        first_row, rows, rows_total, tid,
+                                                        kWarps * 32);
     };
     // Q, dO, lse and D of a query block into a stage (one commit group).
     auto load_q_block = [&](int q_block, int stage) {
       load_query_block_async<kHeadDim, kPitch, kBlockM, Atom::kSwizzle>(
           stage_q(stage), stage_lse(stage), m_q + q_offset, m_do + q_offset, g_lse, g_delta,
-          row_stride, q_block * kBlockM, m_p.seqlen_q, tid, kWarps * 32);
+          row_stride, q_block * kBlockM, sq.seqlen_q, tid, kWarps * 32);
     };
 
-    load_rows(sK, m_k + k_offset, key_begin, kBlockN, m_p.seqlen_k);
-    load_rows(sV, m_v + k_offset, key_begin, kBlockN, m_p.seqlen_k);
+    // K and V of query head h's k/v head; dK and dV go to query head h's
+    // rows (k_offset).
+    const long kv_offset = m_kv.offset(m_p, sq, h, kHeadDim);
+    load_rows(sK, m_k + kv_offset, key_begin, kBlockN, sq.seqlen_k);
+    load_rows(sV, m_v + kv_offset, key_begin, kBlockN, sq.seqlen_k);
     cp_async_commit();
     value_type acc_dk[kTilesDW][Atom::kC], acc_dv[kTilesDW][Atom::kC];
 #pragma unroll
@@ -216,9 +233,9 @@ class FlashBackwardFp32Fp64Kernel {
     const int group = warp / kSplit, part = warp % kSplit;
     const int warp_key = group * Atom::kRows;  // this warp's first key in the block
     const int d_first = part * kTilesDW;       // this warp's first n-tile of dK, dV
-    const int first_q_block = m_p.mask.row_begin(key_begin) / kBlockM;
+    const int first_q_block = sq.mask.row_begin(key_begin) / kBlockM;
     // The query blocks that see these keys: [first_q_block, num_q_blocks).
-    const int num_q_blocks = (m_p.mask.row_end(key_begin + kBlockN) + kBlockM - 1) / kBlockM;
+    const int num_q_blocks = (sq.mask.row_end(key_begin + kBlockN) + kBlockM - 1) / kBlockM;
     if (first_q_block < num_q_blocks) load_q_block(first_q_block, 0);
     const value_type scale = kBase2 ? m_scale * kLog2e : m_scale;
 
@@ -266,7 +283,7 @@ class FlashBackwardFp32Fp64Kernel {
       }
 
       // Pᵀ and dSᵀ in registers (rows = keys, columns = queries).
-      const bool needs_mask = m_p.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin,
+      const bool needs_mask = sq.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin,
                                                      key_begin + kBlockN);
       // Pᵀ of the query tiles n with owns(n).
       auto to_p = [&](auto owns) {
@@ -280,7 +297,7 @@ class FlashBackwardFp32Fp64Kernel {
               value_type p =
                   exp_base(st[n][j] * scale - (kBase2 ? s_lse[col] * kLog2e : s_lse[col]));
               if (decltype(masked)::value &&
-                  m_p.mask.masked(row_begin + col, key_begin + warp_key + lane / 4 + (j / 2) * 8))
+                  sq.mask.masked(row_begin + col, key_begin + warp_key + lane / 4 + (j / 2) * 8))
                 p = 0;
               st[n][j] = p;
             }
@@ -424,7 +441,7 @@ class FlashBackwardFp32Fp64Kernel {
 #pragma unroll
       for (int half = 0; half < Atom::kC / 2; ++half) {
         const int row = row_begin + q0 + lane / 4 + half * 8;
-        if (row >= m_p.seqlen_q) continue;
+        if (row >= sq.seqlen_q) continue;
         value_type* g_dq = m_dq + q_offset + long(row) * row_stride;
 #pragma unroll
         for (int n = 0; n < kTilesDQ; ++n) {
@@ -438,7 +455,7 @@ class FlashBackwardFp32Fp64Kernel {
 #pragma unroll
     for (int half = 0; half < Atom::kC / 2; ++half) {
       const int key = key_begin + warp_key + lane / 4 + half * 8;
-      if (key >= m_p.seqlen_k) continue;
+      if (key >= sq.seqlen_k) continue;
       value_type* g_dk = m_dk + k_offset + long(key) * row_stride;
       value_type* g_dv = m_dv + k_offset + long(key) * row_stride;
 #pragma unroll
@@ -481,6 +498,7 @@ class FlashBackwardFp32Fp64Kernel {
   value_type* m_dv;
   value_type m_scale;
   FusedProblem m_p;
+  FusedKvHeads m_kv;
   int m_num_kv_blocks;
 };
 

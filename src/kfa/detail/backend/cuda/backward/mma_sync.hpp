@@ -146,11 +146,14 @@ class FlashBackwardMmaKernel : public Fused16Backward {
     int b, h;
     const int kv_block = m_p.block_of(league, m_num_kv_blocks, b, h);
     const int key_begin = kv_block * kBlockN;
+    // A packed batch's shorter sequences have fewer blocks than the league.
+    const FusedSeq sq = m_p.sequence(b);
+    if (key_begin >= sq.seqlen_k) return;
     const long row_stride = long(m_p.heads) * kHeadDim;
-    const long q_offset = m_p.offset(b, h, m_p.seqlen_q, kHeadDim);
-    const long k_offset = m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
-    const float* g_lse = m_lse + m_p.lse_offset(b, h);
-    const float* g_delta = m_delta + m_p.lse_offset(b, h);
+    const long q_offset = m_p.q_offset(sq, h, kHeadDim);
+    const long k_offset = m_p.k_offset(sq, h, kHeadDim);
+    const float* g_lse = m_lse + m_p.lse_offset(sq, h);
+    const float* g_delta = m_delta + m_p.lse_offset(sq, h);
 
     std::uint16_t* sK = aligned_scratch<std::uint16_t>(raw);
     // Stage s: Q rows, then dO rows, lse and D (stage 0 also stages V on its
@@ -172,7 +175,7 @@ class FlashBackwardMmaKernel : public Fused16Backward {
     constexpr bool kBulkDq = kDqTile && KFA_CUDA_BULK_DEVICE;
     const bool dq_issuer = kBulkDq && tid < kBlockM;
     auto add_dq = [&](int dq_row_begin) {
-      if (!dq_issuer || dq_row_begin + tid >= m_p.seqlen_q) return;
+      if (!dq_issuer || dq_row_begin + tid >= sq.seqlen_q) return;
       bulk_reduce_add_f32(m_dq_acc + q_offset + long(dq_row_begin + tid) * row_stride,
                           smem_address(sdQ + tid * kPitchDQ), kHeadDim * sizeof(float));
       bulk_commit();
@@ -191,8 +194,8 @@ class FlashBackwardMmaKernel : public Fused16Backward {
     auto a_offset = [&](int ks) {
       return (group * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kPitch + ks * 16 + (lane / 16) * 8;
     };
-    load_rows(sK, m_k + m_kv.offset(m_p, b, h, kHeadDim), key_begin, kBlockN, m_p.seqlen_k);
-    load_rows(sV, m_v + m_kv.offset(m_p, b, h, kHeadDim), key_begin, kBlockN, m_p.seqlen_k);
+    load_rows(sK, m_k + m_kv.offset(m_p, sq, h, kHeadDim), key_begin, kBlockN, sq.seqlen_k);
+    load_rows(sV, m_v + m_kv.offset(m_p, sq, h, kHeadDim), key_begin, kBlockN, sq.seqlen_k);
     cp_async_commit();
     std::uint32_t k_frag[kFragSteps][4], v_frag[kFragSteps][4];
     if constexpr (kKVTiles == 1) {
@@ -209,14 +212,14 @@ class FlashBackwardMmaKernel : public Fused16Backward {
       for (int e = 0; e < 4; ++e) acc_dk[n][e] = acc_dv[n][e] = 0;
 
     const int key0 = key_begin + group * 16 + lane / 4, key1 = key0 + 8;
-    const int first_q_block = m_p.mask.row_begin(key_begin) / kBlockM;
+    const int first_q_block = sq.mask.row_begin(key_begin) / kBlockM;
     // The query blocks that see these keys: [first_q_block, num_q_blocks).
-    const int num_q_blocks = (m_p.mask.row_end(key_begin + kBlockN) + kBlockM - 1) / kBlockM;
+    const int num_q_blocks = (sq.mask.row_end(key_begin + kBlockN) + kBlockM - 1) / kBlockM;
     // Q, dO, lse and D of a query block into a stage (one commit group).
     auto load_q_block = [&](int q_block, int stage) {
       load_query_block_async<kHeadDim, kPitch, kBlockM>(
           stage_q(stage), stage_lse(stage), m_q + q_offset, m_do + q_offset, g_lse, g_delta,
-          row_stride, q_block * kBlockM, m_p.seqlen_q, tid, kWarps * 32);
+          row_stride, q_block * kBlockM, sq.seqlen_q, tid, kWarps * 32);
     };
     if constexpr (kStages >= 2) {
       // K and V have their own tiles: the first kStages - 1 query blocks may
@@ -302,7 +305,7 @@ class FlashBackwardMmaKernel : public Fused16Backward {
       }
 
       // Pᵀ and dSᵀ in registers (rows = keys, columns = queries).
-      const bool needs_mask = m_p.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin,
+      const bool needs_mask = sq.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin,
                                                      key_begin + kBlockN);
       const float scale_log2 = m_scale * kLog2e;
       auto to_p = [&](auto masked) {
@@ -314,7 +317,7 @@ class FlashBackwardMmaKernel : public Fused16Backward {
             const int col = n * 8 + (lane % 4) * 2 + (e & 1);
             const int key = e < 2 ? key0 : key1;
             float p = exp2_fast(fmaf(st[n][e], scale_log2, -lse_log2[n][e & 1]));
-            if (decltype(masked)::value && m_p.mask.masked(row_begin + col, key)) p = 0.f;
+            if (decltype(masked)::value && sq.mask.masked(row_begin + col, key)) p = 0.f;
             st[n][e] = p;
           }
       };
@@ -411,7 +414,7 @@ class FlashBackwardMmaKernel : public Fused16Backward {
       } else {
         for (int half = 0; half < 2; ++half) {
           const int row = row_begin + q0 + lane / 4 + half * 8;
-          if (row >= m_p.seqlen_q) continue;
+          if (row >= sq.seqlen_q) continue;
           float* g_dq = m_dq_acc + q_offset + long(row) * row_stride;
           for (int n = 0; n < kTilesDQ; ++n) {
             const int d = (n_first + n) * 8 + (lane % 4) * 2;
@@ -431,7 +434,7 @@ class FlashBackwardMmaKernel : public Fused16Backward {
 
     for (int half = 0; half < 2; ++half) {
       const int key = (half == 0 ? key0 : key1);
-      if (key >= m_p.seqlen_k) continue;
+      if (key >= sq.seqlen_k) continue;
       const long at = k_offset + long(key) * row_stride + (lane % 4) * 2;
       for (int n = 0; n < kTilesDW; ++n)
         store_dk_dv<Format>(at + (d_first + n) * 8, acc_dk[n][2 * half] * m_scale,

@@ -117,24 +117,28 @@ struct NoProbe {
 template <int HeadDim, int BlockN, int BlockM, int Threads>
 class WgmmaBwdLoads {
  public:
-  KOKKOS_FORCEINLINE_FUNCTION WgmmaBwdLoads(const Fused16Backward& kernel, int tid, int b, int h)
+  /// The loads of sequence `sq`, query head h.
+  KOKKOS_FORCEINLINE_FUNCTION WgmmaBwdLoads(const Fused16Backward& kernel, int tid,
+                                            const FusedSeq& sq, int h)
       : m_kernel(kernel),
         m_tid(tid),
         m_q_loader(tid),
-        m_q_offset(kernel.m_p.offset(b, h, kernel.m_p.seqlen_q, HeadDim)),
+        m_seqlen_q(sq.seqlen_q),
+        m_seqlen_k(sq.seqlen_k),
+        m_q_offset(kernel.m_p.q_offset(sq, h, HeadDim)),
+        m_kv_offset(kernel.m_kv.offset(kernel.m_p, sq, h, HeadDim)),
         m_row_stride(long(kernel.m_p.heads) * HeadDim),
-        m_lse(kernel.m_lse + kernel.m_p.lse_offset(b, h)),
-        m_delta(kernel.m_delta + kernel.m_p.lse_offset(b, h)) {}
+        m_lse(kernel.m_lse + kernel.m_p.lse_offset(sq, h)),
+        m_delta(kernel.m_delta + kernel.m_p.lse_offset(sq, h)) {}
 
   /// K and V rows key_begin.. of query head h's k/v head.
-  KOKKOS_FORCEINLINE_FUNCTION void kv(int b, int h, int key_begin, std::uint32_t k_addr,
+  KOKKOS_FORCEINLINE_FUNCTION void kv(int key_begin, std::uint32_t k_addr,
                                       std::uint32_t v_addr) const {
     const Fused16Backward& p = m_kernel;
     const cuda_mma::Sw128TileLoader<HeadDim, BlockN, Threads> kv_loader(m_tid);
-    const long kv_offset = p.m_kv.offset(p.m_p, b, h, HeadDim);
     const long kv_stride = p.m_kv.row_stride(HeadDim);
-    kv_loader.load(k_addr, p.m_k + kv_offset, kv_stride, key_begin, p.m_p.seqlen_k);
-    kv_loader.load(v_addr, p.m_v + kv_offset, kv_stride, key_begin, p.m_p.seqlen_k);
+    kv_loader.load(k_addr, p.m_k + m_kv_offset, kv_stride, key_begin, m_seqlen_k);
+    kv_loader.load(v_addr, p.m_v + m_kv_offset, kv_stride, key_begin, m_seqlen_k);
   }
 
   /// Q and dO of query block q_block to the tiles at q_addr and do_addr,
@@ -143,11 +147,11 @@ class WgmmaBwdLoads {
                                            std::uint32_t do_addr, float* stats) const {
     const Fused16Backward& p = m_kernel;
     const int row_begin = q_block * BlockM;
-    m_q_loader.load(q_addr, p.m_q + m_q_offset, m_row_stride, row_begin, p.m_p.seqlen_q);
-    m_q_loader.load(do_addr, p.m_do + m_q_offset, m_row_stride, row_begin, p.m_p.seqlen_q);
+    m_q_loader.load(q_addr, p.m_q + m_q_offset, m_row_stride, row_begin, m_seqlen_q);
+    m_q_loader.load(do_addr, p.m_do + m_q_offset, m_row_stride, row_begin, m_seqlen_q);
     if (m_tid < BlockM) {
       const int row = row_begin + m_tid;
-      const bool ok = row < p.m_p.seqlen_q;
+      const bool ok = row < m_seqlen_q;
       cuda_mma::cp_async_small<4>(stats + m_tid, m_lse + (ok ? row : 0), ok ? 4 : 0);
       cuda_mma::cp_async_small<4>(stats + BlockM + m_tid, m_delta + (ok ? row : 0), ok ? 4 : 0);
     }
@@ -157,7 +161,8 @@ class WgmmaBwdLoads {
   const Fused16Backward& m_kernel;
   int m_tid;
   cuda_mma::Sw128TileLoader<HeadDim, BlockM, Threads> m_q_loader;
-  long m_q_offset, m_row_stride;
+  int m_seqlen_q, m_seqlen_k;
+  long m_q_offset, m_kv_offset, m_row_stride;
   const float* m_lse;
   const float* m_delta;
 };
@@ -318,7 +323,7 @@ struct StagedRows {
 /// that follows the last product and copy.
 template <int HeadDim, int BlockN, int Threads, std::size_t ScratchBytes, class Team, class Put>
 KOKKOS_FORCEINLINE_FUNCTION void store_dk_dv_staged(const Fused16Backward& kernel, void* tile,
-                                                    int key_begin, long k_offset,
+                                                    int key_begin, int seqlen_k, long k_offset,
                                                     long row_stride, int tid, const Team& team,
                                                     Put&& put) {
   static_assert(2 * BlockN * StagedRows<float, HeadDim>::kRowBytes <= ScratchBytes,
@@ -330,7 +335,7 @@ KOKKOS_FORCEINLINE_FUNCTION void store_dk_dv_staged(const Fused16Backward& kerne
     put(Rows(), tile_k, tile_v);
     team.team_barrier();
     const long offset = k_offset + long(key_begin) * row_stride;
-    const int rows = kernel.m_p.seqlen_k - key_begin;
+    const int rows = seqlen_k - key_begin;
     Rows::template store<BlockN, Threads>(tile_k, kernel.m_dk, offset, row_stride, rows, tid);
     Rows::template store<BlockN, Threads>(tile_v, kernel.m_dv, offset, row_stride, rows, tid);
   };
@@ -409,8 +414,8 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
 #if defined(KOKKOS_ENABLE_CUDA)
     // No map of an empty tensor (nothing is launched then).
     if constexpr (kDqTma)
-      if (m_p.batch > 0 && m_p.heads > 0 && m_p.seqlen_q > 0)
-        this->m_map_dq = make_tma_map_f32(m_dq_acc, m_p.batch, m_p.seqlen_q, m_p.heads,
+      if (m_p.view_batch > 0 && m_p.heads > 0 && m_p.rows_q > 0)
+        this->m_map_dq = make_tma_map_f32(m_dq_acc, m_p.view_batch, m_p.rows_q, m_p.heads,
                                           kHeadDim, kBlockM, "kfa::bwd::wgmma_dk_dv", kDqWide);
 #endif
   }
@@ -457,9 +462,12 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
     int b, h;
     const int kv_block = m_p.block_of(league, m_num_kv_blocks, b, h);
     const int key_begin = kv_block * kBlockN;
+    // A packed batch's shorter sequences have fewer blocks than the league.
+    const FusedSeq sq = m_p.sequence(b);
+    if (key_begin >= sq.seqlen_k) return;
     const long row_stride = long(m_p.heads) * kHeadDim;
-    const long q_offset = m_p.offset(b, h, m_p.seqlen_q, kHeadDim);
-    const long k_offset = m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
+    const long q_offset = m_p.q_offset(sq, h, kHeadDim);
+    const long k_offset = m_p.k_offset(sq, h, kHeadDim);
     // The probe's team events (NoProbe).
     auto probe_team = [&](int event) { this->team_event(league, tid, event); };
     probe_team(1);
@@ -480,8 +488,8 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
                                        reinterpret_cast<const unsigned char*>(sK));
     };
 
-    const WgmmaBwdLoads<kHeadDim, kBlockN, kBlockM, kWarps * 32> loads(*this, tid, b, h);
-    loads.kv(b, h, key_begin, addr(sK), addr(sV));
+    const WgmmaBwdLoads<kHeadDim, kBlockN, kBlockM, kWarps * 32> loads(*this, tid, sq, h);
+    loads.kv(key_begin, addr(sK), addr(sV));
     // Q, dO, lse and D of a query block into a stage.
     auto load_q_block = [&](int q_block, int stage) {
       loads.q_block(q_block, addr(stage_q(stage)), addr(stage_q(stage) + kTileQ),
@@ -504,9 +512,9 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
     // This thread's keys (rows of Sᵀ): warp = 4·wg + warp in group.
     const int key0 = key_begin + warp * 16 + lane / 4;
     // The query blocks that see these keys: [first_q_block, num_q_blocks).
-    int first_q_block = m_p.mask.row_begin(key_begin) / kBlockM;
-    int num_q_blocks = (m_p.mask.row_end(key_begin + kBlockN) + kBlockM - 1) / kBlockM;
-    this->trim_query_blocks(m_p.mask, b, h, key_begin, imin(key_begin + kBlockN, m_p.seqlen_k),
+    int first_q_block = sq.mask.row_begin(key_begin) / kBlockM;
+    int num_q_blocks = (sq.mask.row_end(key_begin + kBlockN) + kBlockM - 1) / kBlockM;
+    this->trim_query_blocks(sq.mask, b, h, key_begin, imin(key_begin + kBlockN, sq.seqlen_k),
                             kBlockM, first_q_block, num_q_blocks);
     // The probe's events of query block q_block (NoProbe).
     auto probe_block = [&](int q_block, int event) {
@@ -563,10 +571,11 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
         if (!dq_issuer) return;
 #pragma unroll
         for (int box = 0; box < kHeadDim / kDqBoxCols; ++box)
-          tma_reduce_add_box(this->m_map_dq, box * kDqBoxCols, h, dq_row_begin, b,
+          tma_reduce_add_box(this->m_map_dq, box * kDqBoxCols, h, sq.q_begin + dq_row_begin,
+                             sq.view_b,
                              addr(tile + box * kBlockM * kDqBoxCols));
       } else {
-        if (!dq_issuer || dq_row_begin + dq_row >= m_p.seqlen_q) return;
+        if (!dq_issuer || dq_row_begin + dq_row >= sq.seqlen_q) return;
         bulk_reduce_add_f32(m_dq_acc + q_offset + long(dq_row_begin + dq_row) * row_stride,
                             addr(tile + dq_row * kDqPitch), kHeadDim * sizeof(float));
       }
@@ -604,14 +613,19 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
     // after the fence and the next barrier. With kDqTma, value (r, c) at
     // float (c / 8)·kBlockM·8 + r·8 + c % 8: a warp's 8 rows of a box are
     // 256 contiguous bytes, two wavefronts.
-    auto store_dq = [&](float* tile) {
+    // Rows past the sequence's end store 0: in a packed batch the bulk
+    // reduction adds them to the next sequence's first rows, where 0·k must
+    // not carry a non-finite k of this sequence.
+    auto store_dq = [&](float* tile, int row_begin) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int r = (warp % 4) * 16 + lane / 4 + half * 8;
+        const bool inside = row_begin + dq_row0 + r < sq.seqlen_q;
 #pragma unroll
         for (int n = 0; n < kDqN / 8; ++n) {
           const float2 value =
-              make_float2(dq[n][2 * half] * m_scale, dq[n][2 * half + 1] * m_scale);
+              inside ? make_float2(dq[n][2 * half] * m_scale, dq[n][2 * half + 1] * m_scale)
+                     : make_float2(0.f, 0.f);
           if constexpr (kDqWide) {
             // Row dq_row0 + r of box (dq_col0 + 8n) / 32, its 16-byte chunk
             // 2·(n % 4) + (lane % 4) / 2 XOR the row's r % 8 = lane / 4
@@ -728,10 +742,10 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
       // pass, or with kEarlyDv Pᵀ first, dV's products issued, then dSᵀ
       // once dPᵀ is in.
       if constexpr (kVariant) {
-        wgmma_bwd_variant_probabilities(st, dpt, s_lse, s_delta, *this, m_p.mask, b, h,
+        wgmma_bwd_variant_probabilities(st, dpt, s_lse, s_delta, *this, sq.mask, b, h,
                                         row_begin, key_begin, key_begin + kBlockN, key0, lane);
       } else {
-        wgmma_bwd_probabilities(st, s_lse, m_scale, m_p.mask, row_begin, key_begin,
+        wgmma_bwd_probabilities(st, s_lse, m_scale, sq.mask, row_begin, key_begin,
                                 key_begin + kBlockN, key0, lane, [&](int n, int e, int col) {
                                   if constexpr (!kEarlyDv)
                                     dpt[n][e] = st[n][e] * (dpt[n][e] - s_delta[col]);
@@ -817,7 +831,7 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
         fence_operands(dk_flat);
         fence_operands(dq_flat);
         probe_block(q_block, 8);
-        store_dq(sdQ);
+        store_dq(sdQ, row_begin);
         probe_block(q_block, 9);
         continue;
       }
@@ -833,7 +847,7 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
       wgmma_wait<0>();  // dQ, and dV, dK of this block
       fence_operands(dv_flat);
       fence_operands(dq_flat);
-      store_dq(sdQ);
+      store_dq(sdQ, row_begin);
       fence_operands(dk_flat);
     }
     probe_team(3);
@@ -848,7 +862,7 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
     cp_async_wait<0>();
     team.team_barrier();
     store_dk_dv_staged<kHeadDim, kBlockN, kWarps * 32, kFreeScratchBytes>(
-        *this, sK, key_begin, k_offset, row_stride, tid, team,
+        *this, sK, key_begin, sq.seqlen_k, k_offset, row_stride, tid, team,
         [&](auto rows, unsigned char* tile_k, unsigned char* tile_v) {
           using Rows = decltype(rows);
           const int row0 = warp * 16 + lane / 4;  // this thread's keys: row0, row0 + 8

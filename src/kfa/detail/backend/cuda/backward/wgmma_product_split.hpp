@@ -114,9 +114,12 @@ class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward {
     int b, h;
     const int kv_block = m_p.block_of(league, m_num_kv_blocks, b, h);
     const int key_begin = kv_block * kBlockN;
+    // A packed batch's shorter sequences have fewer blocks than the league.
+    const FusedSeq sq = m_p.sequence(b);
+    if (key_begin >= sq.seqlen_k) return;
     const long row_stride = long(m_p.heads) * kHeadDim;
-    const long q_offset = m_p.offset(b, h, m_p.seqlen_q, kHeadDim);
-    const long k_offset = m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
+    const long q_offset = m_p.q_offset(sq, h, kHeadDim);
+    const long k_offset = m_p.k_offset(sq, h, kHeadDim);
 
     const std::uint32_t raw_addr = smem_address(raw);
     const std::uint32_t base_addr = (raw_addr + 1023) & ~std::uint32_t(1023);
@@ -134,8 +137,8 @@ class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward {
                                        reinterpret_cast<const unsigned char*>(sK));
     };
 
-    const WgmmaBwdLoads<kHeadDim, kBlockN, kBlockM, kWarps * 32> loads(*this, tid, b, h);
-    loads.kv(b, h, key_begin, addr(sK), addr(sV));
+    const WgmmaBwdLoads<kHeadDim, kBlockN, kBlockM, kWarps * 32> loads(*this, tid, sq, h);
+    loads.kv(key_begin, addr(sK), addr(sV));
     // Q, dO, lse and D of a query block into a stage.
     auto load_q_block = [&](int q_block, int stage) {
       loads.q_block(q_block, addr(stage_q(stage)), addr(stage_q(stage) + kTileQ),
@@ -158,9 +161,9 @@ class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward {
     // This thread's keys (rows of Sᵀ and dPᵀ), the same in both warpgroups.
     const int key_row0 = (warp % 4) * 16 + lane / 4;
     const int key0 = key_begin + key_row0;
-    const int first_q_block = m_p.mask.row_begin(key_begin) / kBlockM;
+    const int first_q_block = sq.mask.row_begin(key_begin) / kBlockM;
     // The query blocks that see these keys: [first_q_block, num_q_blocks).
-    const int num_q_blocks = (m_p.mask.row_end(key_begin + kBlockN) + kBlockM - 1) / kBlockM;
+    const int num_q_blocks = (sq.mask.row_end(key_begin + kBlockN) + kBlockM - 1) / kBlockM;
     // Sᵀ = K·Qᵀ (warpgroup 0) or dPᵀ = V·dOᵀ (1) of a stage, issued
     // (reduction over head_dim, K-major).
     const std::uint32_t kv_addr = addr(wg == 0 ? sK : sV);
@@ -257,7 +260,7 @@ class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward {
           for (int i = 0; i < 4; ++i) {
             const int row = 4 * i + lane / 8;
             const float4 v = *reinterpret_cast<const float4*>(chunk_at(row, lane % 8));
-            if (row0 + row < m_p.seqlen_q)
+            if (row0 + row < sq.seqlen_q)
               atomicAdd(reinterpret_cast<float4*>(m_dq_acc + q_offset +
                                                   long(row0 + row) * row_stride + wg * kDqN +
                                                   32 * c + 4 * (lane % 8)),
@@ -271,7 +274,7 @@ class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward {
             m_dq_acc + q_offset + long(r) * row_stride + wg * kDqN + (lane % 4) * 2;
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          if (r + 8 * half >= m_p.seqlen_q) continue;
+          if (r + 8 * half >= sq.seqlen_q) continue;
           float* const g_row = g_dq + 8 * half * row_stride;
 #pragma unroll
           for (int n = 0; n < kDqN / 8; ++n)
@@ -319,7 +322,7 @@ class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward {
 #pragma unroll
         for (int kk = 0; kk < kBlockM / 16; ++kk) get_frag(sdS, kk, frag[kk]);
       } else {
-        wgmma_bwd_probabilities(sc, s_lse, m_scale, m_p.mask, row_begin, key_begin,
+        wgmma_bwd_probabilities(sc, s_lse, m_scale, sq.mask, row_begin, key_begin,
                                 key_begin + kBlockN, key0, lane, [](int, int, int) {});
 #pragma unroll
         for (int kk = 0; kk < kBlockM / 16; ++kk) pack_frag(sc[2 * kk], sc[2 * kk + 1], frag[kk]);
@@ -379,7 +382,7 @@ class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward {
     cp_async_wait<0>();
     team.team_barrier();
     store_dk_dv_staged<kHeadDim, kBlockN, kWarps * 32, kFreeScratchBytes>(
-        *this, sK, key_begin, k_offset, row_stride, tid, team,
+        *this, sK, key_begin, sq.seqlen_k, k_offset, row_stride, tid, team,
         [&](auto rows, unsigned char* tile_k, unsigned char* tile_v) {
           using Rows = decltype(rows);
           Rows::template put<Format>(wg == 0 ? tile_v : tile_k, key_row0, lane, acc,

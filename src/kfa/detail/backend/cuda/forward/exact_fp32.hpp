@@ -93,6 +93,7 @@ class FlashForwardExactFp32Kernel {
         m_lse(lse.data()),
         m_scale(scale),
         m_p(q, k, window),
+        m_kv(q, k),
         m_num_q_blocks((m_p.seqlen_q + kBlockM - 1) / kBlockM) {}
 
   static bool fits(const ExecSpace& space) {
@@ -129,31 +130,34 @@ class FlashForwardExactFp32Kernel {
     // Longest rows first under a causal mask.
     const int q_block = m_num_q_blocks - 1 - m_p.block_of(league, m_num_q_blocks, b, h);
     const int row_begin = q_block * kBlockM;
-    const long row_stride = long(m_p.heads) * kHeadDim;
-    const float* gQ = m_q + m_p.offset(b, h, m_p.seqlen_q, kHeadDim);
-    const float* gK = m_k + m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
-    const float* gV = m_v + m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
+    // A packed batch's shorter sequences have fewer blocks than the league.
+    const FusedSeq sq = m_p.sequence(b);
+    if (row_begin >= sq.seqlen_q) return;
+    const long row_stride = long(m_p.heads) * kHeadDim, kv_stride = m_kv.row_stride(kHeadDim);
+    const float* gQ = m_q + m_p.q_offset(sq, h, kHeadDim);
+    const float* gK = m_k + m_kv.offset(m_p, sq, h, kHeadDim);
+    const float* gV = m_v + m_kv.offset(m_p, sq, h, kHeadDim);
     float* const sQ = aligned_scratch<float>(raw);
     float* const sP = sQ + (kBlockM + 2 * kStages * kBlockN) * kPitch;
     float* const sF = sP + kBlockN * kPitchP;  // a factor per row (rescale, then 1/sum)
     auto sK = [&](int stage) { return sQ + (kBlockM + 2 * stage * kBlockN) * kPitch; };
     auto sV = [&](int stage) { return sK(stage) + kBlockN * kPitch; };
 
-    auto load_tile = [&](float* dst, const float* src, int first_row, int rows_total,
-                         int rows) {
-      load_rows_async<kHeadDim, kPitch>(dst, src, row_stride, first_row, rows, rows_total, tid,
+    auto load_tile = [&](float* dst, const float* src, long stride, int first_row,
+                         int rows_total, int rows) {
+      load_rows_async<kHeadDim, kPitch>(dst, src, stride, first_row, rows, rows_total, tid,
                                         kWarps * 32);
     };
     auto load_kv = [&](int kv_block) {
       const int stage = kv_block % kStages;
-      load_tile(sK(stage), gK, kv_block * kBlockN, m_p.seqlen_k, kBlockN);
-      load_tile(sV(stage), gV, kv_block * kBlockN, m_p.seqlen_k, kBlockN);
+      load_tile(sK(stage), gK, kv_stride, kv_block * kBlockN, sq.seqlen_k, kBlockN);
+      load_tile(sV(stage), gV, kv_stride, kv_block * kBlockN, sq.seqlen_k, kBlockN);
     };
 
-    const int rows = imin(kBlockM, m_p.seqlen_q - row_begin);
+    const int rows = imin(kBlockM, sq.seqlen_q - row_begin);
     // The key blocks inside the mask's window (AttentionMask::key_blocks).
     int first_kv_block, end_kv_block;
-    m_p.mask.key_blocks(row_begin, row_begin + rows, kBlockN, first_kv_block, end_kv_block);
+    sq.mask.key_blocks(row_begin, row_begin + rows, kBlockN, first_kv_block, end_kv_block);
 
     float acc_o[kRowsO][4];
 #pragma unroll
@@ -164,7 +168,7 @@ class FlashForwardExactFp32Kernel {
 #pragma unroll
     for (int i = 0; i < kScoreRows; ++i) row_max[i] = -INFINITY, row_sum[i] = 0.f;
 
-    load_tile(sQ, gQ, row_begin, m_p.seqlen_q, kBlockM);
+    load_tile(sQ, gQ, row_stride, row_begin, sq.seqlen_q, kBlockM);
     if (first_kv_block < end_kv_block) load_kv(first_kv_block);
     cp_async_commit();
     for (int kv_block = first_kv_block; kv_block < end_kv_block; ++kv_block) {
@@ -187,7 +191,7 @@ class FlashForwardExactFp32Kernel {
 
       // Scale, mask, online softmax; Scores::kLanesPerRow lanes share a row.
       const bool needs_mask =
-          m_p.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin, key_begin + kBlockN);
+          sq.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin, key_begin + kBlockN);
       float alpha[kScoreRows];
 #pragma unroll
       for (int i = 0; i < kScoreRows; ++i) {
@@ -195,7 +199,7 @@ class FlashForwardExactFp32Kernel {
 #pragma unroll
         for (int j = 0; j < kScoreKeys; ++j) {
           float x = s[i][j] * m_scale;
-          if (needs_mask && m_p.mask.masked(row_begin + row_of(i), key_begin + key_of(j)))
+          if (needs_mask && sq.mask.masked(row_begin + row_of(i), key_begin + key_of(j)))
             x = -INFINITY;
           s[i][j] = x;
           block_max = fmaxf(block_max, x);
@@ -270,17 +274,17 @@ class FlashForwardExactFp32Kernel {
       // Sum 0: no key (O = 0, lse = -inf); a NaN sum stays NaN.
       inv[i] = sum == 0.f ? 0.f : 1.f / sum;
       const int row = row_begin + row_of(i);
-      if (first_of_row && row < m_p.seqlen_q)
-        m_lse[m_p.lse_offset(b, h) + row] = sum == 0.f ? -INFINITY : row_max[i] + logf(sum);
+      if (first_of_row && row < sq.seqlen_q)
+        m_lse[m_p.lse_offset(sq, h) + row] = sum == 0.f ? -INFINITY : row_max[i] + logf(sum);
     }
     store_row_factors(sF, inv, row_of, first_of_row);
     __syncwarp();
     scale_rows(acc_o, sF + o_row);
-    float* const gO = m_o + m_p.offset(b, h, m_p.seqlen_q, kHeadDim);
+    float* const gO = m_o + m_p.q_offset(sq, h, kHeadDim);
 #pragma unroll
     for (int i = 0; i < kRowsO; ++i) {
       const int row = row_begin + o_row + i;
-      if (row < m_p.seqlen_q)
+      if (row < sq.seqlen_q)
         *reinterpret_cast<float4*>(gO + row * row_stride + o_col) =
             make_float4(acc_o[i][0], acc_o[i][1], acc_o[i][2], acc_o[i][3]);
     }
@@ -336,6 +340,7 @@ class FlashForwardExactFp32Kernel {
   float* m_lse;
   float m_scale;
   FusedProblem m_p;
+  FusedKvHeads m_kv;
   int m_num_q_blocks;
 };
 

@@ -114,6 +114,7 @@ class FlashForwardFp32Fp64Kernel {
         m_lse(lse.data()),
         m_scale(kBase2 ? scale * value_type(1.4426950408889634) : scale),
         m_p(q, k, window),
+        m_kv(q, k),
         m_num_q_blocks((m_p.seqlen_q + kBlockM - 1) / kBlockM) {}
 
   /// Whether `space`'s GPU gives a team this shape's scratch.
@@ -145,31 +146,34 @@ class FlashForwardFp32Fp64Kernel {
     // most keys, so they start first and the short ones fill the tail.
     const int q_block = m_num_q_blocks - 1 - m_p.block_of(league, m_num_q_blocks, b, h);
     const int row_begin = q_block * kBlockM;
-    const long row_stride = long(m_p.heads) * kHeadDim;
-    const value_type* gQ = m_q + m_p.offset(b, h, m_p.seqlen_q, kHeadDim);
-    const value_type* gK = m_k + m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
-    const value_type* gV = m_v + m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
+    // A packed batch's shorter sequences have fewer blocks than the league.
+    const FusedSeq sq = m_p.sequence(b);
+    if (row_begin >= sq.seqlen_q) return;
+    const long row_stride = long(m_p.heads) * kHeadDim, kv_stride = m_kv.row_stride(kHeadDim);
+    const value_type* gQ = m_q + m_p.q_offset(sq, h, kHeadDim);
+    const value_type* gK = m_k + m_kv.offset(m_p, sq, h, kHeadDim);
+    const value_type* gV = m_v + m_kv.offset(m_p, sq, h, kHeadDim);
     value_type* sQ = aligned_scratch<value_type>(raw);
     auto sK = [&](int stage) { return sQ + (kBlockM + 2 * stage * kBlockN) * kPitch; };
     auto sV = [&](int stage) { return sK(stage) + kBlockN * kPitch; };
 
     // `rows` rows x head_dim of a [b][i][h][d] tensor into a scratch tile,
     // rows past `rows_total` zero-filled.
-    auto load_tile = [&](value_type* dst, const value_type* src, int first_row, int rows_total,
-                         int rows) {
-      load_rows_async<kHeadDim, kPitch, Atom::kSwizzle>(dst, src, row_stride, first_row, rows,
+    auto load_tile = [&](value_type* dst, const value_type* src, long stride, int first_row,
+                         int rows_total, int rows) {
+      load_rows_async<kHeadDim, kPitch, Atom::kSwizzle>(dst, src, stride, first_row, rows,
                                                         rows_total, tid, kWarps * 32);
     };
     auto load_kv = [&](int kv_block) {
       const int stage = kv_block % kStages;
-      load_tile(sK(stage), gK, kv_block * kBlockN, m_p.seqlen_k, kBlockN);
-      load_tile(sV(stage), gV, kv_block * kBlockN, m_p.seqlen_k, kBlockN);
+      load_tile(sK(stage), gK, kv_stride, kv_block * kBlockN, sq.seqlen_k, kBlockN);
+      load_tile(sV(stage), gV, kv_stride, kv_block * kBlockN, sq.seqlen_k, kBlockN);
     };
 
-    const int rows = imin(kBlockM, m_p.seqlen_q - row_begin);
+    const int rows = imin(kBlockM, sq.seqlen_q - row_begin);
     // The key blocks inside the mask's window (AttentionMask::key_blocks).
     int first_kv_block, end_kv_block;
-    m_p.mask.key_blocks(row_begin, row_begin + rows, kBlockN, first_kv_block, end_kv_block);
+    sq.mask.key_blocks(row_begin, row_begin + rows, kBlockN, first_kv_block, end_kv_block);
     // Rows of accumulator element (mt, j): row0 + mt·kRows + (j / 2)·8.
     const int row0 = row_begin + warp * kWarpRows + lane / 4;
 
@@ -180,7 +184,7 @@ class FlashForwardFp32Fp64Kernel {
     for (int r = 0; r < kRows; ++r) row_max[r] = -INFINITY, row_sum[r] = 0;
     Tiles<kTilesS> s;
 
-    load_tile(sQ, gQ, row_begin, m_p.seqlen_q, kBlockM);
+    load_tile(sQ, gQ, row_stride, row_begin, sq.seqlen_q, kBlockM);
     if (first_kv_block < end_kv_block) load_kv(first_kv_block);
     cp_async_commit();
     for (int kv_block = first_kv_block; kv_block < end_kv_block; ++kv_block) {
@@ -194,11 +198,11 @@ class FlashForwardFp32Fp64Kernel {
       if (kv_block + 1 < end_kv_block) load_kv(kv_block + 1);
       cp_async_commit();
       scores(s, sQ, sK(kv_block % kStages), warp);
-      softmax_update(s, acc_o, row_max, row_sum, row_begin, row0, key_begin);
+      softmax_update(s, acc_o, row_max, row_sum, sq.mask, row_begin, row0, key_begin);
       accumulate_pv(s, acc_o, sV(kv_block % kStages));
     }
     cp_async_wait<0>();
-    write_output(acc_o, row_max, row_sum, row0, b, h);
+    write_output(acc_o, row_max, row_sum, row0, sq, h);
 #else
     (void)team;
     (void)raw;
@@ -286,12 +290,13 @@ class FlashForwardFp32Fp64Kernel {
   /// lanes (a quad) that share a row.
   KOKKOS_FORCEINLINE_FUNCTION void softmax_update(Tiles<kTilesS>& s, Tiles<kTilesO>& acc_o,
                                                   value_type (&row_max)[kRows],
-                                                  value_type (&row_sum)[kRows], int row_begin,
+                                                  value_type (&row_sum)[kRows],
+                                                  const AttentionMask& mask, int row_begin,
                                                   int row0, int key_begin) const {
     using namespace cuda_mma;
     const int lane = threadIdx.x;
     const bool needs_mask =
-        m_p.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin, key_begin + kBlockN);
+        mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin, key_begin + kBlockN);
     value_type block_max[kRows];
     #pragma unroll
     for (int r = 0; r < kRows; ++r) block_max[r] = row_max[r];
@@ -305,7 +310,7 @@ class FlashForwardFp32Fp64Kernel {
           if (needs_mask) {
             const int row = row0 + mt * Atom::kRows + (j / 2) * 8;
             const int col = key_begin + n * 8 + (lane % 4) * 2 + (j & 1);
-            if (m_p.mask.masked(row, col)) x = -INFINITY;
+            if (mask.masked(row, col)) x = -INFINITY;
           }
           s[mt][n][j] = x;
           block_max[mt * kHalves + j / 2] = vmax(block_max[mt * kHalves + j / 2], x);
@@ -426,7 +431,7 @@ class FlashForwardFp32Fp64Kernel {
   /// O = acc_o / row_sum, lse = ln(sum) + max (natural log).
   KOKKOS_FORCEINLINE_FUNCTION void write_output(
       const Tiles<kTilesO>& acc_o, const value_type (&row_max)[kRows],
-      value_type (&row_sum)[kRows], int row0, int b, int h) const {
+      value_type (&row_sum)[kRows], int row0, const FusedSeq& sq, int h) const {
     using namespace cuda_mma;
     const int lane = threadIdx.x;
     const long row_stride = long(m_p.heads) * kHeadDim;
@@ -439,10 +444,10 @@ class FlashForwardFp32Fp64Kernel {
     for (int r = 0; r < kRows; ++r) {
       const int mt = r / kHalves, half = r % kHalves;
       const int row = row0 + mt * Atom::kRows + half * 8;
-      if (row >= m_p.seqlen_q) continue;
+      if (row >= sq.seqlen_q) continue;
       // Sum 0: no key (O = 0, lse = -inf); a NaN sum stays NaN.
       const value_type inv = row_sum[r] == 0 ? value_type(0) : value_type(1) / row_sum[r];
-      value_type* gO = m_o + m_p.offset(b, h, m_p.seqlen_q, kHeadDim) + row * row_stride;
+      value_type* gO = m_o + m_p.q_offset(sq, h, kHeadDim) + row * row_stride;
       #pragma unroll
       for (int n = 0; n < kTilesO; ++n) {
         const int d = n * 8 + (lane % 4) * 2;
@@ -451,7 +456,7 @@ class FlashForwardFp32Fp64Kernel {
       }
       if (lane % 4 == 0) {
         // lse in the natural base: row_max is in the softmax's base.
-        m_lse[m_p.lse_offset(b, h) + row] =
+        m_lse[m_p.lse_offset(sq, h) + row] =
             row_sum[r] == 0 ? value_type(-INFINITY)
                             : (kBase2 ? row_max[r] * value_type(0.6931471805599453) : row_max[r]) +
                                   log_base(row_sum[r]);
@@ -467,6 +472,7 @@ class FlashForwardFp32Fp64Kernel {
   value_type* m_lse;
   value_type m_scale;  // softmax scale, times log2(e) in base 2
   FusedProblem m_p;
+  FusedKvHeads m_kv;
   int m_num_q_blocks;
 };
 

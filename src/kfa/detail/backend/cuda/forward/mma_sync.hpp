@@ -148,9 +148,12 @@ class FlashForwardMmaKernel : public Fused16Forward, public FusedVariantParams<V
     int b, h;
     const int q_block = m_num_q_blocks - 1 - m_p.block_of(league, m_num_q_blocks, b, h);
     const int row_begin = q_block * kBlockM;
-    const std::uint16_t* gQ = m_q + m_p.offset(b, h, m_p.seqlen_q, kHeadDim);
+    // A packed batch's shorter sequences have fewer blocks than the league.
+    const FusedSeq sq = m_p.sequence(b);
+    if (row_begin >= sq.seqlen_q) return;
+    const std::uint16_t* gQ = m_q + m_p.q_offset(sq, h, kHeadDim);
     const long kv_offset =
-        Grouped ? m_kv.offset(m_p, b, h, kHeadDim) : m_p.offset(b, h, m_p.seqlen_k, kHeadDim);
+        Grouped ? m_kv.offset(m_p, sq, h, kHeadDim) : m_p.k_offset(sq, h, kHeadDim);
     const std::uint16_t* gK = m_k + kv_offset;
     const std::uint16_t* gV = m_v + kv_offset;
     std::uint16_t* scratch = aligned_scratch<std::uint16_t>(raw);
@@ -165,11 +168,11 @@ class FlashForwardMmaKernel : public Fused16Forward, public FusedVariantParams<V
                                         rows, rows_total, tid, kWarps * 32);
     };
 
-    const int rows = imin(kBlockM, m_p.seqlen_q - row_begin);
+    const int rows = imin(kBlockM, sq.seqlen_q - row_begin);
     // The key blocks inside the mask's window (AttentionMask::key_blocks).
     int first_kv_block, end_kv_block;
-    m_p.mask.key_blocks(row_begin, row_begin + rows, kBlockN, first_kv_block, end_kv_block);
-    this->trim_key_blocks(m_p.mask, b, h, row_begin, row_begin + rows, kBlockN, first_kv_block,
+    sq.mask.key_blocks(row_begin, row_begin + rows, kBlockN, first_kv_block, end_kv_block);
+    this->trim_key_blocks(sq.mask, b, h, row_begin, row_begin + rows, kBlockN, first_kv_block,
                           end_kv_block);
     // Rows of accumulator element (mt, e): row0 + mt * 16 + (e / 2) * 8.
     const int row0 = row_begin + warp * kWarpRows + lane / 4;
@@ -187,7 +190,7 @@ class FlashForwardMmaKernel : public Fused16Forward, public FusedVariantParams<V
       std::uint16_t* sV = sK + kBlockN * kPitch;
       // Q block through scratch into registers (A fragments), once. (The
       // scratch holds kScratchRows >= kBlockM rows from sK on.)
-      load_tile(sK, gQ, row_begin, m_p.seqlen_q, kBlockM, true);
+      load_tile(sK, gQ, row_begin, sq.seqlen_q, kBlockM, true);
       cp_async_commit();
       cp_async_wait<0>();
       // The Q tile is in scratch for every warp.
@@ -200,11 +203,11 @@ class FlashForwardMmaKernel : public Fused16Forward, public FusedVariantParams<V
       team.team_barrier();
 
       if (first_kv_block < end_kv_block)
-        load_tile(sK, gK, first_kv_block * kBlockN, m_p.seqlen_k, kBlockN, false);
+        load_tile(sK, gK, first_kv_block * kBlockN, sq.seqlen_k, kBlockN, false);
       cp_async_commit();
       for (int kv_block = first_kv_block; kv_block < end_kv_block; ++kv_block) {
         const int key_begin = kv_block * kBlockN;
-        load_tile(sV, gV, key_begin, m_p.seqlen_k, kBlockN, false);
+        load_tile(sV, gV, key_begin, sq.seqlen_k, kBlockN, false);
         cp_async_commit();
         cp_async_wait<1>();
         // K_j is in scratch (V_j may still be in flight).
@@ -215,9 +218,9 @@ class FlashForwardMmaKernel : public Fused16Forward, public FusedVariantParams<V
         // Every warp is done reading K_j: K_{j+1} may land in its place.
         team.team_barrier();
         if (kv_block + 1 < end_kv_block)
-          load_tile(sK, gK, key_begin + kBlockN, m_p.seqlen_k, kBlockN, false);
+          load_tile(sK, gK, key_begin + kBlockN, sq.seqlen_k, kBlockN, false);
         cp_async_commit();
-        softmax_update(s, acc_o, row_max, row_sum, b, h, row_begin, row0, key_begin);
+        softmax_update(s, acc_o, row_max, row_sum, sq, b, h, row_begin, row0, key_begin);
         cp_async_wait<1>();
         // V_j is in scratch for every warp.
         team.team_barrier();
@@ -232,10 +235,10 @@ class FlashForwardMmaKernel : public Fused16Forward, public FusedVariantParams<V
       auto sV = [&](int stage) { return sK(stage) + kBlockN * kPitch; };
       auto load_kv = [&](int kv_block) {
         const int stage = kv_block % kStages;
-        load_tile(sK(stage), gK, kv_block * kBlockN, m_p.seqlen_k, kBlockN, false);
-        load_tile(sV(stage), gV, kv_block * kBlockN, m_p.seqlen_k, kBlockN, false);
+        load_tile(sK(stage), gK, kv_block * kBlockN, sq.seqlen_k, kBlockN, false);
+        load_tile(sV(stage), gV, kv_block * kBlockN, sq.seqlen_k, kBlockN, false);
       };
-      load_tile(sQ, gQ, row_begin, m_p.seqlen_q, kBlockM, true);
+      load_tile(sQ, gQ, row_begin, sq.seqlen_q, kBlockM, true);
       if (first_kv_block < end_kv_block) load_kv(first_kv_block);
       cp_async_commit();
       for (int kv_block = first_kv_block; kv_block < end_kv_block; ++kv_block) {
@@ -249,12 +252,12 @@ class FlashForwardMmaKernel : public Fused16Forward, public FusedVariantParams<V
         scores(s, sK(kv_block % kStages), [&](int mt, int ks, std::uint32_t(&a)[4]) {
           ldmatrix_x4(a, sQ + a_fragment_offset(warp * kWarpRows + mt * 16, ks, lane));
         });
-        softmax_update(s, acc_o, row_max, row_sum, b, h, row_begin, row0, key_begin);
+        softmax_update(s, acc_o, row_max, row_sum, sq, b, h, row_begin, row0, key_begin);
         accumulate_pv(s, acc_o, sV(kv_block % kStages));
       }
       cp_async_wait<0>();
     }
-    write_output(acc_o, row_max, row_sum, row0, b, h);
+    write_output(acc_o, row_max, row_sum, row0, sq, h);
 #else
     (void)team;
     (void)raw;
@@ -304,20 +307,22 @@ class FlashForwardMmaKernel : public Fused16Forward, public FusedVariantParams<V
   KOKKOS_FORCEINLINE_FUNCTION void softmax_update(float (&s)[kMTiles][kTilesS][4],
                                                   float (&acc_o)[kMTiles][kTilesO][4],
                                                   float (&row_max)[kRows],
-                                                  float (&row_sum)[kRows], int b, int h,
-                                                  int row_begin, int row0, int key_begin) const {
+                                                  float (&row_sum)[kRows], const FusedSeq& sq,
+                                                  int b, int h, int row_begin, int row0,
+                                                  int key_begin) const {
+    const AttentionMask& mask = sq.mask;
     const bool needs_mask =
-        m_p.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin, key_begin + kBlockN);
+        mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin, key_begin + kBlockN);
     if constexpr (kVariant) {
-      fwd_variant_scores<kBlockM, kBlockN>(s, *this, m_p.mask, b, h, row_begin, row0,
+      fwd_variant_scores<kBlockM, kBlockN>(s, *this, mask, b, h, row_begin, row0,
                                                key_begin);
-      fwd_softmax_update<(kHeadDim >= 128)>(s, acc_o, row_max, row_sum, m_p.mask, needs_mask,
+      fwd_softmax_update<(kHeadDim >= 128)>(s, acc_o, row_max, row_sum, mask, needs_mask,
                                             1.4426950408889634f, row0, key_begin);
       fwd_variant_dropout(s, *this, b, h, row0, key_begin);
     } else {
       // The mask inside the loop over the scores at head_dim 128 and up
       // (fwd_softmax_scores' MaskPerScore).
-      fwd_softmax_update<(kHeadDim >= 128)>(s, acc_o, row_max, row_sum, m_p.mask, needs_mask,
+      fwd_softmax_update<(kHeadDim >= 128)>(s, acc_o, row_max, row_sum, mask, needs_mask,
                                             m_scale_log2, row0, key_begin);
     }
   }
@@ -352,11 +357,11 @@ class FlashForwardMmaKernel : public Fused16Forward, public FusedVariantParams<V
   /// O and lse of this thread's rows (fwd_write_output).
   KOKKOS_FORCEINLINE_FUNCTION void write_output(const float (&acc_o)[kMTiles][kTilesO][4],
                                                 const float (&row_max)[kRows],
-                                                float (&row_sum)[kRows], int row0, int b,
-                                                int h) const {
-    fwd_write_output<Format>(acc_o, row_max, row_sum, row0, m_p.seqlen_q,
-                             m_o + m_p.offset(b, h, m_p.seqlen_q, kHeadDim),
-                             long(m_p.heads) * kHeadDim, m_lse + m_p.lse_offset(b, h));
+                                                float (&row_sum)[kRows], int row0,
+                                                const FusedSeq& sq, int h) const {
+    fwd_write_output<Format>(acc_o, row_max, row_sum, row0, sq.seqlen_q,
+                             m_o + m_p.q_offset(sq, h, kHeadDim), long(m_p.heads) * kHeadDim,
+                             m_lse + m_p.lse_offset(sq, h));
   }
 #endif
 

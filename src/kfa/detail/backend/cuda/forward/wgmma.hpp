@@ -91,9 +91,13 @@ struct WgmmaFwdShortCausalShape {
 /// where its overlapping teams beat WgmmaFwdShape's persistent ones (from
 /// 2048 keys at 64, and at every length at 128, the persistent shape is
 /// the faster).
+/// Packed batches whose sequences are all 128 rows or shorter take it too
+/// (`max_seqlen_q`, 0 for fixed-length batches): a 192-row team would leave
+/// most of its rows empty.
 template <int HeadDim>
-inline bool wgmma_fwd_short_causal(bool causal, long seqlen_k) {
-  return causal && HeadDim == 64 && seqlen_k <= 1024;
+inline bool wgmma_fwd_short_causal(bool causal, long seqlen_k, int max_seqlen_q = 0) {
+  return HeadDim == 64 &&
+         ((causal && seqlen_k <= 1024) || (max_seqlen_q > 0 && max_seqlen_q <= 128));
 }
 
 /// The tensor maps of q, k and v of a forward whose copies are bulk tensor
@@ -190,13 +194,13 @@ class FlashForwardWgmmaKernel : public Fused16Forward,
     if constexpr (kTma) {
       constexpr bool bf16 = std::is_same<Format, cuda_mma::Bf16>::value;
       const char* what = "kfa::fwd::wgmma_main_loop";
-      if (m_p.batch > 0 && m_p.heads > 0 && m_p.seqlen_q > 0)
-        this->m_map_q = make_tma_map_16(m_q, bf16, m_p.batch, m_p.seqlen_q, m_p.heads, kHeadDim,
-                                        kBlockM, what);
-      if (m_p.batch > 0 && m_kv.heads_kv > 0 && m_p.seqlen_k > 0) {
-        this->m_map_k = make_tma_map_16(m_k, bf16, m_p.batch, m_p.seqlen_k, m_kv.heads_kv,
+      if (m_p.view_batch > 0 && m_p.heads > 0 && m_p.rows_q > 0)
+        this->m_map_q = make_tma_map_16(m_q, bf16, m_p.view_batch, m_p.rows_q, m_p.heads,
+                                        kHeadDim, kBlockM, what);
+      if (m_p.view_batch > 0 && m_kv.heads_kv > 0 && m_p.rows_k > 0) {
+        this->m_map_k = make_tma_map_16(m_k, bf16, m_p.view_batch, m_p.rows_k, m_kv.heads_kv,
                                         kHeadDim, kBlockN, what);
-        this->m_map_v = make_tma_map_16(m_v, bf16, m_p.batch, m_p.seqlen_k, m_kv.heads_kv,
+        this->m_map_v = make_tma_map_16(m_v, bf16, m_p.view_batch, m_p.rows_k, m_kv.heads_kv,
                                         kHeadDim, kBlockN, what);
       }
     }
@@ -274,16 +278,23 @@ class FlashForwardWgmmaKernel : public Fused16Forward,
     // batch, head, first query row and key blocks, and this thread's rows
     // row0 and row0 + 8 (warp = 4·wg + warp in group).
     // Key blocks first_kv_block + [0, num_kv_blocks) are those inside the
-    // mask's window; the loops count them from 0.
-    int b = 0, h = 0, row_begin = 0, first_kv_block = 0, num_kv_blocks = 0, row0 = 0;
+    // mask's window; the loops count them from 0. `sq` is the tile's
+    // sequence; a packed batch's shorter ones have fewer blocks than the
+    // league (`rows` <= 0: nothing to compute or write).
+    int b = 0, h = 0, row_begin = 0, rows = 0, first_kv_block = 0, num_kv_blocks = 0, row0 = 0;
+    FusedSeq sq = m_p.sequence(0);
     auto set_tile = [&](int tile) {
       // Longest rows first under the causal mask.
       row_begin = (m_num_q_blocks - 1 - m_p.block_of(tile, m_num_q_blocks, b, h)) * kBlockM;
-      const int rows = imin(kBlockM, m_p.seqlen_q - row_begin);
-      int end_kv_block;
-      m_p.mask.key_blocks(row_begin, row_begin + rows, kBlockN, first_kv_block, end_kv_block);
-      this->trim_key_blocks(m_p.mask, b, h, row_begin, row_begin + rows, kBlockN, first_kv_block,
-                            end_kv_block);
+      sq = m_p.sequence(b);
+      rows = imin(kBlockM, sq.seqlen_q - row_begin);
+      int end_kv_block = 0;
+      first_kv_block = 0;
+      if (rows > 0) {
+        sq.mask.key_blocks(row_begin, row_begin + rows, kBlockN, first_kv_block, end_kv_block);
+        this->trim_key_blocks(sq.mask, b, h, row_begin, row_begin + rows, kBlockN,
+                              first_kv_block, end_kv_block);
+      }
       num_kv_blocks = imax(0, end_kv_block - first_kv_block);
       row0 = row_begin + warp * 16 + lane / 4;
     };
@@ -298,9 +309,10 @@ class FlashForwardWgmmaKernel : public Fused16Forward,
       row_sum[0] = row_sum[1] = 0;
     };
     auto write_rows = [&] {
-      fwd_write_output<Format>(acc_o, row_max, row_sum, row0, m_p.seqlen_q,
-                               m_o + m_p.offset(b, h, m_p.seqlen_q, kHeadDim), row_stride,
-                               m_lse + m_p.lse_offset(b, h));
+      if (rows > 0)
+        fwd_write_output<Format>(acc_o, row_max, row_sum, row0, sq.seqlen_q,
+                                 m_o + m_p.q_offset(sq, h, kHeadDim), row_stride,
+                                 m_lse + m_p.lse_offset(sq, h));
     };
     auto& o_flat = reinterpret_cast<float(&)[4 * kTilesO]>(acc_o);
     auto& s_flat = reinterpret_cast<float(&)[4 * kTilesS]>(s);
@@ -348,19 +360,19 @@ class FlashForwardWgmmaKernel : public Fused16Forward,
       }
     };
     auto softmax = [&](int key_begin, float (&alpha)[2]) {
+      const AttentionMask& mask = sq.mask;
       const bool needs_mask =
-          m_p.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin, key_begin + kBlockN);
+          mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin, key_begin + kBlockN);
       if constexpr (kVariant) {
-        fwd_variant_scores<kBlockM, kBlockN>(s, *this, m_p.mask, b, h, row_begin, row0,
-                                               key_begin);
-        fwd_softmax_scores(s, row_max, row_sum, alpha, m_p.mask, needs_mask,
-                           1.4426950408889634f, row0, key_begin);
+        fwd_variant_scores<kBlockM, kBlockN>(s, *this, mask, b, h, row_begin, row0, key_begin);
+        fwd_softmax_scores(s, row_max, row_sum, alpha, mask, needs_mask, 1.4426950408889634f,
+                           row0, key_begin);
         fwd_variant_dropout(s, *this, b, h, row0, key_begin);
       } else if constexpr (kFoldScale)
-        fwd_softmax_scores_folded(s, row_max, row_sum, alpha, m_p.mask, needs_mask, m_scale_log2,
+        fwd_softmax_scores_folded(s, row_max, row_sum, alpha, mask, needs_mask, m_scale_log2,
                                   row0, key_begin);
       else
-        fwd_softmax_scores(s, row_max, row_sum, alpha, m_p.mask, needs_mask, m_scale_log2, row0,
+        fwd_softmax_scores(s, row_max, row_sum, alpha, mask, needs_mask, m_scale_log2, row0,
                            key_begin);
     };
     // One block's work once K_j is in scratch: S_j issued, and
@@ -463,13 +475,17 @@ class FlashForwardWgmmaKernel : public Fused16Forward,
 #pragma unroll
               for (int c = 0; c < kHeadDim / 64; ++c)
                 tma_load_box(tile_addr + c * sw128_block_bytes(kBlockN), map, 64 * c, hk,
-                             (first_kv_block + j) * kBlockN, b, full);
+                             sq.k_begin + (first_kv_block + j) * kBlockN, sq.view_b, full);
             };
-            mbarrier_arrive_expect(full_q, sizeof(std::uint16_t) * kTileQ);
+            if (rows > 0) {
+              mbarrier_arrive_expect(full_q, sizeof(std::uint16_t) * kTileQ);
 #pragma unroll
-            for (int c = 0; c < kHeadDim / 64; ++c)
-              tma_load_box(addr(sQ) + c * sw128_block_bytes(kBlockM), this->m_map_q, 64 * c, h,
-                           row_begin, b, full_q);
+              for (int c = 0; c < kHeadDim / 64; ++c)
+                tma_load_box(addr(sQ) + c * sw128_block_bytes(kBlockM), this->m_map_q, 64 * c,
+                             h, sq.q_begin + row_begin, sq.view_b, full_q);
+            } else {
+              mbarrier_arrive(full_q);  // a packed batch's empty tile: no Q
+            }
             // The next tile, fetched while this one's copies are issued.
             const int next = kPersistent ? int(gridDim.x) + atomicAdd(m_tile_counter, 1)
                                          : m_num_tiles;
@@ -525,9 +541,10 @@ class FlashForwardWgmmaKernel : public Fused16Forward,
     } else {
       set_tile(team.league_rank());
       start_rows();
-      const std::uint16_t* gQ = m_q + m_p.offset(b, h, m_p.seqlen_q, kHeadDim);
-      const std::uint16_t* gK = m_k + m_kv.offset(m_p, b, h, kHeadDim);
-      const std::uint16_t* gV = m_v + m_kv.offset(m_p, b, h, kHeadDim);
+      if (rows <= 0) return;
+      const std::uint16_t* gQ = m_q + m_p.q_offset(sq, h, kHeadDim);
+      const std::uint16_t* gK = m_k + m_kv.offset(m_p, sq, h, kHeadDim);
+      const std::uint16_t* gV = m_v + m_kv.offset(m_p, sq, h, kHeadDim);
       const long kv_stride = m_kv.row_stride(kHeadDim);
       // Every thread's copies have landed and are visible to wgmma, for
       // every warpgroup (and every warpgroup is done with what the next
@@ -538,7 +555,7 @@ class FlashForwardWgmmaKernel : public Fused16Forward,
         team.team_barrier();
       };
       Sw128TileLoader<kHeadDim, kBlockM, 128 * kWarpGroups>(tid).load(
-          addr(sQ), gQ, row_stride, row_begin, m_p.seqlen_q);
+          addr(sQ), gQ, row_stride, row_begin, sq.seqlen_q);
       // K_j and V_{j-1} are read in iteration j, so the copies of iteration
       // j are K_{j+1} and V_j: K_{j+1} takes the stage of K_{j-1} (S_{j-1}
       // done in iteration j-1), V_j that of V_{j-2} (P_{j-2}·V_{j-2} done
@@ -548,14 +565,12 @@ class FlashForwardWgmmaKernel : public Fused16Forward,
       auto load_k = [&](int kv_block) {
         if (loads_kv)
           kv_loader.load(addr(sK(kv_block % kStages)), gK, kv_stride,
-                         (first_kv_block + kv_block) * kBlockN,
-                         m_p.seqlen_k);
+                         (first_kv_block + kv_block) * kBlockN, sq.seqlen_k);
       };
       auto load_v = [&](int kv_block) {
         if (loads_kv)
           kv_loader.load(addr(sV(kv_block % kStages)), gV, kv_stride,
-                         (first_kv_block + kv_block) * kBlockN,
-                         m_p.seqlen_k);
+                         (first_kv_block + kv_block) * kBlockN, sq.seqlen_k);
       };
       if (num_kv_blocks > 0) load_k(0);
       cp_async_commit();

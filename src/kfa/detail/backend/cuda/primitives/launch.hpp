@@ -38,34 +38,76 @@ namespace Impl {
 constexpr int kDefaultLeagueGroupTeams = 256;
 
 /// The mask of a fused call: AttentionOptions' window_left and window_right
-/// (-1 unbounded), causal being (-1, 0). A kernel visits only the key
-/// blocks (forward) or query blocks (backward) inside the window and tests
-/// single scores only in the tiles the window's edges cut.
+/// (-1 unbounded), causal being (-1, 0), and for a packed variable-length
+/// batch its sequences (cu_seqlens on the device; a sequence sees only its
+/// own keys, the window taken in its own rows). A kernel visits only the
+/// key blocks (forward) or query blocks (backward) inside the window and
+/// tests single scores only in the tiles the window's edges cut.
 struct FusedWindow {
   int left = -1, right = -1;
+  /// Packed batches: offsets [sequences + 1] of each sequence's first q and
+  /// k row in the views [1][total][heads][head_dim]; null otherwise. The
+  /// longest lengths size the leagues.
+  const int* cu_q = nullptr;
+  const int* cu_k = nullptr;
+  int sequences = 0, max_seqlen_q = 0, max_seqlen_k = 0;
+
   FusedWindow(bool causal) : right(causal ? 0 : -1) {}
   FusedWindow(int window_left, int window_right) : left(window_left), right(window_right) {}
   bool causal() const { return left < 0 && right == 0; }
+  bool packed() const { return cu_q != nullptr; }
+};
+
+/// One sequence as a tile sees it: where its rows start in the views
+/// (batch entry view_b, rows q_begin and k_begin on), its lengths, and its
+/// mask. The kernels work in the sequence's own row and key indices.
+struct FusedSeq {
+  int view_b, q_begin, k_begin;
+  int seqlen_q, seqlen_k;
+  AttentionMask mask;
 };
 
 /// What every fused CUDA kernel knows of its problem: q [batch][seqlen_q]
 /// [heads][head_dim], k and v [batch][seqlen_k][heads][head_dim], lse
-/// [batch][heads][seqlen_q], and the mask (FusedWindow); the offsets of one
-/// (batch, head) in those tensors; and which (batch, head, block) a team of
-/// a league that runs the blocks of every (batch, head) owns. (k and v with
-/// fewer heads: FusedKvHeads, in the 16-bit kernels only.)
+/// [batch][heads][seqlen_q], and the mask (FusedWindow), or for a packed
+/// batch the views [1][total] and the sequences in them; each sequence's
+/// rows and offsets in those tensors (FusedSeq); and which (sequence,
+/// head, block) a team of a league that runs the blocks of every (sequence,
+/// head) owns. (k and v with fewer heads: FusedKvHeads, in the 16-bit
+/// kernels only.)
 struct FusedProblem {
+  /// Sequences, and their (longest) lengths.
   int batch, seqlen_q, heads, seqlen_k;
-  AttentionMask mask;
+  AttentionMask mask;  // of the fixed-length sequences
   int group_teams = kDefaultLeagueGroupTeams;  // 0: one group of every pair
+  /// The views' batch and rows (those above, unless packed).
+  int view_batch, rows_q, rows_k;
+  const int* cu_q;
+  const int* cu_k;
 
   template <class Q, class K>
   FusedProblem(const Q& q, const K& k, FusedWindow window)
-      : batch(static_cast<int>(q.extent(0))),
-        seqlen_q(static_cast<int>(q.extent(1))),
+      : batch(window.packed() ? window.sequences : static_cast<int>(q.extent(0))),
+        seqlen_q(window.packed() ? window.max_seqlen_q : static_cast<int>(q.extent(1))),
         heads(static_cast<int>(q.extent(2))),
-        seqlen_k(static_cast<int>(k.extent(1))),
-        mask(seqlen_q, seqlen_k, window.left, window.right) {}
+        seqlen_k(window.packed() ? window.max_seqlen_k : static_cast<int>(k.extent(1))),
+        mask(seqlen_q, seqlen_k, window.left, window.right),
+        view_batch(static_cast<int>(q.extent(0))),
+        rows_q(static_cast<int>(q.extent(1))),
+        rows_k(static_cast<int>(k.extent(1))),
+        cu_q(window.cu_q),
+        cu_k(window.cu_k) {}
+
+  bool packed() const { return cu_q != nullptr; }
+
+  /// Sequence b: in a packed batch its rows of the views and its own mask
+  /// (the window's bounds, kept in `mask`, aligned to its own lengths).
+  KOKKOS_INLINE_FUNCTION FusedSeq sequence(int b) const {
+    if (cu_q == nullptr) return {b, 0, 0, seqlen_q, seqlen_k, mask};
+    const int q0 = cu_q[b], k0 = cu_k[b];
+    const int lq = cu_q[b + 1] - q0, lk = cu_k[b + 1] - k0;
+    return {0, q0, k0, lq, lk, AttentionMask(lq, lk, mask.m_left, mask.m_right)};
+  }
 
   /// Teams of a league of `blocks` blocks per (batch, head).
   int league(int blocks) const { return blocks * batch * heads; }
@@ -96,13 +138,19 @@ struct FusedProblem {
     h = bh % heads;
     return r / in_group;
   }
-  /// Offset of (b, row 0, h, 0) in a [b][rows][heads][head_dim] tensor.
-  KOKKOS_INLINE_FUNCTION long offset(int b, int h, int rows, int head_dim) const {
-    return (long(b) * rows * heads + h) * head_dim;
+  /// Offset of (sequence s's row 0, h, 0) in q, o or dO [view_batch]
+  /// [rows_q][heads][head_dim].
+  KOKKOS_INLINE_FUNCTION long q_offset(const FusedSeq& s, int h, int head_dim) const {
+    return ((long(s.view_b) * rows_q + s.q_begin) * heads + h) * head_dim;
   }
-  /// Offset of (b, h, row 0) in lse (or D) [batch][heads][seqlen_q].
-  KOKKOS_INLINE_FUNCTION long lse_offset(int b, int h) const {
-    return (long(b) * heads + h) * seqlen_q;
+  /// The same in k or v with as many heads as q.
+  KOKKOS_INLINE_FUNCTION long k_offset(const FusedSeq& s, int h, int head_dim) const {
+    return ((long(s.view_b) * rows_k + s.k_begin) * heads + h) * head_dim;
+  }
+  /// Offset of (sequence s's row 0, h) in lse (or D) [view_batch][heads]
+  /// [rows_q].
+  KOKKOS_INLINE_FUNCTION long lse_offset(const FusedSeq& s, int h) const {
+    return (long(s.view_b) * heads + h) * rows_q + s.q_begin;
   }
 };
 
@@ -132,9 +180,11 @@ struct FusedKvHeads {
     const unsigned hi = static_cast<unsigned>((std::uint64_t(unsigned(h)) * magic) >> 32);
     return static_cast<int>((hi + unsigned(h)) >> shift);
   }
-  /// Offset of (b, row 0, the k/v head of query head h, 0) in k or v.
-  KOKKOS_INLINE_FUNCTION long offset(const FusedProblem& p, int b, int h, int head_dim) const {
-    return (long(b) * p.seqlen_k * heads_kv + head(h)) * head_dim;
+  /// Offset of (sequence s's row 0, the k/v head of query head h, 0) in k
+  /// or v.
+  KOKKOS_INLINE_FUNCTION long offset(const FusedProblem& p, const FusedSeq& s, int h,
+                                     int head_dim) const {
+    return ((long(s.view_b) * p.rows_k + s.k_begin) * heads_kv + head(h)) * head_dim;
   }
   /// Elements between consecutive rows of k or v.
   KOKKOS_INLINE_FUNCTION long row_stride(int head_dim) const { return long(heads_kv) * head_dim; }
@@ -165,7 +215,8 @@ struct FusedVariantParams<VariantT, true> {
                      const typename VariantT::score_mod_type& mod)
       : m_pipe(params, mod), m_variant_scale(params.scale) {}
 
-  /// Sequence b's rows as the pipeline's modifiers see them.
+  /// Sequence b's lengths as the pipeline's modifiers see them (`mask` is
+  /// the sequence's own).
   KOKKOS_FORCEINLINE_FUNCTION static SequenceInfo sequence(const AttentionMask& mask, int b) {
     return {b, 0, mask.m_seqlen_q, 0, mask.m_seqlen_k};
   }
