@@ -149,7 +149,8 @@ struct FusedBackward {
         return;
       case KernelFamily::fp32_fp64:
       case KernelFamily::exact_fp32: {
-        if constexpr (!k16Bit) {
+        if constexpr (std::is_same<value_type, float>::value ||
+                      std::is_same<value_type, double>::value) {
           // Grouped-query heads: dK and dV per query head in the value type,
           // summed per k/v head after the kernel.
           GroupedDkDv<ExecSpace, value_type> grouped(space, call, q, k);
