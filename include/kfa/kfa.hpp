@@ -8,6 +8,7 @@
 #include <kfa/options.hpp>
 #include <kfa/score_mod.hpp>
 #include <kfa/standard_attention.hpp>
+#include <kfa/team_attention.hpp>
 #include <kfa/types.hpp>
 #include <kfa/version.hpp>
 
