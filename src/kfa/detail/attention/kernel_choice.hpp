@@ -60,18 +60,14 @@ bool is_variant_call(const AttentionOptions& options) {
 }
 
 /// True when the fused kernels take the call's shape and options (the
-/// conditions above); `with_16bit_reach`: head_dim 256 and variants too;
-/// `grouped`: grouped-query heads.
-template <class ScoreMod, class MemorySpace>
-bool fused_shape_applies(int heads_q, int heads_kv, int head_dim,
-                         const AttentionOptions& options,
-                         std::initializer_list<const void*> pointers, bool with_16bit_reach,
-                         bool grouped) {
+/// conditions above); `with_16bit_reach`: head_dim 256 and variants too.
+template <class ScoreMod>
+bool fused_shape_applies(int head_dim, const AttentionOptions& options,
+                         std::initializer_list<const void*> pointers, bool with_16bit_reach) {
   bool aligned = true;
   for (const void* p : pointers)
     aligned = aligned && reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
   return aligned && fused_head_dim(head_dim, with_16bit_reach) == head_dim &&
-         (heads_q == heads_kv || grouped) &&
          (!is_variant_call<ScoreMod>(options) || with_16bit_reach) && options.team_size == 0;
 }
 
@@ -148,9 +144,8 @@ KernelFamily choose_forward_kernel(const ExecSpace& space, const Q& q, const K& 
   using fused_t = FusedForward<ExecSpace, Q, K, V, O, Lse>;
   const int head_dim = static_cast<int>(q.extent(3)), heads = static_cast<int>(q.extent(2)),
             heads_kv = static_cast<int>(k.extent(2));
-  if (!fused_shape_applies<ScoreMod, typename Q::memory_space>(
-          heads, heads_kv, head_dim, options, {q.data(), k.data(), v.data(), o.data()},
-          fused_t::k16Bit, true))
+  if (!fused_shape_applies<ScoreMod>(head_dim, options,
+                                     {q.data(), k.data(), v.data(), o.data()}, fused_t::k16Bit))
     return KernelFamily::portable;
   const FusedCall call = fused_call<ScoreMod>(options, seq, head_dim, heads, heads_kv);
   const long seqlen_k = seq.packed ? seq.max_seqlen_k : long(k.extent(1));
@@ -177,10 +172,10 @@ KernelFamily choose_backward_kernel(const ExecSpace& space, const Q& q, const K&
   // into dq itself, so it must be aligned too.
   const void* dq_data = fused_t::k16Bit ? nullptr : dq.data();
   if (options.deterministic ||
-      !fused_shape_applies<ScoreMod, typename Q::memory_space>(
-          heads, heads_kv, head_dim, options,
+      !fused_shape_applies<ScoreMod>(
+          head_dim, options,
           {q.data(), k.data(), v.data(), d_o.data(), dq_data, dk.data(), dv.data()},
-          fused_t::k16Bit, true))
+          fused_t::k16Bit))
     return KernelFamily::portable;
   const FusedCall call = fused_call<ScoreMod>(options, seq, head_dim, heads, heads_kv);
   for (const KernelFamily family : FusedRows<fused_t::k16Bit>::rows) {

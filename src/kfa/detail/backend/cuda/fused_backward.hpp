@@ -26,8 +26,9 @@ namespace kfa {
 namespace Impl {
 
 /// The per-query-head dK and dV buffers of a grouped-query backward (in the
-/// call's workspace), [batch][seqlen_k][heads][head_dim] each in `Acc`;
-/// none without grouped heads.
+/// call's workspace), [batch][seqlen_k][heads][head_dim] each in `Acc` (fp32
+/// for the 16-bit kernels, the value type for fp32/fp64); none without
+/// grouped heads.
 template <class ExecSpace, class Acc>
 struct GroupedDkDv {
   decltype(workspace(std::declval<const ExecSpace&>(), WorkspaceSlot::dkv_grouped, 0,
@@ -221,17 +222,9 @@ struct FusedBackward {
     // Grouped-query heads: the kernels write fp32 dK and dV per query head,
     // summed per k/v head below (as FlashAttention-2 sums its expanded dK,
     // dV; here in fp32, so rounded once).
-    const int heads = static_cast<int>(q.extent(2));
-    const long dkv_half =
-        call.grouped ? long(q.extent(0)) * long(k.extent(1)) * heads * call.head_dim : 0;
-    Kokkos::View<unsigned char*, typename ExecSpace::memory_space> dkv_bytes;
-    if (call.grouped)
-      dkv_bytes = workspace(space, WorkspaceSlot::dkv_grouped,
-                            workspace_bytes<float>(2 * std::size_t(dkv_half)),
-                            "kfa::bwd::dkv_grouped");
-    float* const dkv_grouped = call.grouped ? reinterpret_cast<float*>(dkv_bytes.data()) : nullptr;
+    const GroupedDkDv<ExecSpace, float> grouped(space, call, q, k);
     auto run = [&](auto kernel) {
-      if (call.grouped) kernel.write_grouped(dkv_grouped, dkv_grouped + dkv_half);
+      if (call.grouped) kernel.write_grouped(grouped.dk(), grouped.dv());
       kernel.set_league_group_teams(call.league_group_teams);
       kernel.launch(space);
     };
@@ -261,7 +254,7 @@ struct FusedBackward {
         run(mma_sync_t<D, 3>(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, call.window));
       }
     });
-    if (call.grouped) sum_grouped_dk_dv(space, dkv_grouped, dkv_half, heads, dk, dv);
+    if (call.grouped) grouped.sum(space, dk, dv);
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
     if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
       if (dq.span_is_contiguous() && reinterpret_cast<std::uintptr_t>(dq.data()) % 16 == 0) {
