@@ -60,6 +60,15 @@ void fill_hashed(const View& view, std::uint64_t seed) {
       });
 }
 
+/// Offsets [batch + 1] of `batch` sequences of `length` rows each.
+Cu equal_offsets(long batch, int length) {
+  Cu cu("cu_seqlens", batch + 1);
+  Kokkos::parallel_for(
+      "kfa_test::equal_offsets", Kokkos::RangePolicy<Space>(0, int(batch + 1)),
+      KOKKOS_LAMBDA(const int b) { cu(b) = b * length; });
+  return cu;
+}
+
 /// Entry b of a [batch][rows][heads][head_dim] View as its own View.
 V4 entry(const V4& big, long b, const char* label) {
   V4 one(label, 1, big.extent(1), big.extent(2), big.extent(3));
@@ -144,14 +153,8 @@ TEST(LargeTensors, PackedBatchPast2To31Elements) {
   fill_hashed(q, 1);
   fill_hashed(k, 2);
   fill_hashed(v, 3);
-  Cu cu_q("cu_q", batch + 1), cu_k("cu_k", batch + 1);
   const int nq = s.seqlen_q, nk = s.seqlen_k;
-  Kokkos::parallel_for(
-      "kfa_test::offsets", Kokkos::RangePolicy<Space>(0, int(batch + 1)),
-      KOKKOS_LAMBDA(const int b) {
-        cu_q(b) = b * nq;
-        cu_k(b) = b * nk;
-      });
+  const Cu cu_q = equal_offsets(batch, nq), cu_k = equal_offsets(batch, nk);
   kfa::AttentionOptions opt;
   opt.causal = true;
   kfa::flash_attention_varlen_forward(Space(), q, k, v, cu_q, cu_k, nq, nk, o, lse, opt);
