@@ -76,6 +76,9 @@ def rows(args):
         (f"{len(short_lengths)} sequences of 16-128 (varlen), d 64", (1, sum(short_lengths), 8, 64),
          False, ["--packed", str(len(short_lengths))],
          {"documents": short_lengths, "packed": True}, ("flex", "padded")),
+        # The compiled head dim at the odd head dims' shape: what padding costs.
+        ("head_dim 128, not causal (reference)", (1, 4096, 16, 128), False, [], {},
+         ("cudnn", "flash")),
     ]
     if args.rows:
         keep = [int(x) for x in args.rows.split(",")]

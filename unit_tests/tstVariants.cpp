@@ -294,8 +294,8 @@ TYPED_TEST(Variants, Combined) {
 }
 
 // The dropout mask: the kept fraction is 1 - p, a function of (seed, b, h,
-// i, j) only (repeatable, different per seed), and the host draws the same
-// mask as the device.
+// i, j) only (repeatable, different per seed, neighbours independent), and
+// the host draws the same mask as the device.
 TYPED_TEST(Variants, DropoutMask) {
   using Space = typename TypeParam::space;
   if (!std::is_same<typename TypeParam::value_type, double>::value)
@@ -325,6 +325,25 @@ TYPED_TEST(Variants, DropoutMask) {
       for (std::size_t e = 0; e < n; ++e) same += other.data[e] == mask.data[e];
       // Independent masks agree with probability p² + (1-p)².
       EXPECT_NEAR(same, n * (p * p + (1 - p) * (1 - p)), 5 * std::sqrt(n) + 1e-9) << "p " << p;
+      // So do neighbours: the two keys of one draw (j, j + 1 with j even)
+      // and adjacent rows.
+      double pair_same = 0, pairs = 0, row_same = 0, rows = 0;
+      for (int b = 0; b < B; ++b)
+        for (int h = 0; h < H; ++h)
+          for (int i = 0; i < Sq; ++i)
+            for (int j = 0; j < Sk; ++j) {
+              if (j % 2 == 0 && j + 1 < Sk) {
+                pair_same += mask.at(b, h, i, j) == mask.at(b, h, i, j + 1);
+                pairs += 1;
+              }
+              if (i + 1 < Sq) {
+                row_same += mask.at(b, h, i, j) == mask.at(b, h, i + 1, j);
+                rows += 1;
+              }
+            }
+      const double agree = p * p + (1 - p) * (1 - p);
+      EXPECT_NEAR(pair_same, pairs * agree, 5 * std::sqrt(pairs)) << "p " << p;
+      EXPECT_NEAR(row_same, rows * agree, 5 * std::sqrt(rows)) << "p " << p;
     }
   }
 }

@@ -85,9 +85,13 @@ class AlibiBias {
   KOKKOS_INLINE_FUNCTION Acc operator()(int batch, int head, int i, int j, Acc score,
                                         int seqlen_q, int seqlen_k) const {
     const int distance = i + seqlen_k - seqlen_q - j;
-    const Acc slope =
-        static_cast<Acc>(m_slopes(batch * m_batch_stride + head * m_head_stride));
-    return score - slope * static_cast<Acc>(distance < 0 ? -distance : distance);
+    return score - slope<Acc>(batch, head) * static_cast<Acc>(distance < 0 ? -distance : distance);
+  }
+
+  /// The slope of batch entry `batch`, head `head`.
+  template <class Acc>
+  KOKKOS_INLINE_FUNCTION Acc slope(int batch, int head) const {
+    return static_cast<Acc>(m_slopes(batch * m_batch_stride + head * m_head_stride));
   }
 
  private:

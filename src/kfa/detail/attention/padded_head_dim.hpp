@@ -16,6 +16,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <cstddef>
+#include <stdexcept>
 #include <type_traits>
 
 namespace kfa {
@@ -42,24 +43,38 @@ View padded_shape(const View& view, int head_dim) {
 /// dst = src with columns [src.extent(3), dst.extent(3)) zero (pad), or
 /// dst = the first dst.extent(3) columns of src (crop); both contiguous
 /// [batch][rows][heads][head_dim], as the fused kernels take them, so that
-/// they are copied as [batch·rows·heads][head_dim] matrices with no index
-/// division per element.
+/// they are copied as [batch·rows·heads][head_dim] matrices. One flat range
+/// over the padded side, whose head dim is a power of two (64, 128 or 256),
+/// so that an element's row and column are a shift and a mask (a 2D
+/// MDRangePolicy ran these copies several times slower than memory allows).
 template <class ExecSpace, class Src, class Dst>
 void copy_head_dim(const ExecSpace& space, const char* label, const Src& src, const Dst& dst) {
   using value_type = typename Dst::non_const_value_type;
   const long rows = long(dst.extent(0)) * long(dst.extent(1)) * long(dst.extent(2));
   const long d_src = long(src.extent(3)), d_dst = long(dst.extent(3));
+  const long padded = d_dst > d_src ? d_dst : d_src;
+  int shift = 0;
+  while ((long(1) << shift) < padded) ++shift;
+  if ((long(1) << shift) != padded)
+    throw std::logic_error("kfa: a padded head dim must be a power of two");
   const auto* from = src.data();
   auto* to = dst.data();
-  Kokkos::parallel_for(
-      label,
-      Kokkos::MDRangePolicy<ExecSpace,
-                            Kokkos::Rank<2, Kokkos::Iterate::Right, Kokkos::Iterate::Right>,
-                            Kokkos::IndexType<long>>(space, {0, 0}, {rows, d_dst}),
-      KOKKOS_LAMBDA(const long r, const long c) {
-        to[r * d_dst + c] = c < d_src ? static_cast<value_type>(from[r * d_src + c])
-                                      : static_cast<value_type>(0.0f);
-      });
+  if (d_dst == padded) {  // pad: the destination's rows are 2^shift long
+    Kokkos::parallel_for(
+        label, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<long>>(space, 0, rows << shift),
+        KOKKOS_LAMBDA(const long i) {
+          const long r = i >> shift, c = i & (padded - 1);
+          to[i] = c < d_src ? static_cast<value_type>(from[r * d_src + c])
+                            : static_cast<value_type>(0.0f);
+        });
+  } else {  // crop: the source's rows are 2^shift long
+    Kokkos::parallel_for(
+        label, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<long>>(space, 0, rows << shift),
+        KOKKOS_LAMBDA(const long i) {
+          const long r = i >> shift, c = i & (padded - 1);
+          if (c < d_dst) to[r * d_dst + c] = static_cast<value_type>(from[i]);
+        });
+  }
 }
 
 /// Padded copies of a call's [batch][rows][heads][head_dim] tensors in one

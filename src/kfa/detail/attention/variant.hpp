@@ -20,6 +20,10 @@
 #include <utility>
 
 namespace kfa {
+
+template <class SlopeType, class MemorySpace>
+class AlibiBias;
+
 namespace Impl {
 
 /// The score modifier of the overloads that take none.
@@ -68,6 +72,13 @@ template <class Mod, class Acc>
 struct score_mod_has_grad<Mod, Acc,
                           std::void_t<decltype(std::declval<const Mod&>().score_grad(
                               0, 0, 0, 0, std::declval<Acc>()))>> : std::true_type {};
+
+/// kfa::alibi's modifier, which the fused kernels apply from float
+/// distances (ScorePipeline::score_alibi).
+template <class Mod>
+struct is_alibi_bias : std::false_type {};
+template <class SlopeType, class MemorySpace>
+struct is_alibi_bias<AlibiBias<SlopeType, MemorySpace>> : std::true_type {};
 
 template <class Mod, class Acc>
 constexpr bool is_score_mod() {
@@ -134,13 +145,7 @@ struct ScorePipeline {
                                         [[maybe_unused]] int b, [[maybe_unused]] int h,
                                         [[maybe_unused]] int i, [[maybe_unused]] int j, Acc s,
                                         [[maybe_unused]] Acc& grad) const {
-    if constexpr (kModifiers) {
-      if (m_softcap != Acc(0)) {
-        const Acc t = math::tanh(s * m_inv_softcap);
-        s = m_softcap * t;
-        if constexpr (WithGrad) grad = Acc(1) - t * t;
-      }
-    }
+    s = softcapped<WithGrad>(s, grad);
     if constexpr (kScoreMod) {
       Acc modified;
       if constexpr (score_mod_takes_lengths<score_mod_type, Acc>::value) {
@@ -154,6 +159,34 @@ struct ScorePipeline {
       s = modified;
     }
     return s;
+  }
+
+  /// The softcap step of score<WithGrad>.
+  template <bool WithGrad>
+  KOKKOS_FORCEINLINE_FUNCTION Acc softcapped(Acc s, [[maybe_unused]] Acc& grad) const {
+    if constexpr (kModifiers) {
+      if (m_softcap != Acc(0)) {
+        const Acc t = math::tanh(s * m_inv_softcap);
+        s = m_softcap * t;
+        if constexpr (WithGrad) grad = Acc(1) - t * t;
+      }
+    }
+    return s;
+  }
+
+  /// kfa::alibi: score<WithGrad> from the element's distance |i + seqlen_k -
+  /// seqlen_q - j| given as a float (exact below 2^24), which the fused
+  /// kernels form from a tile's base distance and a constant per fragment
+  /// element instead of converting two indices per score.
+  static constexpr bool kAlibi = is_alibi_bias<score_mod_type>::value;
+  KOKKOS_FORCEINLINE_FUNCTION Acc alibi_slope([[maybe_unused]] int b,
+                                              [[maybe_unused]] int h) const {
+    if constexpr (kAlibi) return m_mod.template slope<Acc>(b, h);
+    return Acc(0);
+  }
+  template <bool WithGrad>
+  KOKKOS_FORCEINLINE_FUNCTION Acc score_alibi(Acc s, Acc slope, Acc distance, Acc& grad) const {
+    return softcapped<WithGrad>(s, grad) - slope * distance;
   }
 
   /// False when the modifier's block predicate says the tile is fully masked.
@@ -178,7 +211,12 @@ struct ScorePipeline {
                                             Acc lse, Acc delta, Acc dp, Acc& p, Acc& ds) const {
     Acc grad = 1, pj = 0;
     if (!masked) pj = OnlineSoftmax<Acc>::probability(score<true>(seq, b, h, i, j, s, grad), lse);
-    const Acc keep = dropout() ? keep_factor(dropout_row, j) : Acc(1);
+    p_and_ds_of(pj, grad, dropout() ? keep_factor(dropout_row, j) : Acc(1), delta, dp, p, ds);
+  }
+  /// The rest of p_and_ds from the element's undropped probability pj, the
+  /// pipeline's derivative and the dropout factor.
+  KOKKOS_FORCEINLINE_FUNCTION static void p_and_ds_of(Acc pj, Acc grad, Acc keep, Acc delta,
+                                                      Acc dp, Acc& p, Acc& ds) {
     p = pj * keep;
     // pj = 0 (masked, or masked by the modifier) must give dS = 0 whatever
     // the modifier's derivative there.
@@ -189,9 +227,24 @@ struct ScorePipeline {
   KOKKOS_FORCEINLINE_FUNCTION std::uint64_t dropout_row(int b, int h, int i) const {
     return m_generator.row_key(b, h, i);
   }
+  /// The same in two steps, for kernels that visit many rows of one head:
+  /// dropout_row_of(dropout_head(b, h), i) == dropout_row(b, h, i).
+  KOKKOS_FORCEINLINE_FUNCTION std::uint64_t dropout_head(int b, int h) const {
+    return m_generator.head_key(b, h);
+  }
+  KOKKOS_FORCEINLINE_FUNCTION static std::uint64_t dropout_row_of(std::uint64_t head, int i) {
+    return DropoutGenerator::row_of(head, i);
+  }
   /// Factor of element j of that row in the dropped P: 1/(1-p) or 0.
   KOKKOS_FORCEINLINE_FUNCTION Acc keep_factor(std::uint64_t row, int j) const {
     return m_generator.kept(row, j) ? m_keep_scale : Acc(0);
+  }
+  /// The factors of keys j and j + 1 of a row, j even: one draw for both.
+  KOKKOS_FORCEINLINE_FUNCTION void keep_factors(std::uint64_t row, int j, Acc& keep0,
+                                                Acc& keep1) const {
+    const std::uint32_t bits = DropoutGenerator::pair_bits(row, j >> 1);
+    keep0 = m_generator.kept_bits(bits, 0) ? m_keep_scale : Acc(0);
+    keep1 = m_generator.kept_bits(bits, 1) ? m_keep_scale : Acc(0);
   }
 };
 

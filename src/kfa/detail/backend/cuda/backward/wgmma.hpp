@@ -236,6 +236,13 @@ KOKKOS_FORCEINLINE_FUNCTION void wgmma_bwd_variant_probabilities(
       for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.f;
     return;
   }
+  const auto& pipe = variant.m_pipe;
+  const std::uint64_t dropout_head = pipe.dropout() ? pipe.dropout_head(b, h) : 0;
+  // kfa::alibi: distances from one integer per lane and a constant per
+  // element (ScorePipeline::score_alibi).
+  [[maybe_unused]] const float slope = pipe.alibi_slope(b, h);
+  [[maybe_unused]] const float base =
+      float(row_begin + (lane % 4) * 2 + seq.seqlen_k - seq.seqlen_q - key0);
 #pragma unroll
   for (int n = 0; n < Tiles; ++n)
 #pragma unroll
@@ -244,11 +251,22 @@ KOKKOS_FORCEINLINE_FUNCTION void wgmma_bwd_variant_probabilities(
       const int query = row_begin + col, key = key0 + 8 * (e / 2);
       const bool masked = needs_mask && mask.masked(query, key);
       const std::uint64_t dropout_row =
-          variant.m_pipe.dropout() ? variant.m_pipe.dropout_row(b, h, query) : 0;
+          pipe.dropout() ? pipe.dropout_row_of(dropout_head, query) : 0;
+      const float s = st[n][e] * variant.m_variant_scale;
       float p, ds;
-      variant.m_pipe.p_and_ds(seq, b, h, query, key, masked, dropout_row,
-                              st[n][e] * variant.m_variant_scale, s_lse[col], s_delta[col],
-                              dpt[n][e], p, ds);
+      if constexpr (std::decay_t<decltype(pipe)>::kAlibi) {
+        float grad = 1;
+        const float distance = fabsf(base + float(n * 8 + (e & 1) - 8 * (e / 2)));
+        const float pj =
+            masked ? 0.f
+                   : OnlineSoftmax<float>::probability(
+                         pipe.template score_alibi<true>(s, slope, distance, grad), s_lse[col]);
+        pipe.p_and_ds_of(pj, grad, pipe.dropout() ? pipe.keep_factor(dropout_row, key) : 1.f,
+                         s_delta[col], dpt[n][e], p, ds);
+      } else {
+        pipe.p_and_ds(seq, b, h, query, key, masked, dropout_row, s, s_lse[col], s_delta[col],
+                      dpt[n][e], p, ds);
+      }
       st[n][e] = p;
       dpt[n][e] = ds;
     }

@@ -47,6 +47,20 @@ KOKKOS_FORCEINLINE_FUNCTION void fwd_variant_scores(float (&s)[MTiles][TilesS][4
     for_each_score<MTiles, TilesS>([&](int mt, int n, int e) { s[mt][n][e] = -INFINITY; });
     return;
   }
+  if constexpr (std::decay_t<decltype(variant.m_pipe)>::kAlibi) {
+    // Distances from one integer per lane and a constant per element: no
+    // conversion per score. Elements past a sequence's end take a finite
+    // bias and are masked after.
+    const float slope = variant.m_pipe.alibi_slope(b, h);
+    const float base = float(row0 + seq.seqlen_k - seq.seqlen_q - col0);
+    for_each_score<MTiles, TilesS>([&](int mt, int n, int e) {
+      float grad;
+      const float distance = fabsf(base + float(mt * 16 + (e / 2) * 8 - n * 8 - (e & 1)));
+      s[mt][n][e] = variant.m_pipe.template score_alibi<false>(
+          s[mt][n][e] * variant.m_variant_scale, slope, distance, grad);
+    });
+    return;
+  }
   auto apply = [&](auto inside_test) {
     for_each_score<MTiles, TilesS>([&](int mt, int n, int e) {
       const int row = row0 + mt * 16 + (e / 2) * 8, col = col0 + n * 8 + (e & 1);
@@ -73,14 +87,23 @@ KOKKOS_FORCEINLINE_FUNCTION void fwd_variant_dropout(float (&s)[MTiles][TilesS][
                                                      const Variant& variant, int b, int h,
                                                      int row0, int key_begin) {
   if (!variant.m_pipe.dropout()) return;
+  // A lane's two keys of an 8-key group are a pair (key_begin is even):
+  // one draw decides both.
   const int col0 = key_begin + (cuda_mma::lane_id() % 4) * 2;
-  std::uint64_t row_key[2 * MTiles];
+  const std::uint64_t head = variant.m_pipe.dropout_head(b, h);
 #pragma unroll
-  for (int r = 0; r < 2 * MTiles; ++r)
-    row_key[r] = variant.m_pipe.dropout_row(b, h, row0 + (r / 2) * 16 + (r % 2) * 8);
-  for_each_score<MTiles, TilesS>([&](int mt, int n, int e) {
-    s[mt][n][e] *= variant.m_pipe.keep_factor(row_key[2 * mt + e / 2], col0 + n * 8 + (e & 1));
-  });
+  for (int r = 0; r < 2 * MTiles; ++r) {
+    const std::uint64_t row =
+        variant.m_pipe.dropout_row_of(head, row0 + (r / 2) * 16 + (r % 2) * 8);
+    const int mt = r / 2, e0 = (r % 2) * 2;
+#pragma unroll
+    for (int n = 0; n < TilesS; ++n) {
+      float keep0, keep1;
+      variant.m_pipe.keep_factors(row, col0 + n * 8, keep0, keep1);
+      s[mt][n][e0] *= keep0;
+      s[mt][n][e0 + 1] *= keep1;
+    }
+  }
 }
 
 /// The scores of S at masked (row, key) positions set to `value`. Called
