@@ -71,7 +71,7 @@ Cu equal_offsets(long batch, int length) {
 
 /// Entry b of a [batch][rows][heads][head_dim] View as its own View.
 V4 entry(const V4& big, long b, const char* label) {
-  V4 one(label, 1, big.extent(1), big.extent(2), big.extent(3));
+  V4 one(std::string(label), 1, big.extent(1), big.extent(2), big.extent(3));
   Kokkos::deep_copy(Kokkos::subview(one, 0, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL),
                     Kokkos::subview(big, b, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL));
   return one;
@@ -173,7 +173,7 @@ TEST(LargeTensors, PackedBatchPast2To31Elements) {
     return Kokkos::subview(big, std::make_pair(b * n, (b + 1) * n), Kokkos::ALL, Kokkos::ALL);
   };
   const auto alone = [&](const V3& big, long b, int n, const char* label) {
-    V4 one(label, 1, n, s.heads, s.head_dim);
+    V4 one(std::string(label), 1, n, s.heads, s.head_dim);
     Kokkos::deep_copy(Kokkos::subview(one, 0, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL),
                       rows(big, b, n));
     return one;
