@@ -297,6 +297,43 @@ TYPED_TEST(BadInput, AlibiSlopesShape) {
   f.untouched();
 }
 
+// Extents the kernels cannot index (int rows, heads and batch entries, an
+// int league of tiles) are refused before anything is read: Views over no
+// memory with those extents.
+TYPED_TEST(BadInput, IndexLimits) {
+  using Space = TypeParam;
+  using V4 = DeviceView4<float, Space>;
+  using V3 = DeviceView3<float, Space>;
+  const std::size_t big = std::size_t(1) << 31;
+  float* none = nullptr;
+  {
+    V4 q(none, 1, big, 1, 8), k(none, 1, 4, 1, 8), v(none, 1, 4, 1, 8), o(none, 1, big, 1, 8);
+    V3 lse(none, 1, 1, big);
+    expect_invalid([&] { kfa::flash_attention_forward(Space(), q, k, v, o, lse); },
+                   {"seqlen_q (q's extent 1) must be below 2^31", "got 2147483648"});
+  }
+  {
+    // 2^16 entries x 2^10 heads x 2^5 blocks of 64 rows: 2^31 tiles.
+    const std::size_t batch = 1 << 16, heads = 1 << 10, rows = 2048;
+    V4 q(none, batch, rows, heads, 1), k(none, batch, 4, heads, 1), v(none, batch, 4, heads, 1),
+        o(none, batch, rows, heads, 1), d_o(none, batch, rows, heads, 1),
+        dq(none, batch, rows, heads, 1), dk(none, batch, 4, heads, 1),
+        dv(none, batch, 4, heads, 1);
+    V3 lse(none, batch, heads, rows);
+    expect_invalid(
+        [&] { kfa::flash_attention_backward(Space(), q, k, v, o, lse, d_o, dq, dk, dv); },
+        {"batch * heads * ceil(seqlen_q / 64) must be below 2^31"});
+  }
+  {
+    V3 q(none, big, 1, 8), k(none, 4, 1, 8), v(none, 4, 1, 8), o(none, big, 1, 8);
+    DeviceView2<float, Space> lse(none, 1, big);
+    Kokkos::View<int*, typename Space::memory_space> cu("cu_seqlens", 2);
+    expect_invalid(
+        [&] { kfa::flash_attention_varlen_forward(Space(), q, k, v, cu, cu, 1, 1, o, lse); },
+        {"total_q (q's extent 0) must be below 2^31"});
+  }
+}
+
 #ifdef KOKKOS_ENABLE_CUDA
 TEST(BadInputCuda, HostViewsOnTheDevice) {
   Kokkos::View<float****, Kokkos::LayoutRight, Kokkos::HostSpace> q("q", 1, 4, 1, 8),

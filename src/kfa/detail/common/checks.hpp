@@ -14,10 +14,12 @@
 
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 namespace kfa {
 namespace Impl {
@@ -150,6 +152,27 @@ inline void check_head_dim(const char* function, std::size_t head_dim, const std
   }
 }
 
+/// The kernels index batch entries, rows and heads with int and tiles with
+/// an int league: each extent, and the (batch, head, 64-row block) count,
+/// below 2^31. Element offsets are 64-bit (any tensor size).
+inline void check_index_limits(const char* function,
+                               std::initializer_list<std::pair<const char*, std::size_t>> extents,
+                               std::size_t tiles) {
+  constexpr std::size_t limit = std::size_t(1) << 31;
+  for (const auto& e : extents) {
+    if (e.second >= limit) {
+      std::ostringstream out;
+      out << e.first << " must be below 2^31, got " << e.second;
+      throw_invalid(function, out.str());
+    }
+  }
+  if (tiles >= limit) {
+    std::ostringstream out;
+    out << "batch * heads * ceil(seqlen_q / 64) must be below 2^31, got " << tiles;
+    throw_invalid(function, out.str());
+  }
+}
+
 /// Grouped-query attention: every key/value head serves heads / heads_kv
 /// query heads.
 inline void check_heads(const char* function, std::size_t heads, std::size_t heads_kv) {
@@ -203,6 +226,12 @@ void check_forward_extents(const char* function, const Q& q, const K& k, const V
                     head_dim = q.extent(3), seqlen_k = k.extent(1), heads_kv = k.extent(2);
   check_head_dim(function, head_dim, extents_string(q));
   check_heads(function, heads, heads_kv);
+  check_index_limits(function,
+                     {{"batch (q's extent 0)", batch},
+                      {"seqlen_q (q's extent 1)", seqlen_q},
+                      {"heads (q's extent 2)", heads},
+                      {"seqlen_k (k's extent 1)", seqlen_k}},
+                     batch * heads * ((seqlen_q + 63) / 64));
   check_extents(function, "k", kShapeK, k, {batch, seqlen_k, heads_kv, head_dim});
   check_extents(function, "v", kShapeK, v, {batch, seqlen_k, heads_kv, head_dim});
   check_extents(function, "o", kShapeQ, o, {batch, seqlen_q, heads, head_dim});
@@ -398,6 +427,12 @@ void check_varlen_arguments(const char* function, const Q& q, const K& k, const 
                       total_k = k.extent(0), heads_kv = k.extent(1);
     check_head_dim(function, head_dim, extents_string(q));
     check_heads(function, heads, heads_kv);
+    // cu_seqlens are int: totals past 2^31 cannot be described.
+    check_index_limits(function,
+                       {{"total_q (q's extent 0)", total_q},
+                        {"heads (q's extent 1)", heads},
+                        {"total_k (k's extent 0)", total_k}},
+                       heads * ((total_q + 63) / 64 + cu_seqlens_q.extent(0)));
     check_extents(function, "v", shape_k, v, {total_k, heads_kv, head_dim});
     check_extents(function, "o", shape_q, o, {total_q, heads, head_dim});
     check_extents(function, "lse", shape_lse, lse, {heads, total_q});
