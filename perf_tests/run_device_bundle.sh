@@ -1,0 +1,68 @@
+#!/bin/bash
+# One device call over a folder of prebuilt CUDA binaries (built here, carried
+# to the GPU machine): put kfa_unit_tests.xz, bench_device.xz (optionally
+# bench_device_old.xz of the build before, bench_team_attention.xz) and
+# bench_variants.py, bench_device.py, compute_sanitizer.sh in one folder with
+# this script as run.sh, then on the GPU machine:
+#   OUT=<results> bash <folder>/run.sh
+# Steps, each skippable: the Cuda unit tests in 4 shards (TEST_FILTER,
+# TEST_TIMEOUT; SKIP_TESTS), the >2^31-element tests (SKIP_LARGE),
+# bench_variants.py (VARIANT_FLAGS, VAR_TIMEOUT; SKIP_VARIANTS), the quick
+# dense table of the old and the new build (DENSE_DTYPES; SKIP_DENSE);
+# opt-in: SANITIZE=<tools> (compute_sanitizer.sh), TEAM_BENCH=1, and
+# HOST_BENCH=<seconds> with a host bundle (perf_tests/host_bundle.sh) in
+# .device/carry/host.
+
+set -uo pipefail
+C="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+OUT=${OUT:-/tmp/out}
+mkdir -p /tmp/bin
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu --format=csv
+for f in $C/*.xz; do [ -e "$f" ] && xz -dc "$f" > /tmp/bin/$(basename "$f" .xz) && chmod +x /tmp/bin/$(basename "$f" .xz); done
+ls -la /tmp/bin
+if [ -z "${SKIP_TESTS:-}" ] && [ -x /tmp/bin/kfa_unit_tests ]; then
+  echo "== unit tests, 4 shards"
+  F="${TEST_FILTER:-*/0.*:*/1.*:*/2.*:*/3.*:*Cuda*:Varlen.*:KernelChoice.*:NonFinite.*}"
+  t0=$SECONDS
+  for i in 0 1 2 3; do
+    GTEST_TOTAL_SHARDS=4 GTEST_SHARD_INDEX=$i timeout ${TEST_TIMEOUT:-300} /tmp/bin/kfa_unit_tests \
+      --gtest_filter="$F" --gtest_brief=1 > $OUT/unit_tests_$i.log 2>&1 &
+  done
+  wait
+  echo "shards took $((SECONDS - t0)) s"
+  cat $OUT/unit_tests_*.log | grep -E "FAILED|PASSED|tests ran|Failure|rror|SKIPPED \]" | sort | uniq -c | head -80
+  if [ -z "${SKIP_LARGE:-}" ]; then
+    echo "== large tensors"
+    t0=$SECONDS
+    KFA_TEST_LARGE=1 timeout 200 /tmp/bin/kfa_unit_tests --gtest_filter='LargeTensors.*' > $OUT/large.log 2>&1
+    echo "rc=$? took $((SECONDS - t0)) s"; grep -E "OK|FAILED|Failure|differs|zero|rror" $OUT/large.log | head -30
+  fi
+fi
+if [ -z "${SKIP_VARIANTS:-}" ] && [ -x /tmp/bin/bench_device ]; then
+  echo "== variants ${VARIANT_FLAGS:-}"
+  PYTHONUNBUFFERED=1 timeout ${VAR_TIMEOUT:-300} python3 $C/bench_variants.py --exe /tmp/bin/bench_device \
+    --json $OUT/variants.json ${VARIANT_FLAGS:-} 2>&1 | tee $OUT/variants.log | grep -v Warning
+fi
+if [ -z "${SKIP_DENSE:-}" ] && [ -x /tmp/bin/bench_device_old ]; then
+  for exe in bench_device_old bench_device; do
+    echo "== dense $exe"
+    PYTHONUNBUFFERED=1 timeout 200 python3 $C/bench_device.py --exe /tmp/bin/$exe --set quick --dtypes ${DENSE_DTYPES:-bf16} \
+      --json $OUT/dense_$exe.json 2>&1 | tail -25
+  done
+fi
+if [ -n "${SANITIZE:-}" ] && [ -x /tmp/bin/kfa_unit_tests ]; then
+  echo "== compute-sanitizer ${SANITIZE}"
+  OUT=$OUT/sanitizer timeout ${SAN_TIMEOUT:-200} bash $C/compute_sanitizer.sh /tmp/bin/kfa_unit_tests "$SANITIZE"
+  tail -30 $OUT/sanitizer/*.log | grep -E "ERROR|Invalid|RACE|Hazard|SUMMARY|at 0x|by thread" | head -30
+fi
+if [ -n "${HOST_BENCH:-}" ] && [ -d .device/carry/host ]; then
+  echo "== host bench"
+  OUT=$OUT/host KFA_HOST_BENCH_SECONDS=${HOST_BENCH} bash .device/carry/host/run_host.sh 2>&1 | tail -80
+fi
+if [ -n "${TEAM_BENCH:-}" ] && [ -x /tmp/bin/bench_team_attention ]; then
+  echo "== team attention"
+  for st in "" "--stage"; do
+    timeout 120 /tmp/bin/bench_team_attention --type float --problems 100000 --shapes 8x4,4x8,1x32 $st --repeat 5 2>&1 | tail -8
+  done
+  timeout 60 /tmp/bin/bench_team_attention --type float --problems 100000 --nq 1 --nk 64 --shapes 1x32 --repeat 5 2>&1 | tail -3
+fi
