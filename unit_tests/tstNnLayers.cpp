@@ -37,7 +37,7 @@ Tensor zeros_like(const Tensor& t) { return t.data.empty() ? Tensor() : Tensor(t
 
 /// The attention layer's parameters on the host, q/k/v split.
 struct MhaParams {
-  Tensor wq, wk, wv, wo, bq, bk, bv, bo;
+  Tensor wq, wk, wv, wo, bq, bk, bv, bo, qn, kn;
 };
 
 template <class Layer>
@@ -60,6 +60,8 @@ MhaParams mha_params(const Layer& layer, bool grads) {
   }
   p.wo = param(w.w_o);
   p.bo = param(w.b_o);
+  p.qn = param(w.q_norm);
+  p.kn = param(w.k_norm);
   return p;
 }
 
@@ -70,15 +72,27 @@ struct MhaOracle {
   const MhaParams& p;
   int B, S;
   Tensor q, k, v, att, lse, y;
+  Tensor q_pre, k_pre;  // before the qk-norm
 
   Tensor heads4(const Tensor& t, int heads) const {
     return reshaped(t, {B, S, heads, o.head_dim});
+  }
+  /// [B][S][heads][head_dim] as rows of head_dim (the qk-norm's rows).
+  Tensor head_rows(const Tensor& t) const {
+    return reshaped(t, {int(t.data.size()) / o.head_dim, o.head_dim});
   }
 
   void forward(const Tensor& x) {
     q = heads4(ref_linear(x, p.wq, p.bq), o.heads);
     k = heads4(ref_linear(x, p.wk, p.bk), o.kv_heads);
     v = heads4(ref_linear(x, p.wv, p.bv), o.kv_heads);
+    if (o.qk_norm) {
+      q_pre = q;
+      k_pre = k;
+      const double eps = o.qk_norm_options.eps;
+      q = heads4(ref_norm(head_rows(q_pre), p.qn, Tensor(), eps, true), o.heads);
+      k = heads4(ref_norm(head_rows(k_pre), p.kn, Tensor(), eps, true), o.kv_heads);
+    }
     if (o.rotary) {
       q = ref_rotary(q, o.rotary_options, 1);
       k = ref_rotary(k, o.rotary_options, 1);
@@ -97,6 +111,14 @@ struct MhaOracle {
       dq = ref_rotary(dq, o.rotary_options, -1);
       dk = ref_rotary(dk, o.rotary_options, -1);
     }
+    if (o.qk_norm) {
+      Tensor dq_pre, dk_pre, no_beta;
+      const double eps = o.qk_norm_options.eps;
+      ref_norm_backward(head_rows(q_pre), p.qn, eps, true, head_rows(dq), dq_pre, g.qn, no_beta);
+      ref_norm_backward(head_rows(k_pre), p.kn, eps, true, head_rows(dk), dk_pre, g.kn, no_beta);
+      dq = dq_pre;
+      dk = dk_pre;
+    }
     const int qc = o.heads * o.head_dim, kc = o.kv_heads * o.head_dim;
     ref_linear_backward(x, p.wq, reshaped(dq, {B * S, qc}), dx, g.wq, g.bq);
     ref_linear_backward(x, p.wk, reshaped(dk, {B * S, kc}), dxk, g.wk, g.bk);
@@ -107,7 +129,8 @@ struct MhaOracle {
 
 MhaParams zero_grads(const MhaParams& p) {
   return {zeros_like(p.wq), zeros_like(p.wk), zeros_like(p.wv), zeros_like(p.wo),
-          zeros_like(p.bq), zeros_like(p.bk), zeros_like(p.bv), zeros_like(p.bo)};
+          zeros_like(p.bq), zeros_like(p.bk), zeros_like(p.bv), zeros_like(p.bo),
+          zeros_like(p.qn), zeros_like(p.kn)};
 }
 
 template <class T>
@@ -121,6 +144,8 @@ void expect_mha_grads(const std::string& what, const MhaParams& got, const MhaPa
   expect_close_rel<T>(what + " d b_k", got.bk, ref.bk, factor);
   expect_close_rel<T>(what + " d b_v", got.bv, ref.bv, factor);
   expect_close_rel<T>(what + " d b_o", got.bo, ref.bo, factor);
+  expect_close_rel<T>(what + " d q_norm", got.qn, ref.qn, factor);
+  expect_close_rel<T>(what + " d k_norm", got.kn, ref.kn, factor);
 }
 
 template <class List>
@@ -139,7 +164,7 @@ void randomize_parameters(const List& params, std::mt19937_64& rng) {
 }
 
 std::vector<kfa::nn::MultiHeadAttentionOptions> mha_cases() {
-  std::vector<kfa::nn::MultiHeadAttentionOptions> cases(3);
+  std::vector<kfa::nn::MultiHeadAttentionOptions> cases(5);
   for (auto& o : cases) o.d_model = 48;
   cases[0].heads = 3;  // fused, biases, plain
   cases[1].heads = 4;  // separate, grouped-query, half-split rotary, causal
@@ -157,6 +182,18 @@ std::vector<kfa::nn::MultiHeadAttentionOptions> mha_cases() {
   cases[2].attention.window_left = 8;
   cases[2].attention.window_right = 2;
   cases[2].attention.softcap = 5;
+  cases[3].heads = 4;  // fused, grouped-query, qk-norm before half-split partial rotary, causal
+  cases[3].kv_heads = 2;
+  cases[3].head_dim = 12;
+  cases[3].qk_norm = true;
+  cases[3].qk_norm_options.eps = 1e-6;
+  cases[3].rotary = true;
+  cases[3].rotary_options.rotary_dim = 8;
+  cases[3].attention.causal = true;
+  cases[4].heads = 3;  // separate, no bias, qk-norm without rotary
+  cases[4].fused_qkv = false;
+  cases[4].bias = false;
+  cases[4].qk_norm = true;
   return cases;
 }
 
@@ -284,11 +321,12 @@ std::vector<kfa::nn::TransformerBlockOptions> block_cases() {
   cases[1].attention.fused_qkv = false;
   cases[1].attention.rotary = true;
   cases[1].attention.attention.causal = true;
-  // GELU (tanh), LayerNorm without bias, rotary interleaved.
+  // GELU (tanh), LayerNorm without bias, qk-norm, rotary interleaved.
   cases[2].activation = kfa::nn::Activation::gelu_tanh;
   cases[2].bias = false;
   cases[2].attention.rotary = true;
   cases[2].attention.rotary_options.style = kfa::nn::RotaryStyle::interleaved;
+  cases[2].attention.qk_norm = true;
   return cases;
 }
 
@@ -480,6 +518,12 @@ TYPED_TEST(NnLayers, BadShapesThrowAndWriteNothing) {
     o.d_ff = 0;
     kfa::nn::TransformerBlock<Space, T> b(o);
   }, "options.d_ff must be > 0");
+  expect_invalid_argument([&] {
+    auto o = options;
+    o.attention.qk_norm = true;
+    o.attention.qk_norm_options.eps = -1;
+    kfa::nn::TransformerBlock<Space, T> b(o);
+  }, "options.qk_norm_options.eps must be finite and >= 0");
   auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y);
   for (std::size_t n = 0; n < host.size(); ++n) ASSERT_EQ(host.data()[n], T(3)) << "y written";
 }

@@ -176,7 +176,7 @@ class NnWeights : public ::testing::Test {};
 TYPED_TEST_SUITE(NnWeights, NnConfigs);
 
 std::vector<kfa::nn::MultiHeadAttentionOptions> weight_mha_cases() {
-  std::vector<kfa::nn::MultiHeadAttentionOptions> cases(2);
+  std::vector<kfa::nn::MultiHeadAttentionOptions> cases(3);
   for (auto& o : cases) {
     o.d_model = 24;
     o.heads = 4;
@@ -186,6 +186,8 @@ std::vector<kfa::nn::MultiHeadAttentionOptions> weight_mha_cases() {
   cases[1].fused_qkv = false;
   cases[1].rotary = true;
   cases[1].attention.causal = true;
+  cases[2].qk_norm = true;
+  cases[2].rotary = true;
   return cases;
 }
 
@@ -196,6 +198,7 @@ TYPED_TEST(NnWeights, MultiHeadAttentionRoundTripIsBitwise) {
   for (const auto& options : weight_mha_cases()) {
     for (auto names : {kfa::nn::ParameterNames::pytorch, kfa::nn::ParameterNames::llama}) {
       const std::string tag = std::string("mha_") + (options.fused_qkv ? "fused_" : "separate_") +
+                              (options.qk_norm ? "qk_norm_" : "") +
                               (names == kfa::nn::ParameterNames::llama ? "llama_" : "pytorch_") +
                               type_name<T>() + "_" + Space::name();
       TempFile file(tag);
@@ -234,6 +237,42 @@ TYPED_TEST(NnWeights, MultiHeadAttentionRoundTripIsBitwise) {
         EXPECT_EQ(contents.tensors.count("layers.3.self_attn.o_proj.bias"), 1u) << tag;
       }
     }
+  }
+}
+
+/// torch.nn.MultiheadAttention has no qk-norm: its files lack q_norm.weight
+/// and k_norm.weight, and a qk-norm layer refuses them by name (with
+/// either naming), unchanged.
+TYPED_TEST(NnWeights, QkNormWeightsMissingFromAFileAreNamed) {
+  using Space = typename TypeParam::space;
+  using T = typename TypeParam::value_type;
+  auto options = weight_mha_cases()[0];
+  for (auto names : {kfa::nn::ParameterNames::pytorch, kfa::nn::ParameterNames::llama}) {
+    const bool llama = names == kfa::nn::ParameterNames::llama;
+    const std::string tag = std::string("qk_norm_missing_") + (llama ? "llama_" : "pytorch_") +
+                            type_name<T>() + "_" + Space::name();
+    TempFile file(tag);
+    kfa::nn::MultiHeadAttention<Space, T> plain(options);
+    options.qk_norm = true;
+    kfa::nn::MultiHeadAttention<Space, T> normed(options);
+    options.qk_norm = false;
+    std::mt19937_64 rng(test_seed(tag));
+    randomize_all<T>(normed, rng);
+    const auto before = snapshot<T>(normed);
+    kfa::nn::SafetensorsOptions io;
+    io.names = names;
+    io.prefix = "attn.";
+    kfa::nn::save_safetensors(Space(), file.path, plain, io);
+    expect_invalid_argument([&] { kfa::nn::load_safetensors(Space(), file.path, normed, io); },
+                            "tensor 'attn.q_norm.weight' [8] is missing from '" + file.path);
+    const auto after = snapshot<T>(normed);
+    for (const auto& [name, values] : before)
+      EXPECT_TRUE(bitwise_equal(values, after.at(name))) << tag << ": " << name << " written";
+    // The other way round the extra tensors are ignored, as any other.
+    kfa::nn::save_safetensors(Space(), file.path, normed, io);
+    kfa::nn::load_safetensors(Space(), file.path, plain, io);
+    EXPECT_EQ(kfa::nn::read_safetensors<T>(file.path).tensors.count("attn.k_norm.weight"), 1u)
+        << tag;
   }
 }
 

@@ -8,6 +8,7 @@
 #include <kfa/detail/nn/checks.hpp>
 #include <kfa/detail/nn/layer_support.hpp>
 #include <kfa/detail/nn/linear_impl.hpp>
+#include <kfa/detail/nn/norm_kernels.hpp>
 #include <kfa/detail/nn/rotary_kernels.hpp>
 #include <kfa/detail/nn/sequence_parallel.hpp>
 
@@ -33,6 +34,7 @@ struct MultiHeadAttentionContext {
   using view2 = Kokkos::View<T**, Kokkos::LayoutRight, memory_space>;
   using view4 = Kokkos::View<T****, Kokkos::LayoutRight, memory_space>;
   using lse_view = Kokkos::View<accumulator_t<T>***, Kokkos::LayoutRight, memory_space>;
+  using view1_acc = Kokkos::View<accumulator_t<T>*, Kokkos::LayoutRight, memory_space>;
 
   /// Seed of the attention-weight dropout (attention.dropout_p), set by the
   /// caller before the forward; the backward regenerates the same mask.
@@ -46,17 +48,22 @@ struct MultiHeadAttentionContext {
   Kokkos::View<const T***, Kokkos::LayoutRight, memory_space> x;
   view4 q, k, v, o;
   lse_view lse;
+  // With qk_norm: q and k before the norm, and the norm's 1/rms per
+  // (token, head).
+  view4 q_pre, k_pre;
+  view1_acc rstd_q, rstd_k;
   AttentionOptions attention;
   // Where x's tokens sit in the global sequence (sequence-parallel mode).
   Impl::NnSequenceSlice slice;
   // Workspaces: the fused q|k|v projection, the backward's gradients.
   view2 qkv, dqkv;
-  view4 d_o, dq, dk, dv;
+  view4 d_o, dq, dk, dv, dq_pre, dk_pre;
 };
 
 /// Multi-head self-attention (torch.nn.MultiheadAttention with batch_first,
 /// or a Llama attention with separate projections): y = out_proj(attention(
-/// rotary(x·W_qᵀ + b_q), rotary(x·W_kᵀ + b_k), x·W_vᵀ + b_v)), the attention
+/// rotary(norm_q(x·W_qᵀ + b_q)), rotary(norm_k(x·W_kᵀ + b_k)), x·W_vᵀ + b_v)),
+/// the norms per head only with options.qk_norm, the attention
 /// through kfa::flash_attention_forward/backward with the options'
 /// AttentionOptions. Grouped-query heads when kv_heads < heads.
 ///
@@ -87,15 +94,17 @@ class MultiHeadAttention {
   /// order (PyTorch's in_proj_weight) and w_q, w_k, w_v are empty; otherwise
   /// w_q [heads·head_dim][d_model], w_k, w_v [kv_heads·head_dim][d_model].
   /// w_o [d_model][heads·head_dim]. Biases like their weights' rows; empty
-  /// without options.bias.
+  /// without options.bias. q_norm, k_norm [head_dim]: the qk-norm weights
+  /// (empty without options.qk_norm).
   struct Weights {
     view2 w_qkv, w_q, w_k, w_v, w_o;
     view1 b_qkv, b_q, b_k, b_v, b_o;
+    view1 q_norm, k_norm;
   };
 
   /// Allocates the parameters: weights U(-1/sqrt(fan_in), 1/sqrt(fan_in))
-  /// from options.init_seed (the same on every backend), biases zero, and
-  /// zero gradients. Throws std::invalid_argument on inconsistent options.
+  /// from options.init_seed (the same on every backend), biases zero, qk-norm
+  /// weights one, and zero gradients. Throws std::invalid_argument on inconsistent options.
   explicit MultiHeadAttention(const MultiHeadAttentionOptions& options)
       : m_options(resolve(options)) {
     const auto& o = m_options;
@@ -108,6 +117,10 @@ class MultiHeadAttention {
     const view2 projections[] = {m_weights.w_qkv, m_weights.w_q, m_weights.w_k, m_weights.w_v};
     for (const view2& w : projections) Impl::nn_init_uniform(w, bound_in, rng);
     Impl::nn_init_uniform(m_weights.w_o, bound_out, rng);
+    if (o.qk_norm) {
+      Kokkos::deep_copy(m_weights.q_norm, T(1));
+      Kokkos::deep_copy(m_weights.k_norm, T(1));
+    }
   }
 
   /// The options with kv_heads, head_dim and rotary_dim resolved.
@@ -120,7 +133,8 @@ class MultiHeadAttention {
   /// Every parameter with PyTorch's name (torch.nn.MultiheadAttention's
   /// in_proj_weight, in_proj_bias, out_proj.weight, out_proj.bias; with
   /// separate projections q_proj.weight, k_proj.weight, v_proj.weight and
-  /// their biases), each prefixed by `prefix`.
+  /// their biases; with qk_norm q_norm.weight and k_norm.weight, as Qwen3
+  /// names them, PyTorch's layer having none), each prefixed by `prefix`.
   std::vector<Parameter<T, memory_space>> parameters(const std::string& prefix = "") const {
     std::vector<Parameter<T, memory_space>> list;
     const Weights &w = m_weights, &g = m_grads;
@@ -134,6 +148,8 @@ class MultiHeadAttention {
     Impl::nn_add_parameter(list, prefix + "v_proj.bias", w.b_v, g.b_v);
     Impl::nn_add_parameter(list, prefix + "out_proj.weight", w.w_o, g.w_o);
     Impl::nn_add_parameter(list, prefix + "out_proj.bias", w.b_o, g.b_o);
+    Impl::nn_add_parameter(list, prefix + "q_norm.weight", w.q_norm, g.q_norm);
+    Impl::nn_add_parameter(list, prefix + "k_norm.weight", w.k_norm, g.k_norm);
     return list;
   }
 
@@ -176,6 +192,8 @@ class MultiHeadAttention {
   friend class TransformerBlock<ExecSpace, T>;
   using in2 = Impl::NnIn2<T, memory_space>;
   using out2 = Impl::NnOut2<T, memory_space>;
+  using view4 = typename context_type::view4;
+  using view1_acc = typename context_type::view1_acc;
 
   void allocate(Weights& w, const std::string& prefix) const {
     const auto& o = m_options;
@@ -198,6 +216,10 @@ class MultiHeadAttention {
     }
     w.w_o = view2(label("w_o"), o.d_model, q_rows);
     if (o.bias) w.b_o = view1(label("b_o"), o.d_model);
+    if (o.qk_norm) {
+      w.q_norm = view1(label("q_norm"), o.head_dim);
+      w.k_norm = view1(label("k_norm"), o.head_dim);
+    }
   }
 
   static MultiHeadAttentionOptions resolve(MultiHeadAttentionOptions o) {
@@ -228,6 +250,9 @@ class MultiHeadAttention {
         o.rotary_options.position_offset < 0) {
       Impl::throw_invalid(function, "options.rotary_options: rotary_dim must be even and in "
                                     "0..head_dim, base > 0, position_offset >= 0");
+    }
+    if (!(o.qk_norm_options.eps >= 0) || !std::isfinite(o.qk_norm_options.eps)) {
+      Impl::throw_invalid(function, "options.qk_norm_options.eps must be finite and >= 0");
     }
     Impl::check_options(function, o.attention);
     Impl::nn_check_sequence_parallel(function, o.sequence_parallel, o.attention);
@@ -279,6 +304,30 @@ class MultiHeadAttention {
                                           sign);
   }
 
+  /// Whether the fused projection's split pass also rotates q and k: only
+  /// without the qk-norm, which comes between projection and rotation.
+  bool rotates_in_split() const {
+    return m_options.fused_qkv && m_options.rotary && !m_options.qk_norm;
+  }
+
+  /// RMSNorm over head_dim of every (token, head) row of `in` into `out`.
+  void qk_norm_forward(const ExecSpace& space, const view4& in, const view1& weight,
+                       const view4& out, const view1_acc& rstd) const {
+    Impl::norm_forward_impl<ExecSpace, T, true>(space, Impl::in_matrix(in), weight, {},
+                                                Impl::out_matrix(out), {}, rstd,
+                                                m_options.qk_norm_options.eps);
+  }
+
+  /// d_in written, d_weight accumulated; d_out must stay intact until the
+  /// weight's column sums have read it, so d_in is a buffer of its own.
+  void qk_norm_backward(const ExecSpace& space, const view4& in, const view1& weight,
+                        const view1_acc& rstd, const view4& d_out, const view4& d_in,
+                        const view1& d_weight) const {
+    Impl::norm_backward_impl<ExecSpace, T, true>(space, Impl::in_matrix(in), weight, {}, rstd,
+                                                 Impl::in_matrix(d_out), Impl::out_matrix(d_in),
+                                                 d_weight, {});
+  }
+
   template <class X>
   void forward_impl(const ExecSpace& space, const X& x, const out2& y,
                     context_type& c) const {
@@ -293,24 +342,40 @@ class MultiHeadAttention {
     Impl::nn_ensure(c.o, "kfa::nn::MultiHeadAttention::o", batch, seqlen, o.heads, hd);
     Impl::nn_ensure(c.lse, "kfa::nn::MultiHeadAttention::lse", batch, o.heads, seqlen);
     const in2 x2 = Impl::in_matrix(x);
-    const out2 q2 = Impl::out_tokens(c.q), k2 = Impl::out_tokens(c.k), v2 = Impl::out_tokens(c.v);
+    if (o.qk_norm) {
+      Impl::nn_ensure(c.q_pre, "kfa::nn::MultiHeadAttention::q_pre", batch, seqlen, o.heads, hd);
+      Impl::nn_ensure(c.k_pre, "kfa::nn::MultiHeadAttention::k_pre", batch, seqlen, o.kv_heads,
+                      hd);
+      Impl::nn_ensure(c.rstd_q, "kfa::nn::MultiHeadAttention::rstd_q", tokens * o.heads);
+      Impl::nn_ensure(c.rstd_k, "kfa::nn::MultiHeadAttention::rstd_k", tokens * o.kv_heads);
+    }
+    // The projections' q and k: the attention's own, or the norm's inputs.
+    const out2 q2 = Impl::out_tokens(o.qk_norm ? c.q_pre : c.q),
+               k2 = Impl::out_tokens(o.qk_norm ? c.k_pre : c.k), v2 = Impl::out_tokens(c.v);
+    const bool rotate_in_split = rotates_in_split();
     if (o.fused_qkv) {
       // One product for q|k|v, then one pass that splits it into the
-      // attention's [batch][seqlen][heads][head_dim] tensors and rotates q, k.
+      // attention's [batch][seqlen][heads][head_dim] tensors and rotates q, k
+      // (unless the qk-norm must come between).
       Impl::nn_ensure(c.qkv, "kfa::nn::MultiHeadAttention::qkv", tokens, q_cols + 2 * kv_cols);
       Impl::linear_forward_impl<ExecSpace, T>(space, x2, m_weights.w_qkv, m_weights.b_qkv,
                                               c.qkv);
-      rotate(space, c.qkv, 0, q2, 0, c.slice, o.heads, o.rotary, 1);
-      rotate(space, c.qkv, q_cols, k2, 0, c.slice, o.kv_heads, o.rotary, 1);
+      rotate(space, c.qkv, 0, q2, 0, c.slice, o.heads, rotate_in_split, 1);
+      rotate(space, c.qkv, q_cols, k2, 0, c.slice, o.kv_heads, rotate_in_split, 1);
       rotate(space, c.qkv, q_cols + kv_cols, v2, 0, c.slice, o.kv_heads, false, 1);
     } else {
       Impl::linear_forward_impl<ExecSpace, T>(space, x2, m_weights.w_q, m_weights.b_q, q2);
       Impl::linear_forward_impl<ExecSpace, T>(space, x2, m_weights.w_k, m_weights.b_k, k2);
       Impl::linear_forward_impl<ExecSpace, T>(space, x2, m_weights.w_v, m_weights.b_v, v2);
-      if (o.rotary) {
-        rotate(space, q2, 0, q2, 0, c.slice, o.heads, true, 1);
-        rotate(space, k2, 0, k2, 0, c.slice, o.kv_heads, true, 1);
-      }
+    }
+    if (o.qk_norm) {
+      qk_norm_forward(space, c.q_pre, m_weights.q_norm, c.q, c.rstd_q);
+      qk_norm_forward(space, c.k_pre, m_weights.k_norm, c.k, c.rstd_k);
+    }
+    if (!rotate_in_split && o.rotary) {
+      const out2 q_att = Impl::out_tokens(c.q), k_att = Impl::out_tokens(c.k);
+      rotate(space, q_att, 0, q_att, 0, c.slice, o.heads, true, 1);
+      rotate(space, k_att, 0, k_att, 0, c.slice, o.kv_heads, true, 1);
     }
     c.attention = o.attention;
     c.attention.dropout_seed = c.dropout_seed;
@@ -334,21 +399,34 @@ class MultiHeadAttention {
     Impl::nn_attention_backward(space, o.sequence_parallel, c.q, c.k, c.v, c.o, c.lse, c.d_o,
                                 c.dq, c.dk, c.dv, c.attention);
     const in2 x2 = Impl::in_matrix(c.x);
-    const out2 dq2 = Impl::out_tokens(c.dq), dk2 = Impl::out_tokens(c.dk),
+    const bool rotate_in_split = rotates_in_split();
+    if (!rotate_in_split && o.rotary) {
+      const out2 dq_att = Impl::out_tokens(c.dq), dk_att = Impl::out_tokens(c.dk);
+      rotate(space, dq_att, 0, dq_att, 0, c.slice, o.heads, true, -1);
+      rotate(space, dk_att, 0, dk_att, 0, c.slice, o.kv_heads, true, -1);
+    }
+    if (o.qk_norm) {
+      Impl::nn_ensure(c.dq_pre, "kfa::nn::MultiHeadAttention::dq_pre", batch, seqlen, o.heads, hd);
+      Impl::nn_ensure(c.dk_pre, "kfa::nn::MultiHeadAttention::dk_pre", batch, seqlen, o.kv_heads,
+                      hd);
+      qk_norm_backward(space, c.q_pre, m_weights.q_norm, c.rstd_q, c.dq, c.dq_pre,
+                       m_grads.q_norm);
+      qk_norm_backward(space, c.k_pre, m_weights.k_norm, c.rstd_k, c.dk, c.dk_pre,
+                       m_grads.k_norm);
+    }
+    // The gradients of the projections' q and k.
+    const out2 dq2 = Impl::out_tokens(o.qk_norm ? c.dq_pre : c.dq),
+               dk2 = Impl::out_tokens(o.qk_norm ? c.dk_pre : c.dk),
                dv2 = Impl::out_tokens(c.dv);
     if (o.fused_qkv) {
       // The inverse rotations write straight into the fused gradient.
       Impl::nn_ensure(c.dqkv, "kfa::nn::MultiHeadAttention::dqkv", tokens, q_cols + 2 * kv_cols);
-      rotate(space, dq2, 0, c.dqkv, 0, c.slice, o.heads, o.rotary, -1);
-      rotate(space, dk2, 0, c.dqkv, q_cols, c.slice, o.kv_heads, o.rotary, -1);
+      rotate(space, dq2, 0, c.dqkv, 0, c.slice, o.heads, rotate_in_split, -1);
+      rotate(space, dk2, 0, c.dqkv, q_cols, c.slice, o.kv_heads, rotate_in_split, -1);
       rotate(space, dv2, 0, c.dqkv, q_cols + kv_cols, c.slice, o.kv_heads, false, -1);
       Impl::linear_backward_impl<ExecSpace, T>(space, x2, m_weights.w_qkv, c.dqkv, dx,
                                                m_grads.w_qkv, m_grads.b_qkv);
     } else {
-      if (o.rotary) {
-        rotate(space, dq2, 0, dq2, 0, c.slice, o.heads, true, -1);
-        rotate(space, dk2, 0, dk2, 0, c.slice, o.kv_heads, true, -1);
-      }
       Impl::linear_backward_impl<ExecSpace, T>(space, x2, m_weights.w_q, dq2, dx, m_grads.w_q,
                                                m_grads.b_q);
       Impl::linear_backward_impl<ExecSpace, T>(space, x2, m_weights.w_k, dk2, dx, m_grads.w_k,

@@ -101,6 +101,12 @@ struct MultiHeadAttentionOptions {
   /// Rotary embeddings on q and k.
   bool rotary = false;
   RotaryOptions rotary_options;
+  /// RMSNorm on every head of q and of k, before the rotary embedding
+  /// ("qk-norm", Qwen3's q_norm and k_norm): one learnable weight [head_dim]
+  /// for q and one for k, each shared by all heads.
+  bool qk_norm = false;
+  /// eps of the qk-norm (Qwen3 checkpoints use 1e-6).
+  NormOptions qk_norm_options;
   /// Passed to kfa::flash_attention_forward/backward: causal, window,
   /// softcap, softmax_scale, dropout_p (the seed comes from the context).
   AttentionOptions attention;

@@ -62,6 +62,8 @@ SafetensorsBindings<T, typename ExecSpace::memory_space> safetensors_bindings(
     safetensors_bind(list, prefix + "v_proj.bias", w.b_v);
     safetensors_bind(list, prefix + "out_proj.weight", w.w_o);
     safetensors_bind(list, prefix + "out_proj.bias", w.b_o);
+    safetensors_bind(list, prefix + "q_norm.weight", w.q_norm);
+    safetensors_bind(list, prefix + "k_norm.weight", w.k_norm);
     return list;
   }
   const int q_rows = o.heads * o.head_dim, kv_rows = o.kv_heads * o.head_dim;
@@ -81,6 +83,9 @@ SafetensorsBindings<T, typename ExecSpace::memory_space> safetensors_bindings(
   }
   safetensors_bind(list, prefix + "o_proj.weight", w.w_o);
   safetensors_bind(list, prefix + "o_proj.bias", w.b_o);
+  // Qwen3's names (Hugging Face Llama has no qk-norm).
+  safetensors_bind(list, prefix + "q_norm.weight", w.q_norm);
+  safetensors_bind(list, prefix + "k_norm.weight", w.k_norm);
   return list;
 }
 
