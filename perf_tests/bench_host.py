@@ -22,6 +22,11 @@ import subprocess
 import sys
 import time
 
+# The CPUs this process may use, read before PyTorch loads its OpenMP
+# runtime: with OMP_PROC_BIND set, libgomp pins the initial thread to the
+# first place, and a child started afterwards would inherit that one CPU.
+CPUS = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -49,10 +54,16 @@ def run_kfa(args, threads, dtype):
            "--batch", str(args.batch), "--repeat", str(args.repeat)]
     if args.portable:
         cmd.append("--portable")
-    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+    restore = (lambda: os.sched_setaffinity(0, CPUS)) if CPUS else None
+    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True,
+                         preexec_fn=restore).stdout
     results = {}
     for line in out.splitlines():
         f = line.split()
+        if line.startswith("# threads"):
+            got = int(line.split()[2].rstrip(","))
+            if got != threads:
+                print(f"# warning: kfa ran {got} threads, {threads} asked", file=sys.stderr)
         if not f or f[0] != "kfa-host":
             continue
         key = (f[1], int(f[2][2:]), int(f[3][7:]), f[4], f[5])
