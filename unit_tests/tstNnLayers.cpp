@@ -66,32 +66,37 @@ MhaParams mha_params(const Layer& layer, bool grads) {
 }
 
 /// Oracle of MultiHeadAttention: forward y from x [tokens][d_model] (batch
-/// B, seqlen S), and with dy the backward: dx and the parameter gradients.
+/// B, seqlen S) and the memory [B·Skv][d_model_kv] (x for self-attention),
+/// and with dy the backward: dx, dmemory and the parameter gradients.
 struct MhaOracle {
   const kfa::nn::MultiHeadAttentionOptions& o;
   const MhaParams& p;
   int B, S;
   Tensor q, k, v, att, lse, y;
   Tensor q_pre, k_pre;  // before the qk-norm
+  int Skv = 0;
 
-  Tensor heads4(const Tensor& t, int heads) const {
-    return reshaped(t, {B, S, heads, o.head_dim});
+  Tensor heads4(const Tensor& t, int heads, int seqlen = 0) const {
+    return reshaped(t, {B, seqlen > 0 ? seqlen : S, heads, o.head_dim});
   }
   /// [B][S][heads][head_dim] as rows of head_dim (the qk-norm's rows).
   Tensor head_rows(const Tensor& t) const {
     return reshaped(t, {int(t.data.size()) / o.head_dim, o.head_dim});
   }
 
-  void forward(const Tensor& x) {
+  void forward(const Tensor& x) { forward(x, x, S); }
+
+  void forward(const Tensor& x, const Tensor& memory, int seqlen_kv) {
+    Skv = seqlen_kv;
     q = heads4(ref_linear(x, p.wq, p.bq), o.heads);
-    k = heads4(ref_linear(x, p.wk, p.bk), o.kv_heads);
-    v = heads4(ref_linear(x, p.wv, p.bv), o.kv_heads);
+    k = heads4(ref_linear(memory, p.wk, p.bk), o.kv_heads, Skv);
+    v = heads4(ref_linear(memory, p.wv, p.bv), o.kv_heads, Skv);
     if (o.qk_norm) {
       q_pre = q;
       k_pre = k;
       const double eps = o.qk_norm_options.eps;
       q = heads4(ref_norm(head_rows(q_pre), p.qn, Tensor(), eps, true), o.heads);
-      k = heads4(ref_norm(head_rows(k_pre), p.kn, Tensor(), eps, true), o.kv_heads);
+      k = heads4(ref_norm(head_rows(k_pre), p.kn, Tensor(), eps, true), o.kv_heads, Skv);
     }
     if (o.rotary) {
       q = ref_rotary(q, o.rotary_options, 1);
@@ -103,7 +108,14 @@ struct MhaOracle {
 
   /// dx (written) and grads (accumulated, shaped like p).
   void backward(const Tensor& x, const Tensor& dy, Tensor& dx, MhaParams& g) const {
-    Tensor d_att, dq, dk, dv, dxk, dxv;
+    Tensor dmemory;
+    backward(x, x, dy, dx, dmemory, g);
+    dx = added(dx, dmemory);
+  }
+
+  void backward(const Tensor& x, const Tensor& memory, const Tensor& dy, Tensor& dx,
+                Tensor& dmemory, MhaParams& g) const {
+    Tensor d_att, dq, dk, dv, dmv;
     ref_linear_backward(reshaped(att, {B * S, o.heads * o.head_dim}), p.wo, dy, d_att, g.wo, g.bo);
     reference_backward<double, true>(q, k, v, att, lse, heads4(d_att, o.heads), o.attention, dq,
                                      dk, dv);
@@ -121,9 +133,9 @@ struct MhaOracle {
     }
     const int qc = o.heads * o.head_dim, kc = o.kv_heads * o.head_dim;
     ref_linear_backward(x, p.wq, reshaped(dq, {B * S, qc}), dx, g.wq, g.bq);
-    ref_linear_backward(x, p.wk, reshaped(dk, {B * S, kc}), dxk, g.wk, g.bk);
-    ref_linear_backward(x, p.wv, reshaped(dv, {B * S, kc}), dxv, g.wv, g.bv);
-    dx = added(added(dx, dxk), dxv);
+    ref_linear_backward(memory, p.wk, reshaped(dk, {B * Skv, kc}), dmemory, g.wk, g.bk);
+    ref_linear_backward(memory, p.wv, reshaped(dv, {B * Skv, kc}), dmv, g.wv, g.bv);
+    dmemory = added(dmemory, dmv);
   }
 };
 
@@ -262,6 +274,141 @@ TYPED_TEST(NnLayers, MultiHeadAttentionMatchesOracle) {
     mha.zero_grad(Space());
     Space().fence();
     EXPECT_EQ(max_abs(mha_params(mha, true).wo), 0.0) << what << " zero_grad";
+  }
+}
+
+/// Cross-attention: q from x [B][S][d], k and v from a memory [B][Skv][d_kv]
+/// (fused k|v rows of in_proj_weight when d_kv = d, separate projections of
+/// another width otherwise); causal with S > Skv (bottom-right aligned: the
+/// first S - Skv rows see no key) and with S < Skv.
+TYPED_TEST(NnLayers, CrossAttentionMatchesOracle) {
+  using Space = typename TypeParam::space;
+  using T = typename TypeParam::value_type;
+  const int B = 2, d = 48;
+  std::vector<kfa::nn::MultiHeadAttentionOptions> cases(2);
+  for (auto& o : cases) {
+    o.d_model = d;
+    o.attention.causal = true;
+  }
+  const int seqlens[2][2] = {{37, 23}, {19, 41}};
+  cases[0].heads = 3;  // fused q | k,v, biases, rotary
+  cases[0].rotary = true;
+  cases[1].heads = 4;  // separate, memory of 20 features, grouped-query, qk-norm, rotary
+  cases[1].kv_heads = 2;
+  cases[1].head_dim = 12;
+  cases[1].d_model_kv = 20;
+  cases[1].fused_qkv = false;
+  cases[1].qk_norm = true;
+  cases[1].rotary = true;
+  cases[1].rotary_options.style = kfa::nn::RotaryStyle::interleaved;
+  for (int index = 0; index < 2; ++index) {
+    const auto& options = cases[index];
+    const int S = seqlens[index][0], Skv = seqlens[index][1];
+    const int dkv = options.d_model_kv > 0 ? options.d_model_kv : d;
+    const std::string tag = "nn_cross_" + std::to_string(index);
+    const std::string what = tag + " " + type_name<T>() + " " + Space::name() + " seed " +
+                             std::to_string(test_seed(tag));
+    kfa::nn::MultiHeadAttention<Space, T> mha(options);
+    std::mt19937_64 rng(test_seed(tag));
+    randomize_parameters(mha.parameters(), rng);
+    const Tensor x = rounded<T>(random_tensor({B * S, d}, rng));
+    const Tensor memory = rounded<T>(random_tensor({B * Skv, dkv}, rng));
+    const Tensor dy = rounded<T>(random_tensor({B * S, d}, rng));
+    auto xv = make_view<DeviceView3<T, Space>>(reshaped(x, {B, S, d}), "x");
+    auto mv = make_view<DeviceView3<T, Space>>(reshaped(memory, {B, Skv, dkv}), "memory");
+    auto dyv = make_view<DeviceView3<T, Space>>(reshaped(dy, {B, S, d}), "dy");
+    DeviceView3<T, Space> yv("y", B, S, d), dxv("dx", B, S, d), dmv("dmemory", B, Skv, dkv);
+    poison(yv);
+    poison(dxv);
+    poison(dmv);
+    typename kfa::nn::MultiHeadAttention<Space, T>::context_type context;
+    mha.forward(Space(), xv, mv, yv, context);
+    mha.backward(Space(), dyv, dxv, dmv, context);
+    Space().fence();
+
+    const MhaParams p = mha_params(mha, false);
+    MhaOracle oracle{mha.options(), p, B, S, {}, {}, {}, {}, {}, {}};
+    oracle.forward(x, memory, Skv);
+    Tensor dx_ref, dm_ref;
+    MhaParams g_ref = zero_grads(p);
+    oracle.backward(x, memory, dy, dx_ref, dm_ref, g_ref);
+    const double factor = 16.0 * (d + S + Skv);
+    expect_close_rel<T>(what + " y", reshaped(to_host(yv), {B * S, d}), oracle.y, factor);
+    expect_close_rel<T>(what + " dx", reshaped(to_host(dxv), {B * S, d}), dx_ref, factor);
+    expect_close_rel<T>(what + " dmemory", reshaped(to_host(dmv), {B * Skv, dkv}), dm_ref,
+                        factor);
+    expect_mha_grads<T>(what, mha_params(mha, true), g_ref, factor * 4);
+    if (index == 0) {
+      // Causal with S > Skv: the first S - Skv query rows see no key, their
+      // attention output is 0 and y there is out_proj's bias.
+      const Tensor y = reshaped(to_host(yv), {B * S, d});
+      for (int c = 0; c < d; ++c) EXPECT_EQ(y.data[c], T(p.bo.data[c])) << what << " row 0";
+    }
+  }
+}
+
+/// Bad memory, wrong backward overloads, options that do not fit: named
+/// std::invalid_argument, outputs untouched.
+TYPED_TEST(NnLayers, CrossAttentionBadInputThrowsAndWritesNothing) {
+  using Space = typename TypeParam::space;
+  using T = typename TypeParam::value_type;
+  using Layer = kfa::nn::MultiHeadAttention<Space, T>;
+  kfa::nn::MultiHeadAttentionOptions options;
+  options.d_model = 16;
+  options.heads = 2;
+  options.d_model_kv = 12;
+  options.fused_qkv = false;
+  Layer mha(options);
+  typename Layer::context_type context, self_context;
+  DeviceView3<T, Space> x("x", 2, 5, 16), m("m", 2, 7, 12), y("y", 2, 5, 16),
+      m_bad("m_bad", 2, 7, 16), m_batch("m_batch", 3, 7, 12), dx("dx", 2, 5, 16),
+      dm("dm", 2, 7, 12), dm_short("dm_short", 2, 6, 12);
+  Kokkos::deep_copy(y, T(3));
+  Kokkos::deep_copy(dx, T(3));
+  Kokkos::deep_copy(dm, T(3));
+  const char* f = "kfa::nn::MultiHeadAttention::forward: ";
+  expect_invalid_argument([&] { mha.forward(Space(), x, m_bad, y, context); },
+                          std::string(f) + "memory must be [batch][seqlen_kv][d_model_kv] with "
+                          "batch = 2 and d_model_kv = 12, got [2][7][16]");
+  expect_invalid_argument([&] { mha.forward(Space(), x, m_batch, y, context); },
+                          "memory must be [batch][seqlen_kv][d_model_kv] with batch = 2");
+  expect_invalid_argument([&] { mha.forward(Space(), x, y, context); },
+                          "self-attention needs options.d_model_kv = d_model (16), got 12");
+  expect_invalid_argument([&] { mha.backward(Space(), y, dx, dm, context); },
+                          "call forward with this context first");
+  mha.forward(Space(), x, m, y, context);
+  Kokkos::deep_copy(y, T(3));
+  expect_invalid_argument([&] { mha.backward(Space(), y, dx, context); },
+                          "the forward had a memory (cross-attention): call backward(space, dy, "
+                          "dx, dmemory, context)");
+  expect_invalid_argument([&] { mha.backward(Space(), y, dx, dm_short, context); },
+                          "dmemory [2][6][12] must have the shape of the forward's memory "
+                          "[2][7][12]");
+  expect_invalid_argument([&] { mha.backward(Space(), y, dx, m_bad, context); },
+                          "dmemory must be [batch][seqlen_kv][d_model_kv]");
+  options.d_model_kv = 16;
+  Layer same_width(options);
+  DeviceView3<T, Space> y_self("y_self", 2, 5, 16);
+  same_width.forward(Space(), x, y_self, self_context);
+  expect_invalid_argument([&] { same_width.backward(Space(), dx, x, m_bad, self_context); },
+                          "dmemory needs a cross-attention forward");
+  expect_invalid_argument([&] { same_width.forward(Space(), x, m_bad, m_bad, context); },
+                          "y must be [batch][seqlen][d_model] = [2][5][16], got [2][7][16]");
+  options.d_model_kv = 12;
+  options.fused_qkv = true;
+  expect_invalid_argument([&] { Layer bad(options); },
+                          "options.fused_qkv needs d_model_kv = d_model (got 12 and 16)");
+  kfa::nn::TransformerBlockOptions block_options;
+  block_options.attention = options;
+  block_options.attention.fused_qkv = false;
+  block_options.d_ff = 8;
+  expect_invalid_argument([&] { kfa::nn::TransformerBlock<Space, T> bad(block_options); },
+                          "options.attention.d_model_kv must be 0 or d_model");
+  const DeviceView3<T, Space> written[] = {y, dx, dm};
+  for (const auto& v : written) {
+    auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+    for (std::size_t n = 0; n < host.size(); ++n)
+      ASSERT_EQ(host.data()[n], T(3)) << v.label() << " written";
   }
 }
 

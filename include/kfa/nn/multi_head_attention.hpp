@@ -35,6 +35,7 @@ struct MultiHeadAttentionContext {
   using view4 = Kokkos::View<T****, Kokkos::LayoutRight, memory_space>;
   using lse_view = Kokkos::View<accumulator_t<T>***, Kokkos::LayoutRight, memory_space>;
   using view1_acc = Kokkos::View<accumulator_t<T>*, Kokkos::LayoutRight, memory_space>;
+  using const_view3 = Kokkos::View<const T***, Kokkos::LayoutRight, memory_space>;
 
   /// Seed of the attention-weight dropout (attention.dropout_p), set by the
   /// caller before the forward; the backward regenerates the same mask.
@@ -43,9 +44,11 @@ struct MultiHeadAttentionContext {
   bool training = true;
 
   // Saved by the forward: the input (a reference: the caller must not change
-  // it before the backward), q and k after the rotary embedding, v, the
-  // attention output and its log-sum-exp, and the options of the call.
-  Kokkos::View<const T***, Kokkos::LayoutRight, memory_space> x;
+  // it before the backward) and for cross-attention the memory (a reference
+  // too), q and k after the rotary embedding, v, the attention output and its
+  // log-sum-exp, and the options of the call.
+  const_view3 x, memory;
+  bool cross = false;
   view4 q, k, v, o;
   lse_view lse;
   // With qk_norm: q and k before the norm, and the norm's 1/rms per
@@ -53,16 +56,19 @@ struct MultiHeadAttentionContext {
   view4 q_pre, k_pre;
   view1_acc rstd_q, rstd_k;
   AttentionOptions attention;
-  // Where x's tokens sit in the global sequence (sequence-parallel mode).
-  Impl::NnSequenceSlice slice;
-  // Workspaces: the fused q|k|v projection, the backward's gradients.
-  view2 qkv, dqkv;
+  // Where x's tokens sit in the global sequence (sequence-parallel mode),
+  // and the keys' positions (the memory's own for cross-attention).
+  Impl::NnSequenceSlice slice, slice_kv;
+  // Workspaces: the fused q|k|v (or, for cross-attention, k|v) projection,
+  // the backward's gradients.
+  view2 qkv, dqkv, kv, dkv;
   view4 d_o, dq, dk, dv, dq_pre, dk_pre;
 };
 
-/// Multi-head self-attention (torch.nn.MultiheadAttention with batch_first,
-/// or a Llama attention with separate projections): y = out_proj(attention(
-/// rotary(norm_q(x·W_qᵀ + b_q)), rotary(norm_k(x·W_kᵀ + b_k)), x·W_vᵀ + b_v)),
+/// Multi-head attention (torch.nn.MultiheadAttention with batch_first, or a
+/// Llama attention with separate projections): y = out_proj(attention(
+/// rotary(norm_q(x·W_qᵀ + b_q)), rotary(norm_k(m·W_kᵀ + b_k)), m·W_vᵀ + b_v)),
+/// m = x (self-attention) or a second input, the memory (cross-attention),
 /// the norms per head only with options.qk_norm, the attention
 /// through kfa::flash_attention_forward/backward with the options'
 /// AttentionOptions. Grouped-query heads when kv_heads < heads.
@@ -92,7 +98,7 @@ class MultiHeadAttention {
   /// The parameters (or their gradients). With fused_qkv, w_qkv
   /// [(heads + 2·kv_heads)·head_dim][d_model] holds q, k, v rows in that
   /// order (PyTorch's in_proj_weight) and w_q, w_k, w_v are empty; otherwise
-  /// w_q [heads·head_dim][d_model], w_k, w_v [kv_heads·head_dim][d_model].
+  /// w_q [heads·head_dim][d_model], w_k, w_v [kv_heads·head_dim][d_model_kv].
   /// w_o [d_model][heads·head_dim]. Biases like their weights' rows; empty
   /// without options.bias. q_norm, k_norm [head_dim]: the qk-norm weights
   /// (empty without options.qk_norm).
@@ -110,12 +116,14 @@ class MultiHeadAttention {
     const auto& o = m_options;
     std::mt19937_64 rng(o.init_seed);
     const double bound_in = 1.0 / std::sqrt(double(o.d_model));
+    const double bound_kv = 1.0 / std::sqrt(double(o.d_model_kv));
     const double bound_out = 1.0 / std::sqrt(double(o.heads * o.head_dim));
     allocate(m_weights, "");
     allocate(m_grads, "grad_");
-    // A named array, not a braced list in the range-for: nvcc does not take the latter.
+    // Named arrays, not braced lists in the range-for: nvcc does not take the latter.
     const view2 projections[] = {m_weights.w_qkv, m_weights.w_q, m_weights.w_k, m_weights.w_v};
-    for (const view2& w : projections) Impl::nn_init_uniform(w, bound_in, rng);
+    const double bounds[] = {bound_in, bound_in, bound_kv, bound_kv};
+    for (int n = 0; n < 4; ++n) Impl::nn_init_uniform(projections[n], bounds[n], rng);
     Impl::nn_init_uniform(m_weights.w_o, bound_out, rng);
     if (o.qk_norm) {
       Kokkos::deep_copy(m_weights.q_norm, T(1));
@@ -167,9 +175,39 @@ class MultiHeadAttention {
   void forward(const ExecSpace& space, const X& x, const Y& y, context_type& context) const {
     const char* function = "kfa::nn::MultiHeadAttention::forward";
     Impl::ProfilingRegion region(function);
-    Impl::nn_checks_on_every_rank(m_options.sequence_parallel,
-                                  [&] { check_pair<X, Y>(function, "x", x, "y", y); });
+    Impl::nn_checks_on_every_rank(m_options.sequence_parallel, [&] {
+      check_pair<X, Y>(function, "x", x, "y", y);
+      if (m_options.d_model_kv != m_options.d_model) {
+        Impl::throw_invalid(function, "self-attention needs options.d_model_kv = d_model (" +
+                                          std::to_string(m_options.d_model) + "), got " +
+                                          std::to_string(m_options.d_model_kv) +
+                                          "; pass the memory: forward(space, x, memory, y, "
+                                          "context)");
+      }
+    });
     if constexpr (pair_ok<X, Y>()) forward_impl(space, x, Impl::out_matrix(y), context);
+  }
+
+  /// Cross-attention: queries from x, keys and values from `memory`
+  /// [batch][seqlen_kv][d_model_kv] (contiguous LayoutRight, like x; any
+  /// seqlen_kv), y [batch][seqlen][d_model] like x; y must overlap neither.
+  /// Causal masks and windows are aligned to the bottom-right corner (query
+  /// i sees key j <= i + seqlen_kv - seqlen), as in kfa::AttentionOptions;
+  /// rotary positions count from 0 in x and in the memory alike. The
+  /// context keeps a reference to memory too. Not in the sequence-parallel
+  /// mode. Throws std::invalid_argument (nothing written) on bad shapes.
+  template <class X, class M, class Y>
+  void forward(const ExecSpace& space, const X& x, const M& memory, const Y& y,
+               context_type& context) const {
+    const char* function = "kfa::nn::MultiHeadAttention::forward";
+    Impl::ProfilingRegion region(function);
+    check_not_sequence_parallel(function);
+    check_pair<X, Y>(function, "x", x, "y", y);
+    check_memory<M>(function, "memory", memory, x.extent(0));
+    if constexpr (pair_ok<X, Y>() && pair_ok<M, Y>()) {
+      Impl::check_disjoint(function, "y", y, "memory", memory);
+      attend_forward(space, x, memory, Impl::out_matrix(y), context, true);
+    }
   }
 
   /// Backward of the forward that filled `context`: dx overwritten, the
@@ -184,7 +222,44 @@ class MultiHeadAttention {
       if constexpr (pair_ok<DY, DX>()) check_like_forward(function, dy, context);
     });
     if constexpr (pair_ok<DY, DX>()) {
+      if (context.cross) {
+        Impl::throw_invalid(function, "the forward had a memory (cross-attention): call "
+                                      "backward(space, dy, dx, dmemory, context)");
+      }
       backward_impl(space, Impl::in_matrix(dy), Impl::out_matrix(dx), context);
+    }
+  }
+
+  /// Backward of a cross-attention forward: dx (through q) and dmemory
+  /// [batch][seqlen_kv][d_model_kv] like that forward's memory (through k and
+  /// v) overwritten, the parameter gradients accumulated. dx, dmemory and dy
+  /// must not overlap.
+  template <class DY, class DX, class DM>
+  void backward(const ExecSpace& space, const DY& dy, const DX& dx, const DM& dmemory,
+                context_type& context) {
+    const char* function = "kfa::nn::MultiHeadAttention::backward";
+    Impl::ProfilingRegion region(function);
+    check_not_sequence_parallel(function);
+    check_pair<DY, DX>(function, "dy", dy, "dx", dx);
+    if constexpr (pair_ok<DY, DX>()) check_like_forward(function, dy, context);
+    check_memory<DM>(function, "dmemory", dmemory, dy.extent(0));
+    if constexpr (pair_ok<DY, DX>() && pair_ok<DM, DY>()) {
+      static_assert(Impl::all_non_const<DM>(),
+                    "kfa::nn::MultiHeadAttention::backward: dmemory must be non-const");
+      if (!context.cross) {
+        Impl::throw_invalid(function, "dmemory needs a cross-attention forward (forward(space, "
+                                      "x, memory, y, context)); this context holds "
+                                      "self-attention");
+      }
+      if (dmemory.extent(1) != context.memory.extent(1)) {
+        Impl::throw_invalid(function, "dmemory " + Impl::extents_string(dmemory) +
+                                          " must have the shape of the forward's memory " +
+                                          Impl::extents_string(context.memory));
+      }
+      Impl::check_disjoint(function, "dmemory", dmemory, "dy", dy);
+      Impl::check_disjoint(function, "dmemory", dmemory, "dx", dx);
+      attend_backward(space, Impl::in_matrix(dy), Impl::out_matrix(dx),
+                      Impl::out_matrix(dmemory), context);
     }
   }
 
@@ -206,8 +281,8 @@ class MultiHeadAttention {
       if (o.bias) w.b_qkv = view1(label("b_qkv"), q_rows + 2 * kv_rows);
     } else {
       w.w_q = view2(label("w_q"), q_rows, o.d_model);
-      w.w_k = view2(label("w_k"), kv_rows, o.d_model);
-      w.w_v = view2(label("w_v"), kv_rows, o.d_model);
+      w.w_k = view2(label("w_k"), kv_rows, o.d_model_kv);
+      w.w_v = view2(label("w_v"), kv_rows, o.d_model_kv);
       if (o.bias) {
         w.b_q = view1(label("b_q"), q_rows);
         w.b_k = view1(label("b_k"), kv_rows);
@@ -230,6 +305,17 @@ class MultiHeadAttention {
                                         std::to_string(o.heads));
     }
     if (o.kv_heads == 0) o.kv_heads = o.heads;
+    if (o.d_model_kv == 0) o.d_model_kv = o.d_model;
+    if (o.d_model_kv < 0) {
+      Impl::throw_invalid(function, "options.d_model_kv must be >= 0 (0: d_model), got " +
+                                        std::to_string(o.d_model_kv));
+    }
+    if (o.fused_qkv && o.d_model_kv != o.d_model) {
+      Impl::throw_invalid(function, "options.fused_qkv needs d_model_kv = d_model (got " +
+                                        std::to_string(o.d_model_kv) + " and " +
+                                        std::to_string(o.d_model) +
+                                        "), as PyTorch's in_proj_weight; set fused_qkv = false");
+    }
     if (o.head_dim == 0) {
       if (o.d_model % o.heads != 0) {
         Impl::throw_invalid(function, "options.head_dim = 0 needs d_model (" +
@@ -279,6 +365,35 @@ class MultiHeadAttention {
     }
   }
 
+  void check_not_sequence_parallel(const char* function) const {
+    if (m_options.sequence_parallel.comm != nullptr) {
+      Impl::throw_invalid(function, "cross-attention does not run in the sequence-parallel "
+                                    "mode (options.sequence_parallel.comm is set)");
+    }
+  }
+
+  /// The memory (or its gradient): [batch][seqlen_kv][d_model_kv], contiguous.
+  template <class M>
+  void check_memory(const char* function, const char* name, const M& memory,
+                    std::size_t batch) const {
+    Impl::check_nn_view<ExecSpace, M>(function, name, "[batch][seqlen_kv][d_model_kv]", 3);
+    if constexpr (Impl::view_ok<ExecSpace, M>(3)) {
+      static_assert(Impl::same_value_type<T, M>(),
+                    "kfa::nn::MultiHeadAttention: the memory must be a View of the layer's T");
+      if (memory.extent(0) != batch || memory.extent(2) != std::size_t(m_options.d_model_kv)) {
+        Impl::throw_invalid(function, std::string(name) +
+                                          " must be [batch][seqlen_kv][d_model_kv] with batch = " +
+                                          std::to_string(batch) + " and d_model_kv = " +
+                                          std::to_string(m_options.d_model_kv) + ", got " +
+                                          Impl::extents_string(memory));
+      }
+      if (!memory.span_is_contiguous()) {
+        Impl::throw_invalid(function, std::string(name) + " must be contiguous (a LayoutRight "
+                                                          "View without padding)");
+      }
+    }
+  }
+
   template <class DY>
   static void check_like_forward(const char* function, const DY& dy, const context_type& c) {
     // x may be the caller's unmanaged View (use_count 0); lse is the context's own.
@@ -304,12 +419,6 @@ class MultiHeadAttention {
                                           sign);
   }
 
-  /// Whether the fused projection's split pass also rotates q and k: only
-  /// without the qk-norm, which comes between projection and rotation.
-  bool rotates_in_split() const {
-    return m_options.fused_qkv && m_options.rotary && !m_options.qk_norm;
-  }
-
   /// RMSNorm over head_dim of every (token, head) row of `in` into `out`.
   void qk_norm_forward(const ExecSpace& space, const view4& in, const view1& weight,
                        const view4& out, const view1_acc& rstd) const {
@@ -328,111 +437,176 @@ class MultiHeadAttention {
                                                  d_weight, {});
   }
 
+  /// Rows [row0, row0 + rows) of a weight matrix or bias vector (an empty
+  /// bias stays empty): the q or the k|v part of the fused projection.
+  static in2 weight_rows(const view2& w, int row0, int rows) {
+    return in2(w.data() + std::size_t(row0) * w.extent(1), rows, w.extent(1));
+  }
+  static out2 grad_rows(const view2& w, int row0, int rows) {
+    return out2(w.data() + std::size_t(row0) * w.extent(1), rows, w.extent(1));
+  }
+  static view1 vector_rows(const view1& b, int row0, int rows) {
+    return b.extent(0) == 0 ? view1() : view1(b.data() + row0, rows);
+  }
+
+  /// Whether the pass that splits a fused projection also rotates q (self-
+  /// attention only: cross-attention projects q on its own) and k: not with
+  /// the qk-norm, which comes between projection and rotation.
+  bool q_rotates_in_split(bool cross) const {
+    return m_options.fused_qkv && !cross && m_options.rotary && !m_options.qk_norm;
+  }
+  bool k_rotates_in_split() const {
+    return m_options.fused_qkv && m_options.rotary && !m_options.qk_norm;
+  }
+
+  /// Self-attention (the block's entry).
   template <class X>
-  void forward_impl(const ExecSpace& space, const X& x, const out2& y,
-                    context_type& c) const {
+  void forward_impl(const ExecSpace& space, const X& x, const out2& y, context_type& c) const {
+    attend_forward(space, x, x, y, c, false);
+  }
+
+  /// q from x [batch][seqlen][d_model], k and v from mem [batch][seqlen_kv]
+  /// [d_model_kv] (x itself for self-attention, `cross` false).
+  template <class X, class M>
+  void attend_forward(const ExecSpace& space, const X& x, const M& mem, const out2& y,
+                      context_type& c, bool cross) const {
     const auto& o = m_options;
     const int batch = int(x.extent(0)), seqlen = int(x.extent(1)), tokens = batch * seqlen;
+    const int seqlen_kv = int(mem.extent(1)), tokens_kv = batch * seqlen_kv;
     const int hd = o.head_dim, q_cols = o.heads * hd, kv_cols = o.kv_heads * hd;
     c.x = x;
+    c.cross = cross;
+    c.memory = cross ? typename context_type::const_view3(mem) : typename context_type::const_view3();
     c.slice = Impl::nn_sequence_slice(o.sequence_parallel, seqlen);
+    // Keys count their positions from the start of the memory.
+    c.slice_kv = cross ? Impl::NnSequenceSlice{0, seqlen_kv, seqlen_kv} : c.slice;
     Impl::nn_ensure(c.q, "kfa::nn::MultiHeadAttention::q", batch, seqlen, o.heads, hd);
-    Impl::nn_ensure(c.k, "kfa::nn::MultiHeadAttention::k", batch, seqlen, o.kv_heads, hd);
-    Impl::nn_ensure(c.v, "kfa::nn::MultiHeadAttention::v", batch, seqlen, o.kv_heads, hd);
+    Impl::nn_ensure(c.k, "kfa::nn::MultiHeadAttention::k", batch, seqlen_kv, o.kv_heads, hd);
+    Impl::nn_ensure(c.v, "kfa::nn::MultiHeadAttention::v", batch, seqlen_kv, o.kv_heads, hd);
     Impl::nn_ensure(c.o, "kfa::nn::MultiHeadAttention::o", batch, seqlen, o.heads, hd);
     Impl::nn_ensure(c.lse, "kfa::nn::MultiHeadAttention::lse", batch, o.heads, seqlen);
-    const in2 x2 = Impl::in_matrix(x);
+    const in2 x2 = Impl::in_matrix(x), mem2 = Impl::in_matrix(mem);
     if (o.qk_norm) {
       Impl::nn_ensure(c.q_pre, "kfa::nn::MultiHeadAttention::q_pre", batch, seqlen, o.heads, hd);
-      Impl::nn_ensure(c.k_pre, "kfa::nn::MultiHeadAttention::k_pre", batch, seqlen, o.kv_heads,
-                      hd);
+      Impl::nn_ensure(c.k_pre, "kfa::nn::MultiHeadAttention::k_pre", batch, seqlen_kv,
+                      o.kv_heads, hd);
       Impl::nn_ensure(c.rstd_q, "kfa::nn::MultiHeadAttention::rstd_q", tokens * o.heads);
-      Impl::nn_ensure(c.rstd_k, "kfa::nn::MultiHeadAttention::rstd_k", tokens * o.kv_heads);
+      Impl::nn_ensure(c.rstd_k, "kfa::nn::MultiHeadAttention::rstd_k", tokens_kv * o.kv_heads);
     }
     // The projections' q and k: the attention's own, or the norm's inputs.
     const out2 q2 = Impl::out_tokens(o.qk_norm ? c.q_pre : c.q),
                k2 = Impl::out_tokens(o.qk_norm ? c.k_pre : c.k), v2 = Impl::out_tokens(c.v);
-    const bool rotate_in_split = rotates_in_split();
-    if (o.fused_qkv) {
+    const bool q_in_split = q_rotates_in_split(cross), k_in_split = k_rotates_in_split();
+    const auto& w = m_weights;
+    if (o.fused_qkv && !cross) {
       // One product for q|k|v, then one pass that splits it into the
-      // attention's [batch][seqlen][heads][head_dim] tensors and rotates q, k
-      // (unless the qk-norm must come between).
+      // attention's [batch][seqlen][heads][head_dim] tensors and rotates q, k.
       Impl::nn_ensure(c.qkv, "kfa::nn::MultiHeadAttention::qkv", tokens, q_cols + 2 * kv_cols);
-      Impl::linear_forward_impl<ExecSpace, T>(space, x2, m_weights.w_qkv, m_weights.b_qkv,
-                                              c.qkv);
-      rotate(space, c.qkv, 0, q2, 0, c.slice, o.heads, rotate_in_split, 1);
-      rotate(space, c.qkv, q_cols, k2, 0, c.slice, o.kv_heads, rotate_in_split, 1);
+      Impl::linear_forward_impl<ExecSpace, T>(space, x2, w.w_qkv, w.b_qkv, c.qkv);
+      rotate(space, c.qkv, 0, q2, 0, c.slice, o.heads, q_in_split, 1);
+      rotate(space, c.qkv, q_cols, k2, 0, c.slice, o.kv_heads, k_in_split, 1);
       rotate(space, c.qkv, q_cols + kv_cols, v2, 0, c.slice, o.kv_heads, false, 1);
+    } else if (o.fused_qkv) {
+      // Cross-attention: q from the q rows, one product for k|v from the rest.
+      Impl::nn_ensure(c.kv, "kfa::nn::MultiHeadAttention::kv", tokens_kv, 2 * kv_cols);
+      Impl::linear_forward_impl<ExecSpace, T>(space, x2, weight_rows(w.w_qkv, 0, q_cols),
+                                              vector_rows(w.b_qkv, 0, q_cols), q2);
+      Impl::linear_forward_impl<ExecSpace, T>(space, mem2, weight_rows(w.w_qkv, q_cols, 2 * kv_cols),
+                                              vector_rows(w.b_qkv, q_cols, 2 * kv_cols), c.kv);
+      rotate(space, c.kv, 0, k2, 0, c.slice_kv, o.kv_heads, k_in_split, 1);
+      rotate(space, c.kv, kv_cols, v2, 0, c.slice_kv, o.kv_heads, false, 1);
     } else {
-      Impl::linear_forward_impl<ExecSpace, T>(space, x2, m_weights.w_q, m_weights.b_q, q2);
-      Impl::linear_forward_impl<ExecSpace, T>(space, x2, m_weights.w_k, m_weights.b_k, k2);
-      Impl::linear_forward_impl<ExecSpace, T>(space, x2, m_weights.w_v, m_weights.b_v, v2);
+      Impl::linear_forward_impl<ExecSpace, T>(space, x2, w.w_q, w.b_q, q2);
+      Impl::linear_forward_impl<ExecSpace, T>(space, mem2, w.w_k, w.b_k, k2);
+      Impl::linear_forward_impl<ExecSpace, T>(space, mem2, w.w_v, w.b_v, v2);
     }
     if (o.qk_norm) {
-      qk_norm_forward(space, c.q_pre, m_weights.q_norm, c.q, c.rstd_q);
-      qk_norm_forward(space, c.k_pre, m_weights.k_norm, c.k, c.rstd_k);
+      qk_norm_forward(space, c.q_pre, w.q_norm, c.q, c.rstd_q);
+      qk_norm_forward(space, c.k_pre, w.k_norm, c.k, c.rstd_k);
     }
-    if (!rotate_in_split && o.rotary) {
-      const out2 q_att = Impl::out_tokens(c.q), k_att = Impl::out_tokens(c.k);
+    if (o.rotary && !q_in_split) {
+      const out2 q_att = Impl::out_tokens(c.q);
       rotate(space, q_att, 0, q_att, 0, c.slice, o.heads, true, 1);
-      rotate(space, k_att, 0, k_att, 0, c.slice, o.kv_heads, true, 1);
+    }
+    if (o.rotary && !k_in_split) {
+      const out2 k_att = Impl::out_tokens(c.k);
+      rotate(space, k_att, 0, k_att, 0, c.slice_kv, o.kv_heads, true, 1);
     }
     c.attention = o.attention;
     c.attention.dropout_seed = c.dropout_seed;
     if (!c.training) c.attention.dropout_p = 0;
     Impl::nn_attention_forward(space, o.sequence_parallel, c.q, c.k, c.v, c.o, c.lse,
                                c.attention);
-    Impl::linear_forward_impl<ExecSpace, T>(space, Impl::in_tokens(c.o), m_weights.w_o,
-                                            m_weights.b_o, y);
+    Impl::linear_forward_impl<ExecSpace, T>(space, Impl::in_tokens(c.o), w.w_o, w.b_o, y);
   }
 
+  /// Self-attention (the block's entry): dx gets the gradients through q, k
+  /// and v.
   void backward_impl(const ExecSpace& space, const in2& dy, const out2& dx, context_type& c) {
+    attend_backward(space, dy, dx, dx, c);
+  }
+
+  /// dx through q; dmem through k and v (dx itself for self-attention, which
+  /// then adds them up).
+  void attend_backward(const ExecSpace& space, const in2& dy, const out2& dx, const out2& dmem,
+                       context_type& c) {
     const auto& o = m_options;
+    const bool cross = c.cross;
     const int batch = int(c.x.extent(0)), seqlen = int(c.x.extent(1)), tokens = batch * seqlen;
+    const int seqlen_kv = int(c.k.extent(1)), tokens_kv = batch * seqlen_kv;
     const int hd = o.head_dim, q_cols = o.heads * hd, kv_cols = o.kv_heads * hd;
     Impl::nn_ensure(c.d_o, "kfa::nn::MultiHeadAttention::d_o", batch, seqlen, o.heads, hd);
     Impl::nn_ensure(c.dq, "kfa::nn::MultiHeadAttention::dq", batch, seqlen, o.heads, hd);
-    Impl::nn_ensure(c.dk, "kfa::nn::MultiHeadAttention::dk", batch, seqlen, o.kv_heads, hd);
-    Impl::nn_ensure(c.dv, "kfa::nn::MultiHeadAttention::dv", batch, seqlen, o.kv_heads, hd);
-    Impl::linear_backward_impl<ExecSpace, T>(space, Impl::in_tokens(c.o), m_weights.w_o, dy,
-                                             Impl::out_tokens(c.d_o), m_grads.w_o, m_grads.b_o);
+    Impl::nn_ensure(c.dk, "kfa::nn::MultiHeadAttention::dk", batch, seqlen_kv, o.kv_heads, hd);
+    Impl::nn_ensure(c.dv, "kfa::nn::MultiHeadAttention::dv", batch, seqlen_kv, o.kv_heads, hd);
+    const auto &w = m_weights, &g = m_grads;
+    Impl::linear_backward_impl<ExecSpace, T>(space, Impl::in_tokens(c.o), w.w_o, dy,
+                                             Impl::out_tokens(c.d_o), g.w_o, g.b_o);
     Impl::nn_attention_backward(space, o.sequence_parallel, c.q, c.k, c.v, c.o, c.lse, c.d_o,
                                 c.dq, c.dk, c.dv, c.attention);
-    const in2 x2 = Impl::in_matrix(c.x);
-    const bool rotate_in_split = rotates_in_split();
-    if (!rotate_in_split && o.rotary) {
-      const out2 dq_att = Impl::out_tokens(c.dq), dk_att = Impl::out_tokens(c.dk);
+    const in2 x2 = Impl::in_matrix(c.x), mem2 = cross ? Impl::in_matrix(c.memory) : x2;
+    const bool q_in_split = q_rotates_in_split(cross), k_in_split = k_rotates_in_split();
+    if (o.rotary && !q_in_split) {
+      const out2 dq_att = Impl::out_tokens(c.dq);
       rotate(space, dq_att, 0, dq_att, 0, c.slice, o.heads, true, -1);
-      rotate(space, dk_att, 0, dk_att, 0, c.slice, o.kv_heads, true, -1);
+    }
+    if (o.rotary && !k_in_split) {
+      const out2 dk_att = Impl::out_tokens(c.dk);
+      rotate(space, dk_att, 0, dk_att, 0, c.slice_kv, o.kv_heads, true, -1);
     }
     if (o.qk_norm) {
       Impl::nn_ensure(c.dq_pre, "kfa::nn::MultiHeadAttention::dq_pre", batch, seqlen, o.heads, hd);
-      Impl::nn_ensure(c.dk_pre, "kfa::nn::MultiHeadAttention::dk_pre", batch, seqlen, o.kv_heads,
-                      hd);
-      qk_norm_backward(space, c.q_pre, m_weights.q_norm, c.rstd_q, c.dq, c.dq_pre,
-                       m_grads.q_norm);
-      qk_norm_backward(space, c.k_pre, m_weights.k_norm, c.rstd_k, c.dk, c.dk_pre,
-                       m_grads.k_norm);
+      Impl::nn_ensure(c.dk_pre, "kfa::nn::MultiHeadAttention::dk_pre", batch, seqlen_kv,
+                      o.kv_heads, hd);
+      qk_norm_backward(space, c.q_pre, w.q_norm, c.rstd_q, c.dq, c.dq_pre, g.q_norm);
+      qk_norm_backward(space, c.k_pre, w.k_norm, c.rstd_k, c.dk, c.dk_pre, g.k_norm);
     }
     // The gradients of the projections' q and k.
     const out2 dq2 = Impl::out_tokens(o.qk_norm ? c.dq_pre : c.dq),
                dk2 = Impl::out_tokens(o.qk_norm ? c.dk_pre : c.dk),
                dv2 = Impl::out_tokens(c.dv);
-    if (o.fused_qkv) {
+    if (o.fused_qkv && !cross) {
       // The inverse rotations write straight into the fused gradient.
       Impl::nn_ensure(c.dqkv, "kfa::nn::MultiHeadAttention::dqkv", tokens, q_cols + 2 * kv_cols);
-      rotate(space, dq2, 0, c.dqkv, 0, c.slice, o.heads, rotate_in_split, -1);
-      rotate(space, dk2, 0, c.dqkv, q_cols, c.slice, o.kv_heads, rotate_in_split, -1);
+      rotate(space, dq2, 0, c.dqkv, 0, c.slice, o.heads, q_in_split, -1);
+      rotate(space, dk2, 0, c.dqkv, q_cols, c.slice, o.kv_heads, k_in_split, -1);
       rotate(space, dv2, 0, c.dqkv, q_cols + kv_cols, c.slice, o.kv_heads, false, -1);
-      Impl::linear_backward_impl<ExecSpace, T>(space, x2, m_weights.w_qkv, c.dqkv, dx,
-                                               m_grads.w_qkv, m_grads.b_qkv);
+      Impl::linear_backward_impl<ExecSpace, T>(space, x2, w.w_qkv, c.dqkv, dx, g.w_qkv, g.b_qkv);
+    } else if (o.fused_qkv) {
+      Impl::nn_ensure(c.dkv, "kfa::nn::MultiHeadAttention::dkv", tokens_kv, 2 * kv_cols);
+      rotate(space, dk2, 0, c.dkv, 0, c.slice_kv, o.kv_heads, k_in_split, -1);
+      rotate(space, dv2, 0, c.dkv, kv_cols, c.slice_kv, o.kv_heads, false, -1);
+      Impl::linear_backward_impl<ExecSpace, T>(space, x2, weight_rows(w.w_qkv, 0, q_cols), dq2,
+                                               dx, grad_rows(g.w_qkv, 0, q_cols),
+                                               vector_rows(g.b_qkv, 0, q_cols));
+      Impl::linear_backward_impl<ExecSpace, T>(
+          space, mem2, weight_rows(w.w_qkv, q_cols, 2 * kv_cols), c.dkv, dmem,
+          grad_rows(g.w_qkv, q_cols, 2 * kv_cols), vector_rows(g.b_qkv, q_cols, 2 * kv_cols));
     } else {
-      Impl::linear_backward_impl<ExecSpace, T>(space, x2, m_weights.w_q, dq2, dx, m_grads.w_q,
-                                               m_grads.b_q);
-      Impl::linear_backward_impl<ExecSpace, T>(space, x2, m_weights.w_k, dk2, dx, m_grads.w_k,
-                                               m_grads.b_k, true);
-      Impl::linear_backward_impl<ExecSpace, T>(space, x2, m_weights.w_v, dv2, dx, m_grads.w_v,
-                                               m_grads.b_v, true);
+      Impl::linear_backward_impl<ExecSpace, T>(space, x2, w.w_q, dq2, dx, g.w_q, g.b_q);
+      Impl::linear_backward_impl<ExecSpace, T>(space, mem2, w.w_k, dk2, dmem, g.w_k, g.b_k,
+                                               !cross);
+      Impl::linear_backward_impl<ExecSpace, T>(space, mem2, w.w_v, dv2, dmem, g.w_v, g.b_v, true);
     }
   }
 

@@ -84,9 +84,12 @@ struct SequenceParallelOptions {
   RingTransport transport = RingTransport::mpi;
 };
 
-/// kfa::nn::MultiHeadAttention (self-attention).
+/// kfa::nn::MultiHeadAttention (self- or cross-attention).
 struct MultiHeadAttentionOptions {
   int d_model = 0;
+  /// Features of the memory that cross-attention projects keys and values
+  /// from; 0 means d_model. Self-attention needs d_model.
+  int d_model_kv = 0;
   /// Query heads.
   int heads = 0;
   /// Key/value heads (grouped-query attention); 0 means `heads`.
@@ -94,7 +97,8 @@ struct MultiHeadAttentionOptions {
   /// Features per head; 0 means d_model / heads.
   int head_dim = 0;
   /// One [(heads + 2·kv_heads)·head_dim][d_model] projection for q, k and v
-  /// (PyTorch's in_proj_weight) instead of three.
+  /// (PyTorch's in_proj_weight) instead of three; cross-attention multiplies
+  /// x by its q rows and the memory by its k|v rows. Needs d_model_kv = d_model.
   bool fused_qkv = true;
   /// Biases on the q/k/v projections and on the output projection.
   bool bias = true;

@@ -171,6 +171,10 @@ class TransformerBlock {
       Impl::throw_invalid(function, "options.norm_options.eps must be finite and >= 0");
     }
     Impl::check_dropout_p(function, "options.dropout_p", o.dropout_p);
+    if (o.attention.d_model_kv != 0 && o.attention.d_model_kv != o.attention.d_model) {
+      Impl::throw_invalid(function, "options.attention.d_model_kv must be 0 or d_model: the "
+                                    "block's attention is self-attention");
+    }
     o.attention = MultiHeadAttention<ExecSpace, T>::resolve(o.attention);
     return o;
   }
