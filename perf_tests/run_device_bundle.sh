@@ -9,7 +9,8 @@
 # TEST_TIMEOUT; SKIP_TESTS), the >2^31-element tests (SKIP_LARGE),
 # bench_variants.py (VARIANT_FLAGS, VAR_TIMEOUT; SKIP_VARIANTS), the quick
 # dense table of the old and the new build (DENSE_DTYPES; SKIP_DENSE);
-# opt-in: SANITIZE=<tools> (compute_sanitizer.sh), TEAM_BENCH=1, and
+# opt-in: FP32_VARIANTS=1 (fp32/fp64 softcap, dropout and window rows beside
+# dense), SANITIZE=<tools> (compute_sanitizer.sh), TEAM_BENCH=1, and
 # HOST_BENCH=<seconds> with a host bundle (perf_tests/host_bundle.sh) in
 # .device/carry/host.
 
@@ -48,6 +49,18 @@ if [ -z "${SKIP_DENSE:-}" ] && [ -x /tmp/bin/bench_device_old ]; then
     echo "== dense $exe"
     PYTHONUNBUFFERED=1 timeout 200 python3 $C/bench_device.py --exe /tmp/bin/$exe --set quick --dtypes ${DENSE_DTYPES:-bf16} \
       --json $OUT/dense_$exe.json 2>&1 | tail -25
+  done
+fi
+if [ -n "${FP32_VARIANTS:-}" ] && [ -x /tmp/bin/bench_device ]; then
+  # fp32 and fp64 variants against the same type's dense rate (random inputs,
+  # B 2, N 4096, H 16, d 128, causal): the issue's ">= 0.8x dense" check.
+  echo "== fp32/fp64 variants"
+  for dt in fp32 fp64; do
+    for v in "" "--softcap 30" "--dropout 0.1" "--window 1024,0"; do
+      printf '%s %-14s ' "$dt" "${v:-dense}"
+      timeout 60 /tmp/bin/bench_device --dtype $dt --batch 2 --seqlen 4096 --heads 16 --head-dim 128 \
+        --causal --random --iters 10 --warmup 2 $v 2>&1 | grep -o '"fwd_ms.*"fwd_bwd_ms": [0-9.e+-]*' || echo failed
+    done
   done
 fi
 if [ -n "${SANITIZE:-}" ] && [ -x /tmp/bin/kfa_unit_tests ]; then
