@@ -11,6 +11,7 @@
 #include <kfa/nn/activation.hpp>
 #include <kfa/nn/adamw.hpp>
 #include <kfa/nn/dropout.hpp>
+#include <kfa/nn/grid.hpp>
 #include <kfa/nn/linear.hpp>
 #include <kfa/nn/multi_head_attention.hpp>
 #include <kfa/nn/norm.hpp>
