@@ -122,10 +122,10 @@ TYPED_TEST(KernelChoice, TablePerTypeAndPolicy) {
 }
 
 // Windows run on every fused family; softcap, dropout and score modifiers on
-// the 16-bit ones (the wgmma forward and backward, the mma_sync forward).
-// What the fused kernels do not take goes to the portable kernels on GPUs:
-// variants of fp32 and fp64, head dims outside 64/128(/256), an explicit team
-// size, deterministic backward. Host backends run all of it on the host
+// every fused forward (fp32 and fp64 too) and on the wgmma backward. What the
+// fused kernels do not take goes to the portable kernels on GPUs: the
+// backward of fp32 and fp64 variants, head dims outside 64/128(/256), an
+// explicit team size, deterministic backward. Host backends run all of it on the host
 // kernels, and grouped-query heads and odd head dims too; an explicit team
 // size asks for the portable kernels' teams everywhere.
 TYPED_TEST(KernelChoice, VariantsOnTheFusedKernels) {
@@ -151,7 +151,8 @@ TYPED_TEST(KernelChoice, VariantsOnTheFusedKernels) {
   KernelFamily variant_fwd = KernelFamily::host_tiled, variant_bwd = KernelFamily::host_tiled;
   if constexpr (!host) {
     constexpr bool k16 = !std::is_same<T, float>::value && !std::is_same<T, double>::value;
-    variant_fwd = variant_bwd = k16 ? dense_families.first : KernelFamily::portable;
+    variant_fwd = dense_families.first;
+    variant_bwd = k16 ? dense_families.first : KernelFamily::portable;
 #ifdef KOKKOS_ENABLE_CUDA
     if constexpr (k16) {
       // The mma_sync backward takes no variant; nor does the wgmma one at 256.

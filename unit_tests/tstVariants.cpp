@@ -169,8 +169,9 @@ TEST(VariantsCuda, GroupedQueryAttentionInEveryTensorCoreKernel) {
 
 // Every built-in variant on the 16-bit tensor-core kernels: wgmma (on Hopper
 // with sm_90a code) and, with wgmma off, mma.sync, at each fused head dim, on
-// lengths that cut tiles and windows mid-block; windows on the exact fp32 and
-// the fp64 kernels. Forward and backward against the fp64 oracle.
+// lengths that cut tiles and windows mid-block; on the exact fp32, the
+// split-tf32 and the fp64 forwards too (their backwards run the portable
+// kernel for variants). Forward and backward against the fp64 oracle.
 TEST(VariantsCuda, EveryVariantOnTheTensorCoreKernels) {
   using Cb = Config<Kokkos::Cuda, kfa::bfloat16>;
   using Ch = Config<Kokkos::Cuda, kfa::half, true>;
@@ -198,11 +199,20 @@ TEST(VariantsCuda, EveryVariantOnTheTensorCoreKernels) {
                           "fused-" + tag);
         check_variant<Ch>({1, 131, 250, heads, d}, opt, "fused-" + tag);
       }
-  for (const int d : {64, 128})
+  for (const int d : {64, 128}) {
     for (const auto& opt : {window(40, 7), window(33, -1, true), window(-1, 20)}) {
       check_variant<Config<Kokkos::Cuda, float>>({2, 203, 157, 3, d}, opt, "fused-window");
       check_variant<Config<Kokkos::Cuda, double>>({1, 131, 250, 2, d}, opt, "fused-window");
     }
+    for (auto [tag, opt] : cases) {
+      for (const auto matmul :
+           {kfa::Fp32Matmul::ieee, kfa::Fp32Matmul::split_tf32}) {
+        opt.fp32_matmul = matmul;
+        check_variant<Config<Kokkos::Cuda, float>>({2, 203, 157, 3, d, 3}, opt, "fused-" + tag);
+      }
+      check_variant<Config<Kokkos::Cuda, double>>({1, 131, 250, 4, d, 2}, opt, "fused-" + tag);
+    }
+  }
 }
 
 // Head dims without a kernel of their own run on the fused kernel of the

@@ -121,7 +121,9 @@ struct FusedBackward {
       case KernelFamily::mma_sync_team_policy:
         return k16Bit && call.head_dim != 256 && !call.variant;
       case KernelFamily::fp32_fp64:
-      case KernelFamily::exact_fp32: return fp32_fp64_family_fits<FusedBackward>(family, space, call);
+      case KernelFamily::exact_fp32:
+        // Variants: the fp32/fp64 forwards only.
+        return !call.variant && fp32_fp64_family_fits<FusedBackward>(family, space, call);
       case KernelFamily::portable: return false;
     }
     return false;
@@ -131,12 +133,12 @@ struct FusedBackward {
   /// it. `preprocess` computes D = rowsum(dO ∘ O) into `delta` with the
   /// portable kernel; the 16-bit families do it in their own pass where O is
   /// 16-byte aligned.
-  template <class VariantT, class Preprocess>
+  template <class VariantT, class Acc, class Preprocess>
   static void launch(KernelFamily family, const ExecSpace& space, const Q& q, const K& k,
                      const V& v, const O& o, const Lse& lse, const DO& d_o, const DQ& dq,
                      const DK& dk, const DV& dv, const Delta& delta, double scale,
                      const FusedCall& call, const Preprocess& preprocess,
-                     const FusedVariantParams<VariantT>& variant) {
+                     const FusedVariantParams<VariantT, Acc>& variant) {
     auto run = [&](auto kernel) {
       kernel.set_league_group_teams(call.league_group_teams);
       kernel.launch(space);

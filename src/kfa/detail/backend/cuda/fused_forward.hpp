@@ -98,7 +98,6 @@ bool wgmma_family_fits(const ExecSpace& space, const FusedCall& call, TileFits&&
 template <class Kernels, class ExecSpace>
 bool fp32_fp64_family_fits(KernelFamily family, const ExecSpace& space, const FusedCall& call) {
   using value_type = typename Kernels::value_type;
-  if (call.variant) return false;  // softcap, dropout, score modifiers: not in these kernels
   bool fits = false;
   if (family == KernelFamily::fp32_fp64) {
     with_fp32_fp64_atom<ExecSpace, value_type>(call.fp32_matmul, [&](auto atom) {
@@ -129,11 +128,15 @@ struct FusedForward {
   template <int D, bool Grouped>
   using mma_sync_team_policy_t = FlashForwardMmaKernel<ExecSpace, D, Format, Q, K, V, O, Lse,
                                                        FwdMmaPolicyShape<D>, Grouped>;
-  template <int D>
-  using exact_fp32_t = FlashForwardExactFp32Kernel<ExecSpace, D, Q, K, V, O, Lse>;
-  template <class Atom, int D>
-  using fp32_fp64_t = FlashForwardFp32Fp64Kernel<ExecSpace, D, typename Fp32Fp64FwdAtom<Atom>::type,
-                                                 Q, K, V, O, Lse>;
+  template <int D, class VariantT = PlainVariant>
+  using exact_fp32_t =
+      FlashForwardExactFp32Kernel<ExecSpace, D, Q, K, V, O, Lse, exact_fp32_block_n<D>(),
+                                  exact_fp32_teams_per_sm(), true, exact_fp32_dmma_scores(),
+                                  VariantT>;
+  template <class Atom, int D, class VariantT = PlainVariant>
+  using fp32_fp64_t = FlashForwardFp32Fp64Kernel<
+      ExecSpace, D, typename Fp32Fp64FwdAtom<Atom>::type, Q, K, V, O, Lse,
+      typename Fp32Fp64FwdDefaultShape<typename Fp32Fp64FwdAtom<Atom>::type, D>::type, VariantT>;
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
   template <int D, class VariantT = PlainVariant>
   using wgmma_t = FlashForwardWgmmaKernelIn<WgmmaFwdShape<D>, ExecSpace, D, Format, Q, K, V, O,
@@ -194,12 +197,12 @@ struct FusedForward {
 
   /// Launches `family`'s kernel (one that fits) on the call. 16-bit
   /// kernels take the scale as float, the fp32/fp64 ones in their type;
-  /// `variant` is the call's (the plain one outside the 16-bit families).
-  template <class VariantT>
+  /// `variant` is the call's, in the accumulator type.
+  template <class VariantT, class Acc>
   static void launch(KernelFamily family, const ExecSpace& space, const Q& q, const K& k,
                      const V& v, const O& o, const Lse& lse, double scale,
-                     const FusedCall& call, const FusedVariantParams<VariantT>& variant) {
-    constexpr bool kVariant = FusedVariantParams<VariantT>::kVariant;
+                     const FusedCall& call, const FusedVariantParams<VariantT, Acc>& variant) {
+    constexpr bool kVariant = FusedVariantParams<VariantT, Acc>::kVariant;
     (void)variant;
     auto run = [&](auto kernel) {
       kernel.set_league_group_teams(call.league_group_teams);
@@ -251,16 +254,24 @@ struct FusedForward {
       case KernelFamily::fp32_fp64:
         with_fp32_fp64_atom<ExecSpace, value_type>(call.fp32_matmul, [&](auto atom) {
           with_fused_head_dim(call.head_dim, [&](auto d) {
-            run(fp32_fp64_t<decltype(atom), decltype(d)::value>(
-                q, k, v, o, lse, static_cast<value_type>(scale), call.window));
+            if constexpr (kVariant)
+              run(fp32_fp64_t<decltype(atom), decltype(d)::value, VariantT>(
+                  q, k, v, o, lse, static_cast<value_type>(scale), call.window, variant));
+            else
+              run(fp32_fp64_t<decltype(atom), decltype(d)::value>(
+                  q, k, v, o, lse, static_cast<value_type>(scale), call.window));
           });
         });
         return;
       case KernelFamily::exact_fp32:
         if constexpr (has_exact_fp32_kernels<ExecSpace, value_type>()) {
           with_fused_head_dim(call.head_dim, [&](auto d) {
-            run(exact_fp32_t<decltype(d)::value>(q, k, v, o, lse, static_cast<float>(scale),
-                                                 call.window));
+            if constexpr (kVariant)
+              run(exact_fp32_t<decltype(d)::value, VariantT>(
+                  q, k, v, o, lse, static_cast<float>(scale), call.window, variant));
+            else
+              run(exact_fp32_t<decltype(d)::value>(q, k, v, o, lse, static_cast<float>(scale),
+                                                   call.window));
           });
         }
         return;

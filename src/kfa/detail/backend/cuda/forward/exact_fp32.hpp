@@ -61,9 +61,11 @@ constexpr int exact_fp32_teams_per_sm() {
 template <class ExecSpace, int HeadDim, class QView, class KView, class VView, class OView,
           class LseView, int BlockN = exact_fp32_block_n<HeadDim>(),
           int MinBlocksPerSM = exact_fp32_teams_per_sm(), bool FastExp = true,
-          bool DmmaScores = exact_fp32_dmma_scores()>
-class FlashForwardExactFp32Kernel {
+          bool DmmaScores = exact_fp32_dmma_scores(), class VariantT = PlainVariant>
+class FlashForwardExactFp32Kernel : public FusedVariantParams<VariantT, float> {
  public:
+  using variant_params = FusedVariantParams<VariantT, float>;
+  static constexpr bool kVariant = variant_params::kVariant;
   /// Teams per group of (batch, head) pairs in the league (FusedProblem).
   void set_league_group_teams(int teams) { m_p.group_teams = teams; }
   static constexpr int kHeadDim = HeadDim;
@@ -85,8 +87,10 @@ class FlashForwardExactFp32Kernel {
   static_assert(kBlockN % 8 == 0, "kfa: the exact fp32 forward streams multiples of 8 keys");
 
   FlashForwardExactFp32Kernel(const QView& q, const KView& k, const VView& v, const OView& o,
-                         const LseView& lse, float scale, FusedWindow window)
-      : m_q(q.data()),
+                              const LseView& lse, float scale, FusedWindow window,
+                              const variant_params& variant = variant_params())
+      : variant_params(variant),
+        m_q(q.data()),
         m_k(k.data()),
         m_v(v.data()),
         m_o(o.data()),
@@ -158,6 +162,15 @@ class FlashForwardExactFp32Kernel {
     // The key blocks inside the mask's window (AttentionMask::key_blocks).
     int first_kv_block, end_kv_block;
     sq.mask.key_blocks(row_begin, row_begin + rows, kBlockN, first_kv_block, end_kv_block);
+    this->trim_key_blocks(sq.mask, b, h, row_begin, row_begin + rows, kBlockN, first_kv_block,
+                          end_kv_block);
+    // A variant's sequence lengths and dropout key of this head.
+    [[maybe_unused]] SequenceInfo seq{};
+    [[maybe_unused]] std::uint64_t dropout_head = 0;
+    if constexpr (kVariant) {
+      seq = variant_params::sequence(sq.mask, b);
+      if (this->m_pipe.dropout()) dropout_head = this->m_pipe.dropout_head(b, h);
+    }
 
     float acc_o[kRowsO][4];
 #pragma unroll
@@ -192,13 +205,30 @@ class FlashForwardExactFp32Kernel {
       // Scale, mask, online softmax; Scores::kLanesPerRow lanes share a row.
       const bool needs_mask =
           sq.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin, key_begin + kBlockN);
+      // A variant: the modifier's block predicate may hide the whole tile.
+      [[maybe_unused]] bool visible = true;
+      if constexpr (kVariant)
+        visible = this->m_pipe.visible(b, h, row_begin, row_begin + rows, key_begin,
+                                       imin(key_begin + kBlockN, seq.seqlen_k));
       float alpha[kScoreRows];
 #pragma unroll
       for (int i = 0; i < kScoreRows; ++i) {
         float block_max = row_max[i];
 #pragma unroll
         for (int j = 0; j < kScoreKeys; ++j) {
-          float x = s[i][j] * m_scale;
+          float x;
+          if constexpr (kVariant) {
+            // pipeline(scale·s) inside the sequence; the mask after it.
+            const int row = row_begin + row_of(i), col = key_begin + key_of(j);
+            x = s[i][j] * this->m_variant_scale;
+            if (row < seq.seqlen_q && col < seq.seqlen_k) {
+              float grad;
+              x = this->m_pipe.template score<false>(seq, b, h, row, col, x, grad);
+            }
+            if (!visible) x = -INFINITY;
+          } else {
+            x = s[i][j] * m_scale;
+          }
           if (needs_mask && sq.mask.masked(row_begin + row_of(i), key_begin + key_of(j)))
             x = -INFINITY;
           s[i][j] = x;
@@ -220,6 +250,16 @@ class FlashForwardExactFp32Kernel {
           block_sum += s[i][j];
         }
         row_sum[i] = alpha[i] * row_sum[i] + block_sum;
+        // Dropout on P after the row sum, which takes the undropped P.
+        if constexpr (kVariant) {
+          if (this->m_pipe.dropout()) {
+            const std::uint64_t row_key =
+                this->m_pipe.dropout_row_of(dropout_head, row_begin + row_of(i));
+#pragma unroll
+            for (int j = 0; j < kScoreKeys; ++j)
+              s[i][j] *= this->m_pipe.keep_factor(row_key, key_begin + key_of(j));
+          }
+        }
       }
       // Pᵀ and the rescale factors into this warp's columns of scratch
       // (rows 16·warp.. belong to it); kPitchP keeps both layouts' stores

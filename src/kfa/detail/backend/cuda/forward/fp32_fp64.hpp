@@ -86,9 +86,13 @@ struct Fp32Fp64FwdDefaultShape<cuda_mma::Tf32Atom<Passes, FreshSums>, HeadDim> {
 
 template <class ExecSpace, int HeadDim, class Atom, class QView, class KView, class VView,
           class OView, class LseView,
-          class Shape = typename Fp32Fp64FwdDefaultShape<Atom, HeadDim>::type>
-class FlashForwardFp32Fp64Kernel {
+          class Shape = typename Fp32Fp64FwdDefaultShape<Atom, HeadDim>::type,
+          class VariantT = PlainVariant>
+class FlashForwardFp32Fp64Kernel
+    : public FusedVariantParams<VariantT, typename Atom::value_type> {
  public:
+  using variant_params = FusedVariantParams<VariantT, typename Atom::value_type>;
+  static constexpr bool kVariant = variant_params::kVariant;
   /// Teams per group of (batch, head) pairs in the league (FusedProblem).
   void set_league_group_teams(int teams) { m_p.group_teams = teams; }
   using value_type = typename Atom::value_type;
@@ -106,8 +110,10 @@ class FlashForwardFp32Fp64Kernel {
   static_assert(kBlockN % 8 == 0, "kfa: the fp32/fp64 forward streams multiples of 8 keys");
 
   FlashForwardFp32Fp64Kernel(const QView& q, const KView& k, const VView& v, const OView& o,
-                            const LseView& lse, value_type scale, FusedWindow window)
-      : m_q(q.data()),
+                            const LseView& lse, value_type scale, FusedWindow window,
+                            const variant_params& variant = variant_params())
+      : variant_params(variant),
+        m_q(q.data()),
         m_k(k.data()),
         m_v(v.data()),
         m_o(o.data()),
@@ -174,6 +180,8 @@ class FlashForwardFp32Fp64Kernel {
     // The key blocks inside the mask's window (AttentionMask::key_blocks).
     int first_kv_block, end_kv_block;
     sq.mask.key_blocks(row_begin, row_begin + rows, kBlockN, first_kv_block, end_kv_block);
+    this->trim_key_blocks(sq.mask, b, h, row_begin, row_begin + rows, kBlockN, first_kv_block,
+                          end_kv_block);
     // Rows of accumulator element (mt, j): row0 + mt·kRows + (j / 2)·8.
     const int row0 = row_begin + warp * kWarpRows + lane / 4;
 
@@ -198,7 +206,9 @@ class FlashForwardFp32Fp64Kernel {
       if (kv_block + 1 < end_kv_block) load_kv(kv_block + 1);
       cp_async_commit();
       scores(s, sQ, sK(kv_block % kStages), warp);
+      if constexpr (kVariant) variant_scores(s, sq.mask, b, h, row_begin, row0, key_begin);
       softmax_update(s, acc_o, row_max, row_sum, sq.mask, row_begin, row0, key_begin);
+      if constexpr (kVariant) variant_dropout(s, b, h, row0, key_begin);
       accumulate_pv(s, acc_o, sV(kv_block % kStages));
     }
     cp_async_wait<0>();
@@ -285,6 +295,61 @@ class FlashForwardFp32Fp64Kernel {
     }
   }
 
+  /// A variant's scores in place of S = Q·K_jᵀ: pipeline(scale·s) (softcap,
+  /// then the score modifier) in natural units for the elements inside the
+  /// sequence, then in the softmax's base; -inf everywhere where the
+  /// modifier's block predicate hides the tile. The mask comes after, in
+  /// softmax_update.
+  KOKKOS_FORCEINLINE_FUNCTION void variant_scores(Tiles<kTilesS>& s, const AttentionMask& mask,
+                                                  int b, int h, int row_begin, int row0,
+                                                  int key_begin) const {
+    const int lane = threadIdx.x;
+    const SequenceInfo seq = variant_params::sequence(mask, b);
+    const bool visible =
+        this->m_pipe.visible(b, h, row_begin, imin(row_begin + kBlockM, seq.seqlen_q), key_begin,
+                             imin(key_begin + kBlockN, seq.seqlen_k));
+    const value_type to_base = kBase2 ? value_type(1.4426950408889634) : value_type(1);
+    #pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+      #pragma unroll
+      for (int n = 0; n < kTilesS; ++n)
+        #pragma unroll
+        for (int j = 0; j < Atom::kC; ++j) {
+          const int row = row0 + mt * Atom::kRows + (j / 2) * 8;
+          const int col = key_begin + n * 8 + (lane % 4) * 2 + (j & 1);
+          value_type x = s[mt][n][j] * this->m_variant_scale;
+          if (row < seq.seqlen_q && col < seq.seqlen_k) {
+            value_type grad;
+            x = this->m_pipe.template score<false>(seq, b, h, row, col, x, grad);
+          }
+          s[mt][n][j] = visible ? x * to_base : value_type(-INFINITY);
+        }
+  }
+
+  /// Dropout on P (after the row sums, which take the undropped P): kept
+  /// elements scaled by 1/(1-p), the others 0, from the generator every
+  /// backend shares; a lane's keys j, j + 1 of a row are a pair (one draw).
+  KOKKOS_FORCEINLINE_FUNCTION void variant_dropout(Tiles<kTilesS>& s, int b, int h, int row0,
+                                                   int key_begin) const {
+    if (!this->m_pipe.dropout()) return;
+    const int lane = threadIdx.x;
+    const std::uint64_t head = this->m_pipe.dropout_head(b, h);
+    #pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+      #pragma unroll
+      for (int half = 0; half < kHalves; ++half) {
+        const std::uint64_t row =
+            this->m_pipe.dropout_row_of(head, row0 + mt * Atom::kRows + half * 8);
+        #pragma unroll
+        for (int n = 0; n < kTilesS; ++n) {
+          value_type keep0, keep1;
+          this->m_pipe.keep_factors(row, key_begin + n * 8 + (lane % 4) * 2, keep0, keep1);
+          s[mt][n][2 * half] *= keep0;
+          s[mt][n][2 * half + 1] *= keep1;
+        }
+      }
+  }
+
   /// Scale, mask, online softmax in registers: S becomes P, the running max
   /// and sum move on, O is rescaled. Row max and sum are reduced over the 4
   /// lanes (a quad) that share a row.
@@ -306,7 +371,9 @@ class FlashForwardFp32Fp64Kernel {
       for (int n = 0; n < kTilesS; ++n)
         #pragma unroll
         for (int j = 0; j < Atom::kC; ++j) {
-          value_type x = s[mt][n][j] * m_scale;
+          // A variant's scores come scaled and in the softmax's base
+          // (variant_scores).
+          value_type x = kVariant ? s[mt][n][j] : s[mt][n][j] * m_scale;
           if (needs_mask) {
             const int row = row0 + mt * Atom::kRows + (j / 2) * 8;
             const int col = key_begin + n * 8 + (lane % 4) * 2 + (j & 1);

@@ -211,12 +211,13 @@ struct FusedKvHeads {
   KOKKOS_INLINE_FUNCTION long row_stride(int head_dim) const { return long(heads_kv) * head_dim; }
 };
 
-/// A fused 16-bit kernel's variant (kfa/detail/attention/variant.hpp) at run
-/// time: the score pipeline (softcap, score modifier, dropout) that its
-/// kernels apply to the score fragments in registers, and the softmax scale
-/// in natural units, which the pipeline takes before the exponent. Empty for
-/// the plain variant, whose kernels fold the scale into the exponent.
-template <class VariantT, bool = VariantT::kModifiers || VariantT::kScoreMod>
+/// A fused kernel's variant (kfa/detail/attention/variant.hpp) at run time:
+/// the score pipeline (softcap, score modifier, dropout) that its kernels
+/// apply to the score fragments in registers, in the accumulator type Acc
+/// (float for the 16-bit kernels), and the softmax scale in natural units,
+/// which the pipeline takes before the exponent. Empty for the plain
+/// variant, whose kernels fold the scale into the exponent.
+template <class VariantT, class Acc = float, bool = VariantT::kModifiers || VariantT::kScoreMod>
 struct FusedVariantParams {
   static constexpr bool kVariant = false;
 
@@ -225,14 +226,14 @@ struct FusedVariantParams {
   KOKKOS_FORCEINLINE_FUNCTION void trim_query_blocks(const AttentionMask&, int, int, int, int,
                                                      int, int&, int&) const {}
 };
-template <class VariantT>
-struct FusedVariantParams<VariantT, true> {
+template <class VariantT, class Acc>
+struct FusedVariantParams<VariantT, Acc, true> {
   static constexpr bool kVariant = true;
-  ScorePipeline<VariantT, float> m_pipe;
-  float m_variant_scale;
+  ScorePipeline<VariantT, Acc> m_pipe;
+  Acc m_variant_scale;
 
   template <class MemorySpace>
-  FusedVariantParams(const KernelParams<float, MemorySpace>& params,
+  FusedVariantParams(const KernelParams<Acc, MemorySpace>& params,
                      const typename VariantT::score_mod_type& mod)
       : m_pipe(params, mod), m_variant_scale(params.scale) {}
 
