@@ -122,10 +122,10 @@ TYPED_TEST(KernelChoice, TablePerTypeAndPolicy) {
 }
 
 // Windows run on every fused family; softcap, dropout and score modifiers on
-// every fused forward (fp32 and fp64 too) and on the wgmma backward. What the
-// fused kernels do not take goes to the portable kernels on GPUs: the
-// backward of fp32 and fp64 variants, head dims outside 64/128(/256), an
-// explicit team size, deterministic backward. Host backends run all of it on the host
+// every fused family but the mma_sync backward (and the wgmma one at 256).
+// What the fused kernels do not take goes to the portable kernels on GPUs:
+// head dims outside 64/128(/256), an explicit team size, deterministic
+// backward. Host backends run all of it on the host
 // kernels, and grouped-query heads and odd head dims too; an explicit team
 // size asks for the portable kernels' teams everywhere.
 TYPED_TEST(KernelChoice, VariantsOnTheFusedKernels) {
@@ -152,7 +152,7 @@ TYPED_TEST(KernelChoice, VariantsOnTheFusedKernels) {
   if constexpr (!host) {
     constexpr bool k16 = !std::is_same<T, float>::value && !std::is_same<T, double>::value;
     variant_fwd = dense_families.first;
-    variant_bwd = k16 ? dense_families.first : KernelFamily::portable;
+    variant_bwd = dense_families.second;
 #ifdef KOKKOS_ENABLE_CUDA
     if constexpr (k16) {
       // The mma_sync backward takes no variant; nor does the wgmma one at 256.

@@ -170,8 +170,8 @@ TEST(VariantsCuda, GroupedQueryAttentionInEveryTensorCoreKernel) {
 // Every built-in variant on the 16-bit tensor-core kernels: wgmma (on Hopper
 // with sm_90a code) and, with wgmma off, mma.sync, at each fused head dim, on
 // lengths that cut tiles and windows mid-block; on the exact fp32, the
-// split-tf32 and the fp64 forwards too (their backwards run the portable
-// kernel for variants). Forward and backward against the fp64 oracle.
+// split-tf32 and the fp64 kernels too, grouped-query heads included. Forward
+// and backward against the fp64 oracle.
 TEST(VariantsCuda, EveryVariantOnTheTensorCoreKernels) {
   using Cb = Config<Kokkos::Cuda, kfa::bfloat16>;
   using Ch = Config<Kokkos::Cuda, kfa::half, true>;

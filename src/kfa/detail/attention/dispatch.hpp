@@ -60,26 +60,19 @@ void dispatch_variant(const AttentionOptions& options, F&& f) {
   }
 }
 
-/// Calls f(variant) with the FusedVariantParams (in the type of `params`)
-/// of the call's variant for a fused family: every variant WithVariants (the
-/// forwards, the 16-bit backwards), else only the plain one (the choice
-/// table gives the fp32/fp64 backwards no other).
-template <bool WithVariants, class ScoreMod, class Acc, class MemorySpace, class F>
+/// Calls f(variant) with the FusedVariantParams of the call's variant for a
+/// fused family, in the accumulator type of `params`.
+template <class ScoreMod, class Acc, class MemorySpace, class F>
 void dispatch_fused_variant(const AttentionOptions& options,
                             const KernelParams<Acc, MemorySpace>& params,
                             const ScoreMod& score_mod, F&& f) {
-  if constexpr (WithVariants) {
-    dispatch_variant<ScoreMod>(options, [&](auto variant) {
-      using variant_params = FusedVariantParams<decltype(variant), Acc>;
-      if constexpr (variant_params::kVariant)
-        f(variant_params(params, score_mod));
-      else
-        f(variant_params());
-    });
-  } else {
-    (void)options, (void)params, (void)score_mod;
-    f(FusedVariantParams<PlainVariant, Acc>());
-  }
+  dispatch_variant<ScoreMod>(options, [&](auto variant) {
+    using variant_params = FusedVariantParams<decltype(variant), Acc>;
+    if constexpr (variant_params::kVariant)
+      f(variant_params(params, score_mod));
+    else
+      f(variant_params());
+  });
 }
 
 /// Launches fused `family` on q..lse, whose head dim may be a padded one:
@@ -94,7 +87,7 @@ void launch_fused_forward(KernelFamily family, const ExecSpace& space, const Q& 
   using fused_t = FusedForward<ExecSpace, Q, K, V, O, Lse>;
   const int heads = static_cast<int>(q.extent(2)), heads_kv = static_cast<int>(k.extent(2));
   const auto params = make_params<acc_t>(options, seq, heads, heads_kv, head_dim);
-  dispatch_fused_variant<true>(options, params, score_mod, [&](const auto& variant) {
+  dispatch_fused_variant(options, params, score_mod, [&](const auto& variant) {
     fused_t::launch(family, space, q, k, v, o, lse, softmax_scale<double>(options, head_dim),
                     fused_call<ScoreMod>(options, seq, static_cast<int>(q.extent(3)), heads, heads_kv),
                     variant);
@@ -179,7 +172,7 @@ void launch_fused_backward(KernelFamily family, const ExecSpace& space, const Q&
   using fused_t = FusedBackward<ExecSpace, Q, K, V, O, Lse, DO, DQ, DK, DV, Delta>;
   const int heads = static_cast<int>(q.extent(2)), heads_kv = static_cast<int>(k.extent(2));
   const auto params = make_params<acc_t>(options, seq, heads, heads_kv, head_dim);
-  dispatch_fused_variant<fused_t::k16Bit>(options, params, score_mod, [&](const auto& variant) {
+  dispatch_fused_variant(options, params, score_mod, [&](const auto& variant) {
     fused_t::launch(family, space, q, k, v, o, lse, d_o, dq, dk, dv, delta,
                     softmax_scale<double>(options, head_dim),
                     fused_call<ScoreMod>(options, seq, static_cast<int>(q.extent(3)), heads, heads_kv),

@@ -25,10 +25,10 @@
 // the GPU (FusedForward::fits / FusedBackward::fits in backend/cuda/).
 // Causal masks, windows, grouped-query heads and packed variable-length
 // batches run on every fused family. Variants (softcap, dropout,
-// score modifiers) run on the wgmma, fp32_fp64 and exact_fp32 forwards, the
-// mma_sync forward with as many k/v heads as q heads, and the wgmma backward
-// (head_dim 64 and 128); the other backwards leave them to the portable
-// kernel. "opt-in shared
+// score modifiers) run on the wgmma, fp32_fp64 and exact_fp32 forwards and
+// backwards (the wgmma backward at head_dim 64 and 128) and on the mma_sync
+// forward with as many k/v heads as q heads; the mma_sync backwards leave
+// them to the portable kernel. "opt-in shared
 // memory" is more team scratch than Kokkos' TeamPolicy grants, which the
 // call's KernelPolicy can forbid. Host backends have no fused row; their
 // host_tiled row takes every shape and variant.
@@ -61,17 +61,13 @@ bool is_variant_call(const AttentionOptions& options) {
 }
 
 /// True when the fused kernels take the call's shape and options (the
-/// conditions above); `with_256`: head_dim 256 too (the 16-bit kernels);
-/// `with_variants`: softcap, dropout and score modifiers too.
-template <class ScoreMod>
-bool fused_shape_applies(int head_dim, const AttentionOptions& options,
-                         std::initializer_list<const void*> pointers, bool with_256,
-                         bool with_variants) {
+/// conditions above); `with_256`: head_dim 256 too (the 16-bit kernels).
+inline bool fused_shape_applies(int head_dim, const AttentionOptions& options,
+                                std::initializer_list<const void*> pointers, bool with_256) {
   bool aligned = true;
   for (const void* p : pointers)
     aligned = aligned && reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
-  return aligned && fused_head_dim(head_dim, with_256) == head_dim &&
-         (!is_variant_call<ScoreMod>(options) || with_variants) && options.team_size == 0;
+  return aligned && fused_head_dim(head_dim, with_256) == head_dim && options.team_size == 0;
 }
 
 /// The mask of a fused call: the options' window, and a packed batch's
@@ -147,9 +143,8 @@ KernelFamily choose_forward_kernel(const ExecSpace& space, const Q& q, const K& 
   using fused_t = FusedForward<ExecSpace, Q, K, V, O, Lse>;
   const int head_dim = static_cast<int>(q.extent(3)), heads = static_cast<int>(q.extent(2)),
             heads_kv = static_cast<int>(k.extent(2));
-  if (!fused_shape_applies<ScoreMod>(head_dim, options,
-                                     {q.data(), k.data(), v.data(), o.data()}, fused_t::k16Bit,
-                                     true))
+  if (!fused_shape_applies(head_dim, options, {q.data(), k.data(), v.data(), o.data()},
+                           fused_t::k16Bit))
     return KernelFamily::portable;
   const FusedCall call = fused_call<ScoreMod>(options, seq, head_dim, heads, heads_kv);
   const long seqlen_k = seq.packed ? seq.max_seqlen_k : long(k.extent(1));
@@ -176,10 +171,10 @@ KernelFamily choose_backward_kernel(const ExecSpace& space, const Q& q, const K&
   // into dq itself, so it must be aligned too.
   const void* dq_data = fused_t::k16Bit ? nullptr : dq.data();
   if (options.deterministic ||
-      !fused_shape_applies<ScoreMod>(
+      !fused_shape_applies(
           head_dim, options,
           {q.data(), k.data(), v.data(), d_o.data(), dq_data, dk.data(), dv.data()},
-          fused_t::k16Bit, fused_t::k16Bit))
+          fused_t::k16Bit))
     return KernelFamily::portable;
   const FusedCall call = fused_call<ScoreMod>(options, seq, head_dim, heads, heads_kv);
   for (const KernelFamily family : FusedRows<fused_t::k16Bit>::rows) {

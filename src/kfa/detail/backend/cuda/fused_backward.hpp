@@ -69,13 +69,14 @@ struct FusedBackward {
   template <int D, int Stages>
   using mma_sync_t = FlashBackwardMmaKernel<ExecSpace, D, Format, Q, K, V, DO, Lse, Delta, AccView,
                                             DK, DV, Stages>;
-  template <int D>
+  template <int D, class VariantT = PlainVariant>
   using exact_fp32_t = FlashBackwardExactFp32Kernel<ExecSpace, D, Q, K, V, DO, Lse, Delta, DQ, DK,
-                                                    DV>;
-  template <class Atom, int D>
-  using fp32_fp64_t =
-      FlashBackwardFp32Fp64Kernel<ExecSpace, D, typename Fp32Fp64BwdAtom<Atom, D>::type, Q, K, V,
-                                  DO, Lse, Delta, DQ, DK, DV>;
+                                                    DV, exact_fp32_dmma_scores(), VariantT>;
+  template <class Atom, int D, class VariantT = PlainVariant>
+  using fp32_fp64_t = FlashBackwardFp32Fp64Kernel<
+      ExecSpace, D, typename Fp32Fp64BwdAtom<Atom, D>::type, Q, K, V, DO, Lse, Delta, DQ, DK, DV,
+      typename Fp32Fp64BwdDefaultShape<typename Fp32Fp64BwdAtom<Atom, D>::type, D>::type,
+      VariantT>;
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
   /// head_dim 64 and 128: keys split over the two warpgroups; 256: the
   /// products split over them (one warpgroup's dK and dV would not fit its
@@ -121,9 +122,7 @@ struct FusedBackward {
       case KernelFamily::mma_sync_team_policy:
         return k16Bit && call.head_dim != 256 && !call.variant;
       case KernelFamily::fp32_fp64:
-      case KernelFamily::exact_fp32:
-        // Variants: the fp32/fp64 forwards only.
-        return !call.variant && fp32_fp64_family_fits<FusedBackward>(family, space, call);
+      case KernelFamily::exact_fp32: return fp32_fp64_family_fits<FusedBackward>(family, space, call);
       case KernelFamily::portable: return false;
     }
     return false;
@@ -163,19 +162,30 @@ struct FusedBackward {
           };
           preprocess();
           Kokkos::deep_copy(space, dq, value_type(0));
+          constexpr bool kVariant = FusedVariantParams<VariantT, Acc>::kVariant;
           if (family == KernelFamily::fp32_fp64) {
             with_fp32_fp64_atom<ExecSpace, value_type>(call.fp32_matmul, [&](auto atom) {
               with_fused_head_dim(call.head_dim, [&](auto d) {
-                run_grouped(fp32_fp64_t<decltype(atom), decltype(d)::value>(
-                    q, k, v, d_o, lse, delta, dq, dk, dv, static_cast<value_type>(scale),
-                    call.window));
+                using plain_t = fp32_fp64_t<decltype(atom), decltype(d)::value>;
+                using variant_t = fp32_fp64_t<decltype(atom), decltype(d)::value, VariantT>;
+                if constexpr (kVariant)
+                  run_grouped(variant_t(q, k, v, d_o, lse, delta, dq, dk, dv,
+                                        static_cast<value_type>(scale), call.window, variant));
+                else
+                  run_grouped(plain_t(q, k, v, d_o, lse, delta, dq, dk, dv,
+                                      static_cast<value_type>(scale), call.window));
               });
             });
           } else if constexpr (has_exact_fp32_kernels<ExecSpace, value_type>()) {
             with_fused_head_dim(call.head_dim, [&](auto d) {
-              run_grouped(exact_fp32_t<decltype(d)::value>(q, k, v, d_o, lse, delta, dq, dk, dv,
-                                                           static_cast<float>(scale),
-                                                           call.window));
+              using plain_t = exact_fp32_t<decltype(d)::value>;
+              using variant_t = exact_fp32_t<decltype(d)::value, VariantT>;
+              if constexpr (kVariant)
+                run_grouped(variant_t(q, k, v, d_o, lse, delta, dq, dk, dv,
+                                      static_cast<float>(scale), call.window, variant));
+              else
+                run_grouped(plain_t(q, k, v, d_o, lse, delta, dq, dk, dv,
+                                    static_cast<float>(scale), call.window));
             });
           }
           if (call.grouped) grouped.sum(space, dk, dv);

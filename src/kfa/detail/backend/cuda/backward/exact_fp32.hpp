@@ -46,9 +46,11 @@ namespace Impl {
 /// five on FMAs).
 template <class ExecSpace, int HeadDim, class QView, class KView, class VView, class DOView,
           class LseView, class DeltaView, class DQView, class DKView, class DVView,
-          bool DmmaScores = exact_fp32_dmma_scores()>
-class FlashBackwardExactFp32Kernel {
+          bool DmmaScores = exact_fp32_dmma_scores(), class VariantT = PlainVariant>
+class FlashBackwardExactFp32Kernel : public FusedVariantParams<VariantT, float> {
  public:
+  using variant_params = FusedVariantParams<VariantT, float>;
+  static constexpr bool kVariant = variant_params::kVariant;
   /// Teams per group of (batch, head) pairs in the league (FusedProblem).
   void set_league_group_teams(int teams) { m_p.group_teams = teams; }
   static constexpr int kHeadDim = HeadDim;
@@ -76,8 +78,10 @@ class FlashBackwardExactFp32Kernel {
 
   FlashBackwardExactFp32Kernel(const QView& q, const KView& k, const VView& v, const DOView& d_o,
                           const LseView& lse, const DeltaView& delta, const DQView& dq,
-                          const DKView& dk, const DVView& dv, float scale, FusedWindow window)
-      : m_q(q.data()),
+                          const DKView& dk, const DVView& dv, float scale, FusedWindow window,
+                          const variant_params& variant = variant_params())
+      : variant_params(variant),
+        m_q(q.data()),
         m_k(k.data()),
         m_v(v.data()),
         m_do(d_o.data()),
@@ -175,9 +179,18 @@ class FlashBackwardExactFp32Kernel {
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc_dk[i][c] = acc_dv[i][c] = 0.f;
 
-    const int first_q_block = sq.mask.row_begin(key_begin) / kBlockM;
+    int first_q_block = sq.mask.row_begin(key_begin) / kBlockM;
     // The query blocks that see these keys: [first_q_block, num_q_blocks).
-    const int num_q_blocks = (sq.mask.row_end(key_begin + kBlockN) + kBlockM - 1) / kBlockM;
+    int num_q_blocks = (sq.mask.row_end(key_begin + kBlockN) + kBlockM - 1) / kBlockM;
+    this->trim_query_blocks(sq.mask, b, h, key_begin, imin(key_begin + kBlockN, sq.seqlen_k),
+                            kBlockM, first_q_block, num_q_blocks);
+    // A variant's sequence lengths and dropout key of this head.
+    [[maybe_unused]] SequenceInfo seq{};
+    [[maybe_unused]] std::uint64_t dropout_head = 0;
+    if constexpr (kVariant) {
+      seq = variant_params::sequence(sq.mask, b);
+      if (this->m_pipe.dropout()) dropout_head = this->m_pipe.dropout_head(b, h);
+    }
     if (first_q_block < num_q_blocks) load_q_block(first_q_block, 0);
 
     for (int q_block = first_q_block; q_block < num_q_blocks; ++q_block) {
@@ -204,19 +217,40 @@ class FlashBackwardExactFp32Kernel {
       // Pᵀ, dSᵀ; written [query][key] to the warp's own keys of P and dS.
       const bool needs_mask = sq.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin,
                                                      key_begin + kBlockN);
+      // A variant: the modifier's block predicate may hide the whole tile.
+      [[maybe_unused]] bool visible = true;
+      if constexpr (kVariant)
+        visible = this->m_pipe.visible(b, h, row_begin, imin(row_begin + kBlockM, sq.seqlen_q),
+                                       key_begin, imin(key_begin + kBlockN, sq.seqlen_k));
       // kPitchP keeps both layouts' stores free of bank conflicts.
       unswitch_mask(needs_mask, [&](auto masked) {
 #pragma unroll
         for (int j = 0; j < kScoreQueries; ++j) {
           const int col = query_of(j);
           float p[kScoreKeys], ds[kScoreKeys];
+          if constexpr (kVariant) {
+            // P (dropped, for dV) and dS through the score pipeline.
+            const int query = row_begin + col;
+            const std::uint64_t dropout_row =
+                this->m_pipe.dropout() ? this->m_pipe.dropout_row_of(dropout_head, query) : 0;
 #pragma unroll
-          for (int i = 0; i < kScoreKeys; ++i) {
-            p[i] = expf(st[i][j] * m_scale - s_lse[col]);
-            if (decltype(masked)::value &&
-                sq.mask.masked(row_begin + col, key_begin + key_of(i)))
-              p[i] = 0.f;
-            ds[i] = p[i] * (dpt[i][j] - s_delta[col]);
+            for (int i = 0; i < kScoreKeys; ++i) {
+              const int key = key_begin + key_of(i);
+              const bool hidden = !visible || query >= sq.seqlen_q || key >= sq.seqlen_k ||
+                                  (decltype(masked)::value && sq.mask.masked(query, key));
+              this->m_pipe.p_and_ds(seq, b, h, query, key, hidden, dropout_row,
+                                    st[i][j] * this->m_variant_scale, s_lse[col], s_delta[col],
+                                    dpt[i][j], p[i], ds[i]);
+            }
+          } else {
+#pragma unroll
+            for (int i = 0; i < kScoreKeys; ++i) {
+              p[i] = expf(st[i][j] * m_scale - s_lse[col]);
+              if (decltype(masked)::value &&
+                  sq.mask.masked(row_begin + col, key_begin + key_of(i)))
+                p[i] = 0.f;
+              ds[i] = p[i] * (dpt[i][j] - s_delta[col]);
+            }
           }
           if constexpr (kScoreKeys != 4) {
 #pragma unroll

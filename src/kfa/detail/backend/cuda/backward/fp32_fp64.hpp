@@ -99,9 +99,13 @@ struct Fp32Fp64BwdDefaultShape {
 
 template <class ExecSpace, int HeadDim, class Atom, class QView, class KView, class VView,
           class DOView, class LseView, class DeltaView, class DQView, class DKView,
-          class DVView, class Shape = typename Fp32Fp64BwdDefaultShape<Atom, HeadDim>::type>
-class FlashBackwardFp32Fp64Kernel {
+          class DVView, class Shape = typename Fp32Fp64BwdDefaultShape<Atom, HeadDim>::type,
+          class VariantT = PlainVariant>
+class FlashBackwardFp32Fp64Kernel
+    : public FusedVariantParams<VariantT, typename Atom::value_type> {
  public:
+  using variant_params = FusedVariantParams<VariantT, typename Atom::value_type>;
+  static constexpr bool kVariant = variant_params::kVariant;
   /// Teams per group of (batch, head) pairs in the league (FusedProblem).
   void set_league_group_teams(int teams) { m_p.group_teams = teams; }
   using value_type = typename Atom::value_type;
@@ -123,11 +127,15 @@ class FlashBackwardFp32Fp64Kernel {
                 "kfa: the fp32/fp64 backward shares an atom of keys between 1 or 2 warps");
   static_assert(kSplit == 1 || !Shape::kSharedSoftmax || kBlockM % 16 == 0,
                 "kfa: a pair of the fp32/fp64 backward shares the softmax by 8-query tiles");
+  static_assert(!kVariant || kSplit == 1 || Shape::kSharedSoftmax,
+                "kfa: a variant's P and dS need both Sᵀ and dPᵀ in one warp");
 
   FlashBackwardFp32Fp64Kernel(const QView& q, const KView& k, const VView& v, const DOView& d_o,
                              const LseView& lse, const DeltaView& delta, const DQView& dq,
-                             const DKView& dk, const DVView& dv, value_type scale, FusedWindow window)
-      : m_q(q.data()),
+                             const DKView& dk, const DVView& dv, value_type scale, FusedWindow window,
+                             const variant_params& variant = variant_params())
+      : variant_params(variant),
+        m_q(q.data()),
         m_k(k.data()),
         m_v(v.data()),
         m_do(d_o.data()),
@@ -233,9 +241,11 @@ class FlashBackwardFp32Fp64Kernel {
     const int group = warp / kSplit, part = warp % kSplit;
     const int warp_key = group * Atom::kRows;  // this warp's first key in the block
     const int d_first = part * kTilesDW;       // this warp's first n-tile of dK, dV
-    const int first_q_block = sq.mask.row_begin(key_begin) / kBlockM;
+    int first_q_block = sq.mask.row_begin(key_begin) / kBlockM;
     // The query blocks that see these keys: [first_q_block, num_q_blocks).
-    const int num_q_blocks = (sq.mask.row_end(key_begin + kBlockN) + kBlockM - 1) / kBlockM;
+    int num_q_blocks = (sq.mask.row_end(key_begin + kBlockN) + kBlockM - 1) / kBlockM;
+    this->trim_query_blocks(sq.mask, b, h, key_begin, imin(key_begin + kBlockN, sq.seqlen_k),
+                            kBlockM, first_q_block, num_q_blocks);
     if (first_q_block < num_q_blocks) load_q_block(first_q_block, 0);
     const value_type scale = kBase2 ? m_scale * kLog2e : m_scale;
 
@@ -314,6 +324,39 @@ class FlashBackwardFp32Fp64Kernel {
           for (int j = 0; j < Atom::kC; ++j) dpt[n][j] = st[n][j] * (dpt[n][j] - d[j & 1]);
         }
       };
+      // A variant's Pᵀ (dropped, for dV) and dSᵀ of the query tiles n with
+      // owns(n), from Sᵀ and dPᵀ together (ScorePipeline::p_and_ds).
+      auto to_p_ds = [&](auto owns) {
+        if constexpr (kVariant) {
+          const auto& pipe = this->m_pipe;
+          const SequenceInfo seq = variant_params::sequence(sq.mask, b);
+          const bool visible =
+              pipe.visible(b, h, row_begin, imin(row_begin + kBlockM, sq.seqlen_q), key_begin,
+                           imin(key_begin + kBlockN, sq.seqlen_k));
+          const std::uint64_t head = pipe.dropout() ? pipe.dropout_head(b, h) : 0;
+#pragma unroll
+          for (int n = 0; n < kTilesQ; ++n)
+#pragma unroll
+            for (int j = 0; j < Atom::kC; ++j) {
+              if (!owns(n)) continue;
+              const int col = n * 8 + (lane % 4) * 2 + (j & 1);
+              const int query = row_begin + col;
+              const int key = key_begin + warp_key + lane / 4 + (j / 2) * 8;
+              const bool masked = !visible || query >= sq.seqlen_q || key >= sq.seqlen_k ||
+                                  (needs_mask && sq.mask.masked(query, key));
+              value_type p, ds;
+              pipe.p_and_ds(seq, b, h, query, key, masked,
+                            pipe.dropout() ? pipe.dropout_row_of(head, query) : 0,
+                            st[n][j] * this->m_variant_scale, s_lse[col], s_delta[col],
+                            dpt[n][j], p, ds);
+              st[n][j] = p;
+              dpt[n][j] = ds;
+            }
+        } else {
+          to_p(owns);
+          to_ds(owns);
+        }
+      };
       auto all_tiles = [](int) { return true; };
       // The pair's swaps go lane-major through scratch: the same lane of
       // both warps holds the same (key, query) elements, so each lane writes
@@ -323,8 +366,7 @@ class FlashBackwardFp32Fp64Kernel {
       value_type* const theirs = sSwap + group * 2 * kSwap + (1 - part) * kSwap;
       auto slot = [&](int i) { return i * 32 + lane; };
       if constexpr (kSplit == 1) {
-        to_p(all_tiles);
-        to_ds(all_tiles);
+        to_p_ds(all_tiles);
       } else if constexpr (!Shape::kSharedSoftmax) {
         // The first warp takes every exponential; one swap.
         if (part == 0) to_p(all_tiles);
@@ -366,8 +408,7 @@ class FlashBackwardFp32Fp64Kernel {
             dpt[n][j] = part == 0 ? other : st[n][j];
             st[n][j] = part == 0 ? st[n][j] : other;
           }
-        to_p(owned);
-        to_ds(owned);
+        to_p_ds(owned);
 #pragma unroll
         for (int n = 0; n < kTilesQ; ++n)
 #pragma unroll
