@@ -85,6 +85,23 @@ std::string describe(const kfa::nn::AxialRotaryOptions& o) {
          std::to_string(o.rotary_dim);
 }
 
+/// The kernels' rotation of t (sign -1: the backward), into a poisoned View
+/// or in place.
+template <class T, class Space>
+Tensor device_axial(const Tensor& t, const kfa::nn::AxialRotaryOptions& opt, int sign,
+                    bool in_place) {
+  auto in = make_view<DeviceView4<T, Space>>(t, "in");
+  auto out = in_place ? in : DeviceView4<T, Space>("out", t.ext[0], t.ext[1], t.ext[2], t.ext[3]);
+  if (!in_place) poison(out);
+  if (sign > 0) {
+    kfa::nn::axial_rotary_forward(Space(), in, out, opt);
+  } else {
+    kfa::nn::axial_rotary_backward(Space(), in, out, opt);
+  }
+  Space().fence();
+  return to_host(out);
+}
+
 TYPED_TEST(NnGrid, AxialRotaryForwardBackwardAndAdjoint) {
   using Space = typename TypeParam::space;
   using T = typename TypeParam::value_type;
@@ -108,27 +125,19 @@ TYPED_TEST(NnGrid, AxialRotaryForwardBackwardAndAdjoint) {
     std::mt19937_64 rng(test_seed(tag));
     const Tensor x = rounded<T>(random_tensor({B, S, H, D}, rng));
     const Tensor dy = rounded<T>(random_tensor({B, S, H, D}, rng));
-    auto xv = make_view<DeviceView4<T, Space>>(x, "x");
-    auto dyv = make_view<DeviceView4<T, Space>>(dy, "dy");
-    DeviceView4<T, Space> yv("y", B, S, H, D), dxv("dx", B, S, H, D);
-    poison(yv);
-    poison(dxv);
-    kfa::nn::axial_rotary_forward(Space(), xv, yv, opt);
-    kfa::nn::axial_rotary_backward(Space(), dyv, dxv, opt);
-    Space().fence();
-    const Tensor y = to_host(yv), dx = to_host(dxv);
-    kfa::nn::axial_rotary_forward(Space(), xv, xv, opt);  // in place
-    kfa::nn::axial_rotary_backward(Space(), dyv, dyv, opt);
-    Space().fence();
+    const Tensor y = device_axial<T, Space>(x, opt, 1, false);
+    const Tensor dx = device_axial<T, Space>(dy, opt, -1, false);
     const std::string what = tag + " " + type_name<T>() + " " + Space::name() + " seed " +
                              std::to_string(test_seed(tag));
     // The angles are rounded to fp64 relative to their size.
     const double factor = 8 + 2 * max_angle * std::numeric_limits<double>::epsilon() / epsilon<T>();
     const Tensor y_ref = ref_axial_rotary(x, opt, 1), dx_ref = ref_axial_rotary(dy, opt, -1);
     expect_close_rel<T>(what + " y", y, y_ref, factor);
-    expect_close_rel<T>(what + " y in place", to_host(xv), y_ref, factor);
+    expect_close_rel<T>(what + " y in place", device_axial<T, Space>(x, opt, 1, true), y_ref,
+                        factor);
     expect_close_rel<T>(what + " dx", dx, dx_ref, factor);
-    expect_close_rel<T>(what + " dx in place", to_host(dyv), dx_ref, factor);
+    expect_close_rel<T>(what + " dx in place", device_axial<T, Space>(dy, opt, -1, true), dx_ref,
+                        factor);
     // The backward is the transpose of the forward: <R x, dy> = <x, Rᵀ dy>,
     // on the kernels' own results (|error| <= |R x - y|·|dy| + |x|·|Rᵀ dy - dx|).
     const double norms = std::sqrt(dot(x, x) * dot(dy, dy));
@@ -171,13 +180,9 @@ TYPED_TEST(NnGrid, AxialRotaryFiniteDifferences) {
   const std::string tag = "nn_axial_rotary_fd";
   std::mt19937_64 rng(test_seed(tag));
   const Tensor x = random_tensor({B, S, H, D}, rng), w = random_tensor({B, S, H, D}, rng);
-  auto wv = make_view<DeviceView4<T, Space>>(w, "w");
-  DeviceView4<T, Space> gv("g", B, S, H, D), yv("y", B, S, H, D);
-  kfa::nn::axial_rotary_backward(Space(), wv, gv, opt);
-  const Tensor g = to_host(gv);
+  const Tensor g = device_axial<T, Space>(w, opt, -1, false);
   const auto loss = [&](const Tensor& at) {
-    kfa::nn::axial_rotary_forward(Space(), make_view<DeviceView4<T, Space>>(at, "x"), yv, opt);
-    return dot(to_host(yv), w);
+    return dot(device_axial<T, Space>(at, opt, 1, false), w);
   };
   const double h = 1e-3;
   for (int trial = 0; trial < 4; ++trial) {
