@@ -75,6 +75,7 @@ struct MhaOracle {
   Tensor q, k, v, att, lse, y;
   Tensor q_pre, k_pre;  // before the qk-norm
   int Skv = 0;
+  RefExtras extras;  // the score modifier
 
   Tensor heads4(const Tensor& t, int heads, int seqlen = 0) const {
     return reshaped(t, {B, seqlen > 0 ? seqlen : S, heads, o.head_dim});
@@ -102,7 +103,7 @@ struct MhaOracle {
       q = ref_rotary(q, o.rotary_options, 1);
       k = ref_rotary(k, o.rotary_options, 1);
     }
-    reference_forward(q, k, v, o.attention, att, lse);
+    reference_forward(q, k, v, o.attention, att, lse, extras);
     y = ref_linear(reshaped(att, {B * S, o.heads * o.head_dim}), p.wo, p.bo);
   }
 
@@ -118,7 +119,7 @@ struct MhaOracle {
     Tensor d_att, dq, dk, dv, dmv;
     ref_linear_backward(reshaped(att, {B * S, o.heads * o.head_dim}), p.wo, dy, d_att, g.wo, g.bo);
     reference_backward<double, true>(q, k, v, att, lse, heads4(d_att, o.heads), o.attention, dq,
-                                     dk, dv);
+                                     dk, dv, extras);
     if (o.rotary) {
       dq = ref_rotary(dq, o.rotary_options, -1);
       dk = ref_rotary(dk, o.rotary_options, -1);
@@ -482,6 +483,264 @@ std::vector<Tensor> block_tensors(const Block& block, bool grads) {
   const auto& w = grads ? block.grads() : block.weights();
   return {param(w.norm1_weight), param(w.norm1_bias), param(w.norm2_weight), param(w.norm2_bias),
           param(w.w1),           param(w.b1),         param(w.w2),           param(w.b2)};
+}
+
+TEST(NnScoreMods, AlibiSlopesAreTheStandardOnes) {
+  const auto s8 = kfa::nn::alibi_slopes(8);
+  ASSERT_EQ(s8.size(), 8u);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(s8[i], std::exp2(-(i + 1.0))) << "heads 8, slope " << i;
+  // Not a power of two: those of 4 heads, then every other slope of 8 heads.
+  const std::vector<double> s6 = kfa::nn::alibi_slopes(6);
+  const std::vector<double> expected6 = {0.25, 0.0625, 0.015625, 0.00390625, 0.5, 0.125};
+  EXPECT_EQ(s6, expected6);
+  const auto s12 = kfa::nn::alibi_slopes(12);
+  ASSERT_EQ(s12.size(), 12u);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(s12[i], std::exp2(-(i + 1.0))) << "heads 12";
+  for (int i = 0; i < 4; ++i)
+    EXPECT_DOUBLE_EQ(s12[8 + i], std::exp2(-(2 * i + 1) / 2.0)) << "heads 12, extra " << i;
+  EXPECT_EQ(kfa::nn::alibi_slopes(1), std::vector<double>{0.00390625});
+  expect_invalid_argument([] { kfa::nn::alibi_slopes(0); }, "heads must be > 0");
+}
+
+/// Scores times a per-head temperature: not additive, so the backward needs
+/// its score_grad hook.
+template <class MemorySpace>
+struct TemperatureMod {
+  Kokkos::View<const double*, MemorySpace> temperature;
+  template <class Acc>
+  KOKKOS_INLINE_FUNCTION Acc operator()(int, int h, int, int, Acc s) const {
+    return s * static_cast<Acc>(temperature(h));
+  }
+  template <class Acc>
+  KOKKOS_INLINE_FUNCTION Acc score_grad(int, int h, int, int, Acc) const {
+    return static_cast<Acc>(temperature(h));
+  }
+};
+
+/// One forward and backward of a MultiHeadAttention (self-attention, or
+/// cross-attention on a memory of Skv tokens) with a score modifier (none:
+/// the layer's own, ALiBi), against the oracle with `extras`.
+template <class Space, class T, class Mod>
+void check_mha_with_modifier(const kfa::nn::MultiHeadAttentionOptions& options,
+                             const std::string& tag, int S, int Skv, bool cross, const Mod& mod,
+                             const RefExtras& extras) {
+  const int B = 2, d = options.d_model;
+  const std::string what = tag + " " + type_name<T>() + " " + Space::name() + " seed " +
+                           std::to_string(test_seed(tag));
+  kfa::nn::MultiHeadAttention<Space, T> mha(options);
+  std::mt19937_64 rng(test_seed(tag));
+  randomize_parameters(mha.parameters(), rng);
+  const Tensor x = rounded<T>(random_tensor({B * S, d}, rng));
+  const Tensor memory = cross ? rounded<T>(random_tensor({B * Skv, d}, rng)) : x;
+  const Tensor dy = rounded<T>(random_tensor({B * S, d}, rng));
+  auto xv = make_view<DeviceView3<T, Space>>(reshaped(x, {B, S, d}), "x");
+  auto mv = make_view<DeviceView3<T, Space>>(reshaped(memory, {B, Skv, d}), "memory");
+  auto dyv = make_view<DeviceView3<T, Space>>(reshaped(dy, {B, S, d}), "dy");
+  DeviceView3<T, Space> yv("y", B, S, d), dxv("dx", B, S, d), dmv("dmemory", B, Skv, d);
+  poison(yv);
+  poison(dxv);
+  typename kfa::nn::MultiHeadAttention<Space, T>::context_type context;
+  constexpr bool own = std::is_same<Mod, kfa::Impl::NoScoreMod>::value;
+  if (cross) {
+    if constexpr (own) {
+      mha.forward(Space(), xv, mv, yv, context);
+      mha.backward(Space(), dyv, dxv, dmv, context);
+    } else {
+      mha.forward(Space(), xv, mv, yv, context, mod);
+      mha.backward(Space(), dyv, dxv, dmv, context, mod);
+    }
+  } else {
+    if constexpr (own) {
+      mha.forward(Space(), xv, yv, context);
+      mha.backward(Space(), dyv, dxv, context);
+    } else {
+      mha.forward(Space(), xv, yv, context, mod);
+      mha.backward(Space(), dyv, dxv, context, mod);
+    }
+  }
+  Space().fence();
+  const MhaParams p = mha_params(mha, false);
+  MhaOracle oracle{mha.options(), p, B, S, {}, {}, {}, {}, {}, {}};
+  oracle.extras = extras;
+  Tensor dx_ref, dm_ref;
+  MhaParams g_ref = zero_grads(p);
+  if (cross) {
+    oracle.forward(x, memory, Skv);
+    oracle.backward(x, memory, dy, dx_ref, dm_ref, g_ref);
+  } else {
+    oracle.forward(x);
+    oracle.backward(x, dy, dx_ref, g_ref);
+  }
+  const double factor = 16.0 * (d + S + Skv);
+  expect_close_rel<T>(what + " y", reshaped(to_host(yv), {B * S, d}), oracle.y, factor);
+  expect_close_rel<T>(what + " dx", reshaped(to_host(dxv), {B * S, d}), dx_ref, factor);
+  if (cross)
+    expect_close_rel<T>(what + " dmemory", reshaped(to_host(dmv), {B * Skv, d}), dm_ref, factor);
+  expect_mha_grads<T>(what, mha_params(mha, true), g_ref, factor * 4);
+}
+
+/// ALiBi as the reference applies it: score - slope(h)·|i + Skv - S - j|.
+RefExtras alibi_extras(int heads) {
+  RefExtras e;
+  const std::vector<double> slopes = kfa::nn::alibi_slopes(heads);
+  e.mod = [slopes](int, int h, int i, int j, double s, int sq, int sk) {
+    return s - slopes[h] * std::abs(i + sk - sq - j);
+  };
+  return e;
+}
+
+/// The layer's ALiBi option (3 heads: the interpolated slopes; 4 heads over
+/// 2 key/value heads), self- and cross-attention; a pairwise bias View with
+/// its batch or its heads shared; a non-additive modifier with score_grad.
+TYPED_TEST(NnLayers, ScoreModifiersThroughTheLayersMatchOracle) {
+  using Space = typename TypeParam::space;
+  using T = typename TypeParam::value_type;
+  using memory_space = typename Space::memory_space;
+  const int B = 2, d = 48;
+  kfa::nn::MultiHeadAttentionOptions base;
+  base.d_model = d;
+  base.heads = 3;
+  {
+    auto o = base;
+    o.alibi = true;
+    o.attention.causal = true;
+    check_mha_with_modifier<Space, T>(o, "nn_alibi_self", 37, 37, false,
+                                      kfa::Impl::NoScoreMod{}, alibi_extras(3));
+  }
+  {
+    auto o = base;
+    o.alibi = true;
+    o.heads = 4;
+    o.kv_heads = 2;
+    o.head_dim = 12;
+    o.fused_qkv = false;
+    o.qk_norm = true;
+    check_mha_with_modifier<Space, T>(o, "nn_alibi_cross", 19, 41, true, kfa::Impl::NoScoreMod{},
+                                      alibi_extras(4));
+  }
+  std::mt19937_64 rng(test_seed("nn_pairwise_bias"));
+  {
+    // [1][heads][S][Skv]: one bias for every batch entry, cross-attention.
+    const int S = 23, Skv = 30;
+    const Tensor bias = rounded<T>(random_tensor({1, 3, S, Skv}, rng));
+    auto bias_view = make_view<Kokkos::View<T****, Kokkos::LayoutRight, memory_space>>(bias, "bias");
+    RefExtras e;
+    e.mod = [bias](int, int h, int i, int j, double s, int, int) { return s + bias.at(0, h, i, j); };
+    auto o = base;
+    o.attention.softcap = 4;
+    check_mha_with_modifier<Space, T>(o, "nn_pairwise_cross", S, Skv, true,
+                                      kfa::nn::pairwise_bias(bias_view), e);
+  }
+  {
+    const std::vector<double> temperature = {0.5, 1.25, 2.0};
+    Kokkos::View<double*, memory_space> tv("temperature", 3);
+    auto th = Kokkos::create_mirror_view(tv);
+    for (int h = 0; h < 3; ++h) th(h) = temperature[h];
+    Kokkos::deep_copy(tv, th);
+    RefExtras e;
+    e.mod = [temperature](int, int h, int, int, double s, int, int) { return s * temperature[h]; };
+    e.mod_grad = [temperature](int, int h, int, int, double) { return temperature[h]; };
+    auto o = base;
+    o.rotary = true;
+    o.attention.causal = true;
+    check_mha_with_modifier<Space, T>(o, "nn_temperature", 37, 37, false,
+                                      TemperatureMod<memory_space>{tv}, e);
+  }
+  {
+    // The block with a bias [batch][1][S][S] (heads shared).
+    const int S = 29;
+    kfa::nn::TransformerBlockOptions options;
+    options.attention = base;
+    options.attention.attention.causal = true;
+    options.d_ff = 40;
+    const Tensor bias = rounded<T>(random_tensor({B, 1, S, S}, rng));
+    auto bias_view = make_view<Kokkos::View<T****, Kokkos::LayoutRight, memory_space>>(bias, "bias");
+    const auto mod = kfa::nn::pairwise_bias(bias_view);
+    const std::string tag = "nn_block_pairwise";
+    const std::string what = tag + " " + type_name<T>() + " " + Space::name();
+    kfa::nn::TransformerBlock<Space, T> block(options);
+    std::mt19937_64 block_rng(test_seed(tag));
+    randomize_parameters(block.parameters(), block_rng);
+    const Tensor x = rounded<T>(random_tensor({B * S, d}, block_rng));
+    const Tensor dy = rounded<T>(random_tensor({B * S, d}, block_rng));
+    auto xv = make_view<DeviceView3<T, Space>>(reshaped(x, {B, S, d}), "x");
+    auto dyv = make_view<DeviceView3<T, Space>>(reshaped(dy, {B, S, d}), "dy");
+    DeviceView3<T, Space> yv("y", B, S, d), dxv("dx", B, S, d);
+    typename kfa::nn::TransformerBlock<Space, T>::context_type context;
+    block.forward(Space(), xv, yv, context, mod);
+    block.backward(Space(), dyv, dxv, context, mod);
+    Space().fence();
+    const MhaParams mp = mha_params(block.attention(), false);
+    const std::vector<Tensor> w = block_tensors(block, false);
+    BlockOracle oracle{block.options(),
+                       MhaOracle{block.options().attention, mp, B, S, {}, {}, {}, {}, {}, {}},
+                       w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]};
+    oracle.mha.extras.mod = [bias](int b, int, int i, int j, double s, int, int) {
+      return s + bias.at(b, 0, i, j);
+    };
+    oracle.forward(x);
+    std::vector<Tensor> g_ref;
+    for (const Tensor& t : w) g_ref.push_back(zeros_like(t));
+    MhaParams mg_ref = zero_grads(mp);
+    Tensor dx_ref;
+    oracle.backward(x, dy, dx_ref,
+                    {&g_ref[0], &g_ref[1], &g_ref[2], &g_ref[3], &g_ref[4], &g_ref[5], &g_ref[6],
+                     &g_ref[7]},
+                    mg_ref);
+    const double factor = 16.0 * (d + S + options.d_ff);
+    expect_close_rel<T>(what + " y", reshaped(to_host(yv), {B * S, d}), oracle.y, factor);
+    expect_close_rel<T>(what + " dx", reshaped(to_host(dxv), {B * S, d}), dx_ref, factor);
+    const std::vector<Tensor> g = block_tensors(block, true);
+    for (int n = 0; n < 8; ++n) expect_close_rel<T>(what + " d param " + std::to_string(n), g[n], g_ref[n], factor * 4);
+    expect_mha_grads<T>(what + " self_attn", mha_params(block.attention(), true), mg_ref,
+                        factor * 4);
+  }
+}
+
+TYPED_TEST(NnLayers, ScoreModifierErrorsThrowAndWriteNothing) {
+  using Space = typename TypeParam::space;
+  using T = typename TypeParam::value_type;
+  using memory_space = typename Space::memory_space;
+  using Layer = kfa::nn::MultiHeadAttention<Space, T>;
+  kfa::nn::MultiHeadAttentionOptions options;
+  options.d_model = 12;
+  options.heads = 3;
+  options.alibi = true;
+  options.rotary = true;
+  expect_invalid_argument([&] { Layer bad(options); },
+                          "options.alibi and options.rotary are mutually exclusive");
+  options.rotary = false;
+  Layer alibi_layer(options);
+  options.alibi = false;
+  Layer plain(options);
+  typename Layer::context_type context;
+  DeviceView3<T, Space> x("x", 2, 5, 12), y("y", 2, 5, 12), m("m", 2, 4, 12);
+  Kokkos::deep_copy(y, T(3));
+  Kokkos::View<T****, Kokkos::LayoutRight, memory_space> bias("bias", 1, 3, 5, 6),
+      good("good", 2, 1, 5, 5);
+  expect_invalid_argument(
+      [&] { alibi_layer.forward(Space(), x, y, context, kfa::nn::pairwise_bias(good)); },
+      "options.alibi is on");
+  expect_invalid_argument(
+      [&] { plain.forward(Space(), x, y, context, kfa::nn::pairwise_bias(bias)); },
+      "kfa::nn::MultiHeadAttention::forward: the pairwise bias must be [batch or 1][heads or 1]"
+      "[seqlen_q][seqlen_k] = [2 or 1][3 or 1][5][5], got [1][3][5][6]");
+  expect_invalid_argument(
+      [&] { plain.forward(Space(), x, m, y, context, kfa::nn::pairwise_bias(good)); },
+      "= [2 or 1][3 or 1][5][4], got [2][1][5][5]");
+  Kokkos::View<double*, memory_space> slopes("slopes", 2);
+  expect_invalid_argument([&] { plain.forward(Space(), x, y, context, kfa::alibi(slopes)); },
+                          "ALiBi slopes must be [heads] = [3]");
+  kfa::nn::TransformerBlockOptions block_options;
+  block_options.attention = options;
+  block_options.d_ff = 8;
+  kfa::nn::TransformerBlock<Space, T> block(block_options);
+  typename kfa::nn::TransformerBlock<Space, T>::context_type block_context;
+  expect_invalid_argument(
+      [&] { block.forward(Space(), x, y, block_context, kfa::nn::pairwise_bias(bias)); },
+      "kfa::nn::TransformerBlock::forward: the pairwise bias must be");
+  auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y);
+  for (std::size_t n = 0; n < host.size(); ++n) ASSERT_EQ(host.data()[n], T(3)) << "y written";
 }
 
 TYPED_TEST(NnLayers, TransformerBlockMatchesOracle) {

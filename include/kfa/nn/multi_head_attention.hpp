@@ -4,6 +4,7 @@
 #include <kfa/flash_attention.hpp>
 #include <kfa/nn/options.hpp>
 #include <kfa/nn/parameter.hpp>
+#include <kfa/nn/score_mods.hpp>
 
 #include <kfa/detail/nn/checks.hpp>
 #include <kfa/detail/nn/layer_support.hpp>
@@ -129,6 +130,15 @@ class MultiHeadAttention {
       Kokkos::deep_copy(m_weights.q_norm, T(1));
       Kokkos::deep_copy(m_weights.k_norm, T(1));
     }
+    if (o.alibi) {
+      const std::vector<double> slopes = alibi_slopes(o.heads);
+      m_alibi_slopes = Kokkos::View<double*, memory_space>("kfa::nn::MultiHeadAttention::alibi_slopes",
+                                                          o.heads);
+      Kokkos::deep_copy(m_alibi_slopes,
+                        Kokkos::View<const double*, Kokkos::HostSpace,
+                                     Kokkos::MemoryTraits<Kokkos::Unmanaged>>(slopes.data(),
+                                                                              slopes.size()));
+    }
   }
 
   /// The options with kv_heads, head_dim and rotary_dim resolved.
@@ -175,17 +185,27 @@ class MultiHeadAttention {
   void forward(const ExecSpace& space, const X& x, const Y& y, context_type& context) const {
     const char* function = "kfa::nn::MultiHeadAttention::forward";
     Impl::ProfilingRegion region(function);
-    Impl::nn_checks_on_every_rank(m_options.sequence_parallel, [&] {
-      check_pair<X, Y>(function, "x", x, "y", y);
-      if (m_options.d_model_kv != m_options.d_model) {
-        Impl::throw_invalid(function, "self-attention needs options.d_model_kv = d_model (" +
-                                          std::to_string(m_options.d_model) + "), got " +
-                                          std::to_string(m_options.d_model_kv) +
-                                          "; pass the memory: forward(space, x, memory, y, "
-                                          "context)");
-      }
-    });
-    if constexpr (pair_ok<X, Y>()) forward_impl(space, x, Impl::out_matrix(y), context);
+    check_self_forward(function, x, y);
+    if constexpr (pair_ok<X, Y>()) {
+      with_own_modifier(
+          [&](const auto& mod) { forward_impl(space, x, Impl::out_matrix(y), context, mod); });
+    }
+  }
+
+  /// Self-attention with a score modifier (see kfa/score_mod.hpp: a user
+  /// functor, kfa::alibi(slopes), kfa::nn::pairwise_bias(view)), applied as
+  /// the attention entry points apply it; pass the same modifier to the
+  /// backward. Not with options.alibi, nor in the sequence-parallel mode.
+  template <class X, class Y, class ScoreMod>
+  void forward(const ExecSpace& space, const X& x, const Y& y, context_type& context,
+               const ScoreMod& score_mod) const {
+    const char* function = "kfa::nn::MultiHeadAttention::forward";
+    Impl::ProfilingRegion region(function);
+    check_self_forward(function, x, y);
+    if constexpr (pair_ok<X, Y>()) {
+      check_modifier(function, score_mod, x.extent(0), x.extent(1), x.extent(1));
+      forward_impl(space, x, Impl::out_matrix(y), context, score_mod);
+    }
   }
 
   /// Cross-attention: queries from x, keys and values from `memory`
@@ -201,12 +221,25 @@ class MultiHeadAttention {
                context_type& context) const {
     const char* function = "kfa::nn::MultiHeadAttention::forward";
     Impl::ProfilingRegion region(function);
-    check_not_sequence_parallel(function);
-    check_pair<X, Y>(function, "x", x, "y", y);
-    check_memory<M>(function, "memory", memory, x.extent(0));
+    check_cross_forward(function, x, memory, y);
     if constexpr (pair_ok<X, Y>() && pair_ok<M, Y>()) {
-      Impl::check_disjoint(function, "y", y, "memory", memory);
-      attend_forward(space, x, memory, Impl::out_matrix(y), context, true);
+      with_own_modifier([&](const auto& mod) {
+        attend_forward(space, x, memory, Impl::out_matrix(y), context, true, mod);
+      });
+    }
+  }
+
+  /// Cross-attention with a score modifier (i counts query rows, j memory
+  /// rows).
+  template <class X, class M, class Y, class ScoreMod>
+  void forward(const ExecSpace& space, const X& x, const M& memory, const Y& y,
+               context_type& context, const ScoreMod& score_mod) const {
+    const char* function = "kfa::nn::MultiHeadAttention::forward";
+    Impl::ProfilingRegion region(function);
+    check_cross_forward(function, x, memory, y);
+    if constexpr (pair_ok<X, Y>() && pair_ok<M, Y>()) {
+      check_modifier(function, score_mod, x.extent(0), x.extent(1), memory.extent(1));
+      attend_forward(space, x, memory, Impl::out_matrix(y), context, true, score_mod);
     }
   }
 
@@ -217,16 +250,25 @@ class MultiHeadAttention {
   void backward(const ExecSpace& space, const DY& dy, const DX& dx, context_type& context) {
     const char* function = "kfa::nn::MultiHeadAttention::backward";
     Impl::ProfilingRegion region(function);
-    Impl::nn_checks_on_every_rank(m_options.sequence_parallel, [&] {
-      check_pair<DY, DX>(function, "dy", dy, "dx", dx);
-      if constexpr (pair_ok<DY, DX>()) check_like_forward(function, dy, context);
-    });
+    check_self_backward(function, dy, dx, context);
     if constexpr (pair_ok<DY, DX>()) {
-      if (context.cross) {
-        Impl::throw_invalid(function, "the forward had a memory (cross-attention): call "
-                                      "backward(space, dy, dx, dmemory, context)");
-      }
-      backward_impl(space, Impl::in_matrix(dy), Impl::out_matrix(dx), context);
+      with_own_modifier([&](const auto& mod) {
+        backward_impl(space, Impl::in_matrix(dy), Impl::out_matrix(dx), context, mod);
+      });
+    }
+  }
+
+  /// Backward of a forward with `score_mod` (the same modifier).
+  template <class DY, class DX, class ScoreMod>
+  void backward(const ExecSpace& space, const DY& dy, const DX& dx, context_type& context,
+                const ScoreMod& score_mod) {
+    const char* function = "kfa::nn::MultiHeadAttention::backward";
+    Impl::ProfilingRegion region(function);
+    check_self_backward(function, dy, dx, context);
+    if constexpr (pair_ok<DY, DX>()) {
+      check_modifier(function, score_mod, context.q.extent(0), context.q.extent(1),
+                     context.k.extent(1));
+      backward_impl(space, Impl::in_matrix(dy), Impl::out_matrix(dx), context, score_mod);
     }
   }
 
@@ -239,27 +281,27 @@ class MultiHeadAttention {
                 context_type& context) {
     const char* function = "kfa::nn::MultiHeadAttention::backward";
     Impl::ProfilingRegion region(function);
-    check_not_sequence_parallel(function);
-    check_pair<DY, DX>(function, "dy", dy, "dx", dx);
-    if constexpr (pair_ok<DY, DX>()) check_like_forward(function, dy, context);
-    check_memory<DM>(function, "dmemory", dmemory, dy.extent(0));
+    check_cross_backward(function, dy, dx, dmemory, context);
     if constexpr (pair_ok<DY, DX>() && pair_ok<DM, DY>()) {
-      static_assert(Impl::all_non_const<DM>(),
-                    "kfa::nn::MultiHeadAttention::backward: dmemory must be non-const");
-      if (!context.cross) {
-        Impl::throw_invalid(function, "dmemory needs a cross-attention forward (forward(space, "
-                                      "x, memory, y, context)); this context holds "
-                                      "self-attention");
-      }
-      if (dmemory.extent(1) != context.memory.extent(1)) {
-        Impl::throw_invalid(function, "dmemory " + Impl::extents_string(dmemory) +
-                                          " must have the shape of the forward's memory " +
-                                          Impl::extents_string(context.memory));
-      }
-      Impl::check_disjoint(function, "dmemory", dmemory, "dy", dy);
-      Impl::check_disjoint(function, "dmemory", dmemory, "dx", dx);
+      with_own_modifier([&](const auto& mod) {
+        attend_backward(space, Impl::in_matrix(dy), Impl::out_matrix(dx),
+                        Impl::out_matrix(dmemory), context, mod);
+      });
+    }
+  }
+
+  /// Backward of a cross-attention forward with `score_mod`.
+  template <class DY, class DX, class DM, class ScoreMod>
+  void backward(const ExecSpace& space, const DY& dy, const DX& dx, const DM& dmemory,
+                context_type& context, const ScoreMod& score_mod) {
+    const char* function = "kfa::nn::MultiHeadAttention::backward";
+    Impl::ProfilingRegion region(function);
+    check_cross_backward(function, dy, dx, dmemory, context);
+    if constexpr (pair_ok<DY, DX>() && pair_ok<DM, DY>()) {
+      check_modifier(function, score_mod, context.q.extent(0), context.q.extent(1),
+                     context.k.extent(1));
       attend_backward(space, Impl::in_matrix(dy), Impl::out_matrix(dx),
-                      Impl::out_matrix(dmemory), context);
+                      Impl::out_matrix(dmemory), context, score_mod);
     }
   }
 
@@ -340,6 +382,14 @@ class MultiHeadAttention {
     if (!(o.qk_norm_options.eps >= 0) || !std::isfinite(o.qk_norm_options.eps)) {
       Impl::throw_invalid(function, "options.qk_norm_options.eps must be finite and >= 0");
     }
+    if (o.alibi && o.rotary) {
+      Impl::throw_invalid(function, "options.alibi and options.rotary are mutually exclusive "
+                                    "(ALiBi replaces position embeddings)");
+    }
+    if (o.alibi && o.sequence_parallel.comm != nullptr) {
+      Impl::throw_invalid(function, "options.alibi does not run in the sequence-parallel mode "
+                                    "(ring attention takes no score modifier)");
+    }
     Impl::check_options(function, o.attention);
     Impl::nn_check_sequence_parallel(function, o.sequence_parallel, o.attention);
     return o;
@@ -363,6 +413,98 @@ class MultiHeadAttention {
                           {in.extent(0), in.extent(1), in.extent(2)});
       Impl::check_disjoint(function, out_name, out, in_name, in);
     }
+  }
+
+  template <class X, class Y>
+  void check_self_forward(const char* function, const X& x, const Y& y) const {
+    Impl::nn_checks_on_every_rank(m_options.sequence_parallel, [&] {
+      check_pair<X, Y>(function, "x", x, "y", y);
+      if (m_options.d_model_kv != m_options.d_model) {
+        Impl::throw_invalid(function, "self-attention needs options.d_model_kv = d_model (" +
+                                          std::to_string(m_options.d_model) + "), got " +
+                                          std::to_string(m_options.d_model_kv) +
+                                          "; pass the memory: forward(space, x, memory, y, "
+                                          "context)");
+      }
+    });
+  }
+
+  template <class X, class M, class Y>
+  void check_cross_forward(const char* function, const X& x, const M& memory,
+                           const Y& y) const {
+    check_not_sequence_parallel(function);
+    check_pair<X, Y>(function, "x", x, "y", y);
+    check_memory<M>(function, "memory", memory, x.extent(0));
+    if constexpr (pair_ok<X, Y>() && pair_ok<M, Y>())
+      Impl::check_disjoint(function, "y", y, "memory", memory);
+  }
+
+  template <class DY, class DX>
+  void check_self_backward(const char* function, const DY& dy, const DX& dx,
+                           const context_type& context) const {
+    Impl::nn_checks_on_every_rank(m_options.sequence_parallel, [&] {
+      check_pair<DY, DX>(function, "dy", dy, "dx", dx);
+      if constexpr (pair_ok<DY, DX>()) check_like_forward(function, dy, context);
+    });
+    if (context.cross) {
+      Impl::throw_invalid(function, "the forward had a memory (cross-attention): call "
+                                    "backward(space, dy, dx, dmemory, context)");
+    }
+  }
+
+  template <class DY, class DX, class DM>
+  void check_cross_backward(const char* function, const DY& dy, const DX& dx, const DM& dmemory,
+                            const context_type& context) const {
+    check_not_sequence_parallel(function);
+    check_pair<DY, DX>(function, "dy", dy, "dx", dx);
+    if constexpr (pair_ok<DY, DX>()) check_like_forward(function, dy, context);
+    check_memory<DM>(function, "dmemory", dmemory, dy.extent(0));
+    if constexpr (pair_ok<DY, DX>() && pair_ok<DM, DY>()) {
+      static_assert(Impl::all_non_const<DM>(),
+                    "kfa::nn::MultiHeadAttention::backward: dmemory must be non-const");
+      if (!context.cross) {
+        Impl::throw_invalid(function, "dmemory needs a cross-attention forward (forward(space, "
+                                      "x, memory, y, context)); this context holds "
+                                      "self-attention");
+      }
+      if (dmemory.extent(1) != context.memory.extent(1)) {
+        Impl::throw_invalid(function, "dmemory " + Impl::extents_string(dmemory) +
+                                          " must have the shape of the forward's memory " +
+                                          Impl::extents_string(context.memory));
+      }
+      Impl::check_disjoint(function, "dmemory", dmemory, "dy", dy);
+      Impl::check_disjoint(function, "dmemory", dmemory, "dx", dx);
+    }
+  }
+
+  /// Calls f with the layer's own modifier: kfa::alibi with the standard
+  /// slopes under options.alibi, else none.
+  template <class F>
+  void with_own_modifier(F&& f) const {
+    if (m_options.alibi)
+      f(kfa::alibi(m_alibi_slopes));
+    else
+      f(Impl::NoScoreMod{});
+  }
+
+  /// A caller's modifier: not beside the layer's ALiBi (ALiBi's bottom-right
+  /// distances need the lengths, which a composed modifier's score_grad does
+  /// not get), not through ring attention, and its Views fit the call.
+  template <class ScoreMod>
+  void check_modifier(const char* function, const ScoreMod& score_mod, std::size_t batch,
+                      std::size_t seqlen_q, std::size_t seqlen_k) const {
+    Impl::check_score_mod_type<ScoreMod, T>();
+    if (m_options.alibi) {
+      Impl::throw_invalid(function, "options.alibi is on: the layer applies kfa::alibi itself "
+                                    "and takes no other score modifier (add the ALiBi bias in "
+                                    "your modifier and turn options.alibi off)");
+    }
+    if (m_options.sequence_parallel.comm != nullptr) {
+      Impl::throw_invalid(function, "score modifiers do not run in the sequence-parallel mode "
+                                    "(ring attention takes none)");
+    }
+    Impl::nn_check_score_mod<ExecSpace>(function, score_mod, int(batch), m_options.heads,
+                                        int(seqlen_q), int(seqlen_k));
   }
 
   void check_not_sequence_parallel(const char* function) const {
@@ -460,16 +602,17 @@ class MultiHeadAttention {
   }
 
   /// Self-attention (the block's entry).
-  template <class X>
-  void forward_impl(const ExecSpace& space, const X& x, const out2& y, context_type& c) const {
-    attend_forward(space, x, x, y, c, false);
+  template <class X, class ScoreMod>
+  void forward_impl(const ExecSpace& space, const X& x, const out2& y, context_type& c,
+                    const ScoreMod& score_mod) const {
+    attend_forward(space, x, x, y, c, false, score_mod);
   }
 
   /// q from x [batch][seqlen][d_model], k and v from mem [batch][seqlen_kv]
   /// [d_model_kv] (x itself for self-attention, `cross` false).
-  template <class X, class M>
+  template <class X, class M, class ScoreMod>
   void attend_forward(const ExecSpace& space, const X& x, const M& mem, const out2& y,
-                      context_type& c, bool cross) const {
+                      context_type& c, bool cross, const ScoreMod& score_mod) const {
     const auto& o = m_options;
     const int batch = int(x.extent(0)), seqlen = int(x.extent(1)), tokens = batch * seqlen;
     const int seqlen_kv = int(mem.extent(1)), tokens_kv = batch * seqlen_kv;
@@ -536,20 +679,23 @@ class MultiHeadAttention {
     c.attention.dropout_seed = c.dropout_seed;
     if (!c.training) c.attention.dropout_p = 0;
     Impl::nn_attention_forward(space, o.sequence_parallel, c.q, c.k, c.v, c.o, c.lse,
-                               c.attention);
+                               c.attention, score_mod);
     Impl::linear_forward_impl<ExecSpace, T>(space, Impl::in_tokens(c.o), w.w_o, w.b_o, y);
   }
 
   /// Self-attention (the block's entry): dx gets the gradients through q, k
   /// and v.
-  void backward_impl(const ExecSpace& space, const in2& dy, const out2& dx, context_type& c) {
-    attend_backward(space, dy, dx, dx, c);
+  template <class ScoreMod>
+  void backward_impl(const ExecSpace& space, const in2& dy, const out2& dx, context_type& c,
+                     const ScoreMod& score_mod) {
+    attend_backward(space, dy, dx, dx, c, score_mod);
   }
 
   /// dx through q; dmem through k and v (dx itself for self-attention, which
   /// then adds them up).
+  template <class ScoreMod>
   void attend_backward(const ExecSpace& space, const in2& dy, const out2& dx, const out2& dmem,
-                       context_type& c) {
+                       context_type& c, const ScoreMod& score_mod) {
     const auto& o = m_options;
     const bool cross = c.cross;
     const int batch = int(c.x.extent(0)), seqlen = int(c.x.extent(1)), tokens = batch * seqlen;
@@ -563,7 +709,7 @@ class MultiHeadAttention {
     Impl::linear_backward_impl<ExecSpace, T>(space, Impl::in_tokens(c.o), w.w_o, dy,
                                              Impl::out_tokens(c.d_o), g.w_o, g.b_o);
     Impl::nn_attention_backward(space, o.sequence_parallel, c.q, c.k, c.v, c.o, c.lse, c.d_o,
-                                c.dq, c.dk, c.dv, c.attention);
+                                c.dq, c.dk, c.dv, c.attention, score_mod);
     const in2 x2 = Impl::in_matrix(c.x), mem2 = cross ? Impl::in_matrix(c.memory) : x2;
     const bool q_in_split = q_rotates_in_split(cross), k_in_split = k_rotates_in_split();
     if (o.rotary && !q_in_split) {
@@ -612,6 +758,8 @@ class MultiHeadAttention {
 
   MultiHeadAttentionOptions m_options;
   Weights m_weights, m_grads;
+  /// kfa::nn::alibi_slopes(heads) under options.alibi.
+  Kokkos::View<double*, memory_space> m_alibi_slopes;
 };
 
 }  // namespace nn

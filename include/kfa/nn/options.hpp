@@ -111,6 +111,10 @@ struct MultiHeadAttentionOptions {
   bool qk_norm = false;
   /// eps of the qk-norm (Qwen3 checkpoints use 1e-6).
   NormOptions qk_norm_options;
+  /// ALiBi on the scores (kfa::alibi with kfa::nn::alibi_slopes(heads)):
+  /// score - slope(head)·|i + seqlen_k - seqlen_q - j|. It replaces position
+  /// embeddings: not with rotary.
+  bool alibi = false;
   /// Passed to kfa::flash_attention_forward/backward: causal, window,
   /// softcap, softmax_scale, dropout_p (the seed comes from the context).
   AttentionOptions attention;

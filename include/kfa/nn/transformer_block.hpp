@@ -127,8 +127,25 @@ class TransformerBlock {
     Impl::ProfilingRegion region(function);
     Impl::nn_checks_on_every_rank(m_options.attention.sequence_parallel,
                                   [&] { m_attention.check_pair(function, "x", x, "y", y); });
-    if constexpr (MultiHeadAttention<ExecSpace, T>::template pair_ok<X, Y>())
-      forward_impl(space, x, Impl::out_matrix(y), context);
+    if constexpr (MultiHeadAttention<ExecSpace, T>::template pair_ok<X, Y>()) {
+      m_attention.with_own_modifier(
+          [&](const auto& mod) { forward_impl(space, x, Impl::out_matrix(y), context, mod); });
+    }
+  }
+
+  /// The block with a score modifier in its attention (see
+  /// MultiHeadAttention::forward); pass the same one to the backward.
+  template <class X, class Y, class ScoreMod>
+  void forward(const ExecSpace& space, const X& x, const Y& y, context_type& context,
+               const ScoreMod& score_mod) const {
+    const char* function = "kfa::nn::TransformerBlock::forward";
+    Impl::ProfilingRegion region(function);
+    Impl::nn_checks_on_every_rank(m_options.attention.sequence_parallel,
+                                  [&] { m_attention.check_pair(function, "x", x, "y", y); });
+    if constexpr (MultiHeadAttention<ExecSpace, T>::template pair_ok<X, Y>()) {
+      m_attention.check_modifier(function, score_mod, x.extent(0), x.extent(1), x.extent(1));
+      forward_impl(space, x, Impl::out_matrix(y), context, score_mod);
+    }
   }
 
   /// Backward of the forward that filled `context`: dx overwritten, every
@@ -145,7 +162,27 @@ class TransformerBlock {
         Attention::check_like_forward(function, dy, context.attention);
     });
     if constexpr (Attention::template pair_ok<DY, DX>()) {
-      backward_impl(space, Impl::in_matrix(dy), Impl::out_matrix(dx), context);
+      m_attention.with_own_modifier([&](const auto& mod) {
+        backward_impl(space, Impl::in_matrix(dy), Impl::out_matrix(dx), context, mod);
+      });
+    }
+  }
+
+  /// Backward of a forward with `score_mod` (the same modifier).
+  template <class DY, class DX, class ScoreMod>
+  void backward(const ExecSpace& space, const DY& dy, const DX& dx, context_type& context,
+                const ScoreMod& score_mod) {
+    const char* function = "kfa::nn::TransformerBlock::backward";
+    Impl::ProfilingRegion region(function);
+    using Attention = MultiHeadAttention<ExecSpace, T>;
+    Impl::nn_checks_on_every_rank(m_options.attention.sequence_parallel, [&] {
+      m_attention.check_pair(function, "dy", dy, "dx", dx);
+      if constexpr (Attention::template pair_ok<DY, DX>())
+        Attention::check_like_forward(function, dy, context.attention);
+    });
+    if constexpr (Attention::template pair_ok<DY, DX>()) {
+      m_attention.check_modifier(function, score_mod, dy.extent(0), dy.extent(1), dy.extent(1));
+      backward_impl(space, Impl::in_matrix(dy), Impl::out_matrix(dx), context, score_mod);
     }
   }
 
@@ -232,8 +269,9 @@ class TransformerBlock {
                                                     dbeta, true);
   }
 
-  template <class X>
-  void forward_impl(const ExecSpace& space, const X& x, const out2& y, context_type& c) const {
+  template <class X, class ScoreMod>
+  void forward_impl(const ExecSpace& space, const X& x, const out2& y, context_type& c,
+                    const ScoreMod& score_mod) const {
     const auto& w = m_weights;
     const int batch = int(x.extent(0)), seqlen = int(x.extent(1)), tokens = batch * seqlen;
     const int d = d_model();
@@ -253,7 +291,7 @@ class TransformerBlock {
                  c.rstd1);
     c.attention.training = c.training;
     c.attention.dropout_seed = Impl::nn_site_seed(c.dropout_seed, kAttentionWeights);
-    m_attention.forward_impl(space, c.h1, Impl::out_matrix(c.a), c.attention);
+    m_attention.forward_impl(space, c.h1, Impl::out_matrix(c.a), c.attention, score_mod);
     residual_dropout(space, "kfa::nn::TransformerBlock::residual1", x2, Impl::in_matrix(c.a), c.x1,
                      c, kAttentionOutput);
     norm_forward(space, c.x1, w.norm2_weight, w.norm2_bias, c.h2, c.mean2, c.rstd2);
@@ -269,7 +307,9 @@ class TransformerBlock {
     residual_dropout(space, "kfa::nn::TransformerBlock::residual2", c.x1, y, y, c, kMlpOutput);
   }
 
-  void backward_impl(const ExecSpace& space, const in2& dy, const out2& dx, context_type& c) {
+  template <class ScoreMod>
+  void backward_impl(const ExecSpace& space, const in2& dy, const out2& dx, context_type& c,
+                     const ScoreMod& score_mod) {
     const auto &w = m_weights, &g = m_grads;
     const int batch = int(c.x.extent(0)), seqlen = int(c.x.extent(1)), tokens = batch * seqlen;
     const int d = d_model();
@@ -301,7 +341,8 @@ class TransformerBlock {
     // Attention branch: x1 = x + dropout(a), a = attention(h1).
     residual_dropout(space, "kfa::nn::TransformerBlock::residual1_backward", none, c.dx1,
                      Impl::out_matrix(c.da), c, kAttentionOutput);
-    m_attention.backward_impl(space, Impl::in_matrix(c.da), Impl::out_matrix(c.dh1), c.attention);
+    m_attention.backward_impl(space, Impl::in_matrix(c.da), Impl::out_matrix(c.dh1), c.attention,
+                              score_mod);
     Kokkos::deep_copy(space, dx, in2(c.dx1));
     norm_backward(space, Impl::in_matrix(c.x), w.norm1_weight, c.mean1, c.rstd1,
                   Impl::in_matrix(c.dh1), dx, g.norm1_weight, g.norm1_bias);

@@ -82,36 +82,41 @@ inline RingOptions nn_ring_options(const nn::SequenceParallelOptions& options,
 
 /// The layer's attention forward: ring attention over the ranks in the
 /// sequence-parallel mode (collective; fences, see ring_attention_forward),
-/// flash attention otherwise.
-template <class ExecSpace, class V4, class L3>
+/// flash attention otherwise. Ring attention takes no score modifier: the
+/// layers refuse one in that mode before calling this.
+template <class ExecSpace, class V4, class L3, class ScoreMod>
 void nn_attention_forward(const ExecSpace& space, const nn::SequenceParallelOptions& options,
                           const V4& q, const V4& k, const V4& v, const V4& o, const L3& lse,
-                          const AttentionOptions& attention) {
+                          const AttentionOptions& attention, const ScoreMod& score_mod) {
 #if KFA_ENABLE_MPI
-  if (options.comm != nullptr) {
-    ring_attention_forward(space, *options.comm, q, k, v, o, lse,
-                           nn_ring_options(options, attention));
-    return;
+  if constexpr (std::is_same<ScoreMod, NoScoreMod>::value) {
+    if (options.comm != nullptr) {
+      ring_attention_forward(space, *options.comm, q, k, v, o, lse,
+                             nn_ring_options(options, attention));
+      return;
+    }
   }
 #endif
   (void)options;
-  flash_attention_forward(space, q, k, v, o, lse, attention);
+  flash_attention_forward(space, q, k, v, o, lse, attention, score_mod);
 }
 
-template <class ExecSpace, class V4, class L3>
+template <class ExecSpace, class V4, class L3, class ScoreMod>
 void nn_attention_backward(const ExecSpace& space, const nn::SequenceParallelOptions& options,
                            const V4& q, const V4& k, const V4& v, const V4& o, const L3& lse,
                            const V4& d_o, const V4& dq, const V4& dk, const V4& dv,
-                           const AttentionOptions& attention) {
+                           const AttentionOptions& attention, const ScoreMod& score_mod) {
 #if KFA_ENABLE_MPI
-  if (options.comm != nullptr) {
-    ring_attention_backward(space, *options.comm, q, k, v, o, lse, d_o, dq, dk, dv,
-                            nn_ring_options(options, attention));
-    return;
+  if constexpr (std::is_same<ScoreMod, NoScoreMod>::value) {
+    if (options.comm != nullptr) {
+      ring_attention_backward(space, *options.comm, q, k, v, o, lse, d_o, dq, dk, dv,
+                              nn_ring_options(options, attention));
+      return;
+    }
   }
 #endif
   (void)options;
-  flash_attention_backward(space, q, k, v, o, lse, d_o, dq, dk, dv, attention);
+  flash_attention_backward(space, q, k, v, o, lse, d_o, dq, dk, dv, attention, score_mod);
 }
 
 /// Throws unless `options` can run: a communicator needs an MPI build, and
