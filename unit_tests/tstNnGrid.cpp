@@ -366,6 +366,14 @@ TYPED_TEST(NnGrid, NeighbourhoodAttentionSkipsTiles) {
   }
 }
 
+// A packed batch of grids: positions count from each sequence's start.
+TYPED_TEST(NnGrid, NeighbourhoodAttentionPackedBatch) {
+  const RefGrid grid{3, {3, 4, 5}, {1, 2, 1}, true};
+  const int n = grid.points();
+  check_varlen<TypeParam>(VarlenShape{{n, n, n}, {n, n, n}, 4, 2, 12}, {}, "grid-varlen",
+                          grid.modifier(), grid.extras());
+}
+
 // A sequence that is not the grid gets NaN scores, not a wrong mask.
 TYPED_TEST(NnGrid, NeighbourhoodWrongLengthGivesNaN) {
   using Space = typename TypeParam::space;

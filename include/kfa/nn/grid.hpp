@@ -147,9 +147,11 @@ void axial_rotary_backward(const ExecSpace& space, const DY& dy, const DX& dx,
 /// in packed batches every sequence). The entry points cannot check this
 /// before the call, so a sequence of another length gets NaN scores (O, lse
 /// and the gradients NaN) instead of a silently wrong mask. Every query sees
-/// at least itself: no row is fully masked, unless combined with a window.
+/// at least itself, and neither causal masks nor windows hide the diagonal
+/// of equal lengths: no row is fully masked.
 ///
-/// Trivially copyable and without Views: it runs on every backend.
+/// Trivially copyable, without Views or virtual calls, so that device
+/// kernels can take it by value.
 class GridNeighbourhood {
  public:
   /// Throws std::invalid_argument on bad axes, extents or radii.
