@@ -743,6 +743,198 @@ TYPED_TEST(NnLayers, ScoreModifierErrorsThrowAndWriteNothing) {
   for (std::size_t n = 0; n < host.size(); ++n) ASSERT_EQ(host.data()[n], T(3)) << "y written";
 }
 
+/// Packed batches of sequences of lengths 13, 0 (empty), 29 and 7: the
+/// layers on x [49][d_model] with cu_seqlens against the oracle run one
+/// sequence at a time (batch 1), gradients summed over the sequences;
+/// rotary positions, causal masks, windows and ALiBi restart at each
+/// sequence.
+TYPED_TEST(NnLayers, PackedBatchesMatchOracle) {
+  using Space = typename TypeParam::space;
+  using T = typename TypeParam::value_type;
+  using memory_space = typename Space::memory_space;
+  const std::vector<int> lengths = {13, 0, 29, 7};
+  std::vector<int> offsets{0};
+  for (int n : lengths) offsets.push_back(offsets.back() + n);
+  const int total = offsets.back(), max_seqlen = 29, d = 48;
+  Kokkos::View<int*, memory_space> cu("cu_seqlens", offsets.size());
+  Kokkos::deep_copy(cu, Kokkos::View<const int*, Kokkos::HostSpace,
+                                     Kokkos::MemoryTraits<Kokkos::Unmanaged>>(offsets.data(),
+                                                                              offsets.size()));
+  auto rows = [&](const Tensor& t, int b) { return row_range(t, offsets[b], offsets[b + 1]); };
+  auto put_rows = [&](Tensor& t, int b, const Tensor& r) {
+    std::copy(r.data.begin(), r.data.end(), t.data.begin() + std::size_t(offsets[b]) * d);
+  };
+  std::vector<kfa::nn::MultiHeadAttentionOptions> cases(2);
+  for (auto& o : cases) o.d_model = d;
+  cases[0].heads = 3;  // fused, qk-norm, rotary, causal
+  cases[0].qk_norm = true;
+  cases[0].rotary = true;
+  cases[0].attention.causal = true;
+  cases[1].heads = 4;  // separate, grouped-query, ALiBi, a window
+  cases[1].kv_heads = 2;
+  cases[1].head_dim = 12;
+  cases[1].fused_qkv = false;
+  cases[1].alibi = true;
+  cases[1].attention.window_left = 5;
+  cases[1].attention.window_right = 3;
+  for (int index = 0; index < 2; ++index) {
+    const auto& options = cases[index];
+    const std::string tag = "nn_packed_" + std::to_string(index);
+    const std::string what = tag + " " + type_name<T>() + " " + Space::name() + " seed " +
+                             std::to_string(test_seed(tag));
+    kfa::nn::MultiHeadAttention<Space, T> mha(options);
+    std::mt19937_64 rng(test_seed(tag));
+    randomize_parameters(mha.parameters(), rng);
+    const Tensor x = rounded<T>(random_tensor({total, d}, rng));
+    const Tensor dy = rounded<T>(random_tensor({total, d}, rng));
+    auto xv = make_view<DeviceView2<T, Space>>(x, "x");
+    auto dyv = make_view<DeviceView2<T, Space>>(dy, "dy");
+    DeviceView2<T, Space> yv("y", total, d), dxv("dx", total, d);
+    poison(yv);
+    poison(dxv);
+    typename kfa::nn::MultiHeadAttention<Space, T>::context_type context;
+    mha.forward(Space(), xv, cu, max_seqlen, yv, context);
+    mha.backward(Space(), dyv, dxv, context);
+    Space().fence();
+
+    const MhaParams p = mha_params(mha, false);
+    Tensor y_ref({total, d}), dx_ref({total, d});
+    MhaParams g_ref = zero_grads(p);
+    for (int b = 0; b < int(lengths.size()); ++b) {
+      if (lengths[b] == 0) continue;
+      MhaOracle oracle{mha.options(), p, 1, lengths[b], {}, {}, {}, {}, {}, {}};
+      if (options.alibi) oracle.extras = alibi_extras(options.heads);
+      oracle.forward(rows(x, b));
+      Tensor dx_b;
+      oracle.backward(rows(x, b), rows(dy, b), dx_b, g_ref);
+      put_rows(y_ref, b, oracle.y);
+      put_rows(dx_ref, b, dx_b);
+    }
+    const double factor = 16.0 * (d + max_seqlen);
+    expect_close_rel<T>(what + " y", to_host(yv), y_ref, factor);
+    expect_close_rel<T>(what + " dx", to_host(dxv), dx_ref, factor);
+    expect_mha_grads<T>(what, mha_params(mha, true), g_ref, factor * 4);
+  }
+  {
+    // The Llama block on the same packed batch: norms, MLP per token.
+    kfa::nn::TransformerBlockOptions options;
+    options.attention.d_model = d;
+    options.attention.heads = 3;
+    options.attention.rotary = true;
+    options.attention.attention.causal = true;
+    options.norm = kfa::nn::Norm::rms_norm;
+    options.activation = kfa::nn::Activation::swiglu;
+    options.d_ff = 40;
+    const std::string tag = "nn_packed_block";
+    const std::string what = tag + " " + type_name<T>() + " " + Space::name();
+    kfa::nn::TransformerBlock<Space, T> block(options);
+    std::mt19937_64 rng(test_seed(tag));
+    randomize_parameters(block.parameters(), rng);
+    const Tensor x = rounded<T>(random_tensor({total, d}, rng));
+    const Tensor dy = rounded<T>(random_tensor({total, d}, rng));
+    auto xv = make_view<DeviceView2<T, Space>>(x, "x");
+    auto dyv = make_view<DeviceView2<T, Space>>(dy, "dy");
+    DeviceView2<T, Space> yv("y", total, d), dxv("dx", total, d);
+    poison(yv);
+    poison(dxv);
+    typename kfa::nn::TransformerBlock<Space, T>::context_type context;
+    block.forward(Space(), xv, cu, max_seqlen, yv, context);
+    block.backward(Space(), dyv, dxv, context);
+    Space().fence();
+    const MhaParams mp = mha_params(block.attention(), false);
+    const std::vector<Tensor> w = block_tensors(block, false);
+    Tensor y_ref({total, d}), dx_ref({total, d});
+    std::vector<Tensor> g_ref;
+    for (const Tensor& t : w) g_ref.push_back(zeros_like(t));
+    MhaParams mg_ref = zero_grads(mp);
+    for (int b = 0; b < int(lengths.size()); ++b) {
+      if (lengths[b] == 0) continue;
+      BlockOracle oracle{block.options(),
+                         MhaOracle{block.options().attention, mp, 1, lengths[b], {}, {}, {}, {},
+                                   {}, {}},
+                         w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]};
+      oracle.forward(rows(x, b));
+      Tensor dx_b;
+      oracle.backward(rows(x, b), rows(dy, b), dx_b,
+                      {&g_ref[0], &g_ref[1], &g_ref[2], &g_ref[3], &g_ref[4], &g_ref[5],
+                       &g_ref[6], &g_ref[7]},
+                      mg_ref);
+      put_rows(y_ref, b, oracle.y);
+      put_rows(dx_ref, b, dx_b);
+    }
+    const double factor = 16.0 * (d + max_seqlen + options.d_ff);
+    expect_close_rel<T>(what + " y", to_host(yv), y_ref, factor);
+    expect_close_rel<T>(what + " dx", to_host(dxv), dx_ref, factor);
+    const std::vector<Tensor> g = block_tensors(block, true);
+    for (int n = 0; n < 8; ++n)
+      expect_close_rel<T>(what + " d param " + std::to_string(n), g[n], g_ref[n], factor * 4);
+    expect_mha_grads<T>(what + " self_attn", mha_params(block.attention(), true), mg_ref,
+                        factor * 4);
+  }
+}
+
+TYPED_TEST(NnLayers, PackedBatchErrorsThrowAndWriteNothing) {
+  using Space = typename TypeParam::space;
+  using T = typename TypeParam::value_type;
+  using memory_space = typename Space::memory_space;
+  kfa::nn::MultiHeadAttentionOptions options;
+  options.d_model = 16;
+  options.heads = 2;
+  options.rotary = true;
+  kfa::nn::MultiHeadAttention<Space, T> mha(options);
+  typename kfa::nn::MultiHeadAttention<Space, T>::context_type context, batched;
+  auto offsets = [](std::vector<int> v) {
+    Kokkos::View<int*, memory_space> cu("cu", v.size());
+    Kokkos::deep_copy(cu, Kokkos::View<const int*, Kokkos::HostSpace,
+                                       Kokkos::MemoryTraits<Kokkos::Unmanaged>>(v.data(),
+                                                                                v.size()));
+    return cu;
+  };
+  DeviceView2<T, Space> x("x", 7, 16), y("y", 7, 16), x_bad("x_bad", 7, 12),
+      y_short("y_short", 6, 16), dx("dx", 7, 16);
+  DeviceView3<T, Space> x3("x3", 1, 7, 16), y3("y3", 1, 7, 16);
+  Kokkos::deep_copy(y, T(3));
+  Kokkos::deep_copy(dx, T(3));
+  const auto good = offsets({0, 3, 7});
+  expect_invalid_argument([&] { mha.forward(Space(), x, offsets({0, 3, 6}), 4, y, context); },
+                          "kfa::nn::MultiHeadAttention::forward: cu_seqlens must start at 0, "
+                          "never decrease, end at total_tokens = 7 and hold lengths <= "
+                          "max_seqlen = 4; got cu_seqlens[2] = 6");
+  expect_invalid_argument([&] { mha.forward(Space(), x, offsets({0, 5, 7}), 4, y, context); },
+                          "got cu_seqlens[1] = 5");
+  expect_invalid_argument([&] { mha.forward(Space(), x, offsets({1, 3, 7}), 4, y, context); },
+                          "got cu_seqlens[0] = 1");
+  expect_invalid_argument([&] { mha.forward(Space(), x_bad, good, 4, y, context); },
+                          "x must be [total_tokens][d_model] with d_model = 16, got [7][12]");
+  expect_invalid_argument([&] { mha.forward(Space(), x, good, 4, y_short, context); },
+                          "y must be [total_tokens][d_model] = [7][16], got [6][16]");
+  expect_invalid_argument([&] { mha.forward(Space(), x, good, 4, x, context); },
+                          "y must not overlap x");
+  mha.forward(Space(), x3, y3, batched);
+  expect_invalid_argument([&] { mha.backward(Space(), y, dx, batched); },
+                          "is packed [total_tokens][d_model] but the forward was not");
+  DeviceView2<T, Space> y_packed("y_packed", 7, 16);
+  mha.forward(Space(), x, good, 4, y_packed, context);
+  expect_invalid_argument([&] { mha.backward(Space(), y3, x3, context); },
+                          "the forward was packed: dy and dx must be [total_tokens][d_model]");
+  expect_invalid_argument([&] { mha.backward(Space(), y_short, dx, context); },
+                          "dy must be [total_tokens][d_model] = [7][16], got [6][16]");
+  kfa::nn::TransformerBlockOptions block_options;
+  block_options.attention = options;
+  block_options.d_ff = 8;
+  kfa::nn::TransformerBlock<Space, T> block(block_options);
+  typename kfa::nn::TransformerBlock<Space, T>::context_type block_context;
+  expect_invalid_argument(
+      [&] { block.forward(Space(), x, offsets({0, 3, 6}), 4, y, block_context); },
+      "kfa::nn::TransformerBlock::forward: cu_seqlens must start at 0");
+  const DeviceView2<T, Space> written[] = {y, dx};
+  for (const auto& v : written) {
+    auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+    for (std::size_t n = 0; n < host.size(); ++n)
+      ASSERT_EQ(host.data()[n], T(3)) << v.label() << " written";
+  }
+}
+
 TYPED_TEST(NnLayers, TransformerBlockMatchesOracle) {
   using Space = typename TypeParam::space;
   using T = typename TypeParam::value_type;

@@ -60,6 +60,12 @@ struct MultiHeadAttentionContext {
   // Where x's tokens sit in the global sequence (sequence-parallel mode),
   // and the keys' positions (the memory's own for cross-attention).
   Impl::NnSequenceSlice slice, slice_kv;
+  // Packed batches: x is [1][total_tokens][d_model], the sequences' offsets
+  // (the caller's View), their longest length, each token's position.
+  bool packed = false;
+  Kokkos::View<const int*, memory_space> cu_seqlens;
+  int max_seqlen = 0;
+  Kokkos::View<int*, memory_space> positions;
   // Workspaces: the fused q|k|v (or, for cross-attention, k|v) projection,
   // the backward's gradients.
   view2 qkv, dqkv, kv, dkv;
@@ -187,6 +193,7 @@ class MultiHeadAttention {
     Impl::ProfilingRegion region(function);
     check_self_forward(function, x, y);
     if constexpr (pair_ok<X, Y>()) {
+      unpack(context);
       with_own_modifier(
           [&](const auto& mod) { forward_impl(space, x, Impl::out_matrix(y), context, mod); });
     }
@@ -204,6 +211,7 @@ class MultiHeadAttention {
     check_self_forward(function, x, y);
     if constexpr (pair_ok<X, Y>()) {
       check_modifier(function, score_mod, x.extent(0), x.extent(1), x.extent(1));
+      unpack(context);
       forward_impl(space, x, Impl::out_matrix(y), context, score_mod);
     }
   }
@@ -223,6 +231,7 @@ class MultiHeadAttention {
     Impl::ProfilingRegion region(function);
     check_cross_forward(function, x, memory, y);
     if constexpr (pair_ok<X, Y>() && pair_ok<M, Y>()) {
+      unpack(context);
       with_own_modifier([&](const auto& mod) {
         attend_forward(space, x, memory, Impl::out_matrix(y), context, true, mod);
       });
@@ -239,17 +248,64 @@ class MultiHeadAttention {
     check_cross_forward(function, x, memory, y);
     if constexpr (pair_ok<X, Y>() && pair_ok<M, Y>()) {
       check_modifier(function, score_mod, x.extent(0), x.extent(1), memory.extent(1));
+      unpack(context);
       attend_forward(space, x, memory, Impl::out_matrix(y), context, true, score_mod);
+    }
+  }
+
+  /// A packed batch of variable-length sequences (the layout of
+  /// kfa::flash_attention_varlen_forward): x, y [total_tokens][d_model]
+  /// (contiguous LayoutRight); sequence b is rows [cu_seqlens[b],
+  /// cu_seqlens[b + 1]) and attends only within itself. Causal masks,
+  /// windows, rotary positions and score-modifier positions restart at each
+  /// sequence. cu_seqlens [batch + 1] of int in the layer's memory space
+  /// (referenced by the context until the backward); max_seqlen bounds the
+  /// lengths. The backward takes dy, dx [total_tokens][d_model]. Checking
+  /// the offsets reads them on the host: this fences. Not in the
+  /// sequence-parallel mode.
+  template <class X, class Cu, class Y>
+  void forward(const ExecSpace& space, const X& x, const Cu& cu_seqlens, int max_seqlen,
+               const Y& y, context_type& context) const {
+    const char* function = "kfa::nn::MultiHeadAttention::forward";
+    Impl::ProfilingRegion region(function);
+    check_packed_forward(function, x, cu_seqlens, max_seqlen, y, context);
+    if constexpr (packed_pair_ok<X, Y>()) {
+      with_own_modifier([&](const auto& mod) {
+        forward_impl(space, packed_tokens(x), Impl::out_matrix(y), context, mod);
+      });
+    }
+  }
+
+  /// A packed batch with a score modifier (b is the sequence, i and j count
+  /// from its start; a pairwise bias is [batch or 1][heads or 1][max_seqlen]
+  /// [max_seqlen]).
+  template <class X, class Cu, class Y, class ScoreMod>
+  void forward(const ExecSpace& space, const X& x, const Cu& cu_seqlens, int max_seqlen,
+               const Y& y, context_type& context, const ScoreMod& score_mod) const {
+    const char* function = "kfa::nn::MultiHeadAttention::forward";
+    Impl::ProfilingRegion region(function);
+    check_packed_forward(function, x, cu_seqlens, max_seqlen, y, context);
+    if constexpr (packed_pair_ok<X, Y>()) {
+      check_modifier(function, score_mod, cu_seqlens.extent(0) - 1, max_seqlen, max_seqlen);
+      forward_impl(space, packed_tokens(x), Impl::out_matrix(y), context, score_mod);
     }
   }
 
   /// Backward of the forward that filled `context`: dx overwritten, the
   /// parameter gradients accumulated. dy, dx [batch][seqlen][d_model] like
-  /// that forward's x; dx must not overlap dy.
+  /// that forward's x ([total_tokens][d_model] after a packed forward); dx
+  /// must not overlap dy.
   template <class DY, class DX>
   void backward(const ExecSpace& space, const DY& dy, const DX& dx, context_type& context) {
     const char* function = "kfa::nn::MultiHeadAttention::backward";
     Impl::ProfilingRegion region(function);
+    if constexpr (packed_pair_ok<DY, DX>()) {
+      check_packed_backward(function, dy, dx, context);
+      with_own_modifier([&](const auto& mod) {
+        backward_impl(space, Impl::in_matrix(dy), Impl::out_matrix(dx), context, mod);
+      });
+      return;
+    }
     check_self_backward(function, dy, dx, context);
     if constexpr (pair_ok<DY, DX>()) {
       with_own_modifier([&](const auto& mod) {
@@ -264,6 +320,13 @@ class MultiHeadAttention {
                 const ScoreMod& score_mod) {
     const char* function = "kfa::nn::MultiHeadAttention::backward";
     Impl::ProfilingRegion region(function);
+    if constexpr (packed_pair_ok<DY, DX>()) {
+      check_packed_backward(function, dy, dx, context);
+      check_modifier(function, score_mod, context.cu_seqlens.extent(0) - 1, context.max_seqlen,
+                     context.max_seqlen);
+      backward_impl(space, Impl::in_matrix(dy), Impl::out_matrix(dx), context, score_mod);
+      return;
+    }
     check_self_backward(function, dy, dx, context);
     if constexpr (pair_ok<DY, DX>()) {
       check_modifier(function, score_mod, context.q.extent(0), context.q.extent(1),
@@ -415,6 +478,123 @@ class MultiHeadAttention {
     }
   }
 
+  template <class A, class B>
+  static constexpr bool packed_pair_ok() {
+    return Impl::view_ok<ExecSpace, A>(2) && Impl::view_ok<ExecSpace, B>(2);
+  }
+
+  /// Packed [total_tokens][d_model] as the [1][total_tokens][d_model] the
+  /// projections and norms run on.
+  template <class X>
+  static typename context_type::const_view3 packed_tokens(const X& x) {
+    return typename context_type::const_view3(x.data(), 1, x.extent(0), x.extent(1));
+  }
+
+  /// Marks a context as holding a batch of equal-length sequences.
+  static void unpack(context_type& c) {
+    c.packed = false;
+    c.cu_seqlens = {};
+    c.max_seqlen = 0;
+  }
+
+  /// A packed input and output [total_tokens][d_model]; the offsets are
+  /// read on the host and checked (and the tokens' positions derived) here,
+  /// before anything is written.
+  template <class X, class Cu, class Y>
+  void check_packed_forward(const char* function, const X& x, const Cu& cu_seqlens,
+                            int max_seqlen, const Y& y, context_type& c) const {
+    if (m_options.sequence_parallel.comm != nullptr) {
+      Impl::throw_invalid(function, "packed batches do not run in the sequence-parallel mode");
+    }
+    if (m_options.d_model_kv != m_options.d_model) {
+      Impl::throw_invalid(function, "a packed batch is self-attention: options.d_model_kv must "
+                                    "be d_model");
+    }
+    const char* shape = "[total_tokens][d_model]";
+    Impl::check_nn_view<ExecSpace, X>(function, "x", shape, 2);
+    Impl::check_nn_view<ExecSpace, Y>(function, "y", shape, 2);
+    if constexpr (packed_pair_ok<X, Y>()) {
+      static_assert(Impl::same_value_type<T, X, Y>() && Impl::all_non_const<Y>(),
+                    "kfa::nn::MultiHeadAttention: inputs and outputs must be Views of the "
+                    "layer's T, outputs non-const");
+      if (x.extent(1) != std::size_t(m_options.d_model)) {
+        Impl::throw_invalid(function, "x must be [total_tokens][d_model] with d_model = " +
+                                          std::to_string(m_options.d_model) + ", got " +
+                                          Impl::extents_string(x));
+      }
+      Impl::check_extents(function, "y", shape, y, {x.extent(0), x.extent(1)});
+      if (!x.span_is_contiguous() || !y.span_is_contiguous()) {
+        Impl::throw_invalid(function, "x and y must be contiguous (LayoutRight Views without "
+                                      "padding)");
+      }
+      Impl::check_disjoint(function, "y", y, "x", x);
+      pack(function, cu_seqlens, max_seqlen, x.extent(0), c);
+    }
+  }
+
+  template <class Cu>
+  static void pack(const char* function, const Cu& cu_seqlens, int max_seqlen, std::size_t total,
+                   context_type& c) {
+    static_assert(Kokkos::is_view<Cu>::value && Cu::rank == 1 &&
+                      std::is_same<typename Cu::non_const_value_type, int>::value &&
+                      std::is_same<typename Cu::memory_space, memory_space>::value,
+                  "kfa::nn::MultiHeadAttention: cu_seqlens must be a rank-1 View of int in the "
+                  "layer's memory space");
+    if (cu_seqlens.extent(0) == 0 || max_seqlen < 0) {
+      Impl::throw_invalid(function, "cu_seqlens must be [batch + 1] (got " +
+                                        Impl::extents_string(cu_seqlens) +
+                                        ") and max_seqlen >= 0 (got " +
+                                        std::to_string(max_seqlen) + ")");
+    }
+    const auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), cu_seqlens);
+    const std::size_t n = host.extent(0);
+    for (std::size_t b = 0; b < n; ++b) {
+      const bool bad = b == 0 ? host(0) != 0
+                              : host(b) < host(b - 1) || host(b) - host(b - 1) > max_seqlen;
+      if (bad || (b + 1 == n && std::size_t(host(b)) != total)) {
+        Impl::throw_invalid(function, "cu_seqlens must start at 0, never decrease, end at "
+                                      "total_tokens = " + std::to_string(total) +
+                                          " and hold lengths <= max_seqlen = " +
+                                          std::to_string(max_seqlen) + "; got cu_seqlens[" +
+                                          std::to_string(b) + "] = " + std::to_string(host(b)));
+      }
+    }
+    // Rotary positions restart at every sequence.
+    std::vector<int> positions(total);
+    for (std::size_t b = 0; b + 1 < n; ++b)
+      for (int t = host(b); t < host(b + 1); ++t) positions[t] = t - host(b);
+    Impl::nn_ensure(c.positions, "kfa::nn::MultiHeadAttention::positions", total);
+    Kokkos::deep_copy(c.positions,
+                      Kokkos::View<const int*, Kokkos::HostSpace,
+                                   Kokkos::MemoryTraits<Kokkos::Unmanaged>>(positions.data(),
+                                                                            total));
+    c.packed = true;
+    c.cu_seqlens = cu_seqlens;
+    c.max_seqlen = max_seqlen;
+  }
+
+  /// dy, dx [total_tokens][d_model] after a packed forward.
+  template <class DY, class DX>
+  void check_packed_backward(const char* function, const DY& dy, const DX& dx,
+                             const context_type& c) const {
+    static_assert(Impl::same_value_type<T, DY, DX>() && Impl::all_non_const<DX>(),
+                  "kfa::nn::MultiHeadAttention: dy and dx must be Views of the layer's T, dx "
+                  "non-const");
+    if (!c.packed) {
+      Impl::throw_invalid(function, "dy " + Impl::extents_string(dy) +
+                                        " is packed [total_tokens][d_model] but the forward was "
+                                        "not (call forward with this context first)");
+    }
+    const std::size_t total = c.x.extent(1), d = std::size_t(m_options.d_model);
+    Impl::check_extents(function, "dy", "[total_tokens][d_model]", dy, {total, d});
+    Impl::check_extents(function, "dx", "[total_tokens][d_model]", dx, {total, d});
+    if (!dy.span_is_contiguous() || !dx.span_is_contiguous()) {
+      Impl::throw_invalid(function, "dy and dx must be contiguous (LayoutRight Views without "
+                                    "padding)");
+    }
+    Impl::check_disjoint(function, "dx", dx, "dy", dy);
+  }
+
   template <class X, class Y>
   void check_self_forward(const char* function, const X& x, const Y& y) const {
     Impl::nn_checks_on_every_rank(m_options.sequence_parallel, [&] {
@@ -538,6 +718,10 @@ class MultiHeadAttention {
 
   template <class DY>
   static void check_like_forward(const char* function, const DY& dy, const context_type& c) {
+    if (c.packed) {
+      Impl::throw_invalid(function, "the forward was packed: dy and dx must be "
+                                    "[total_tokens][d_model]");
+    }
     // x may be the caller's unmanaged View (use_count 0); lse is the context's own.
     if (c.lse.use_count() == 0 || dy.extent(0) != c.x.extent(0) ||
         dy.extent(1) != c.x.extent(1)) {
@@ -552,13 +736,14 @@ class MultiHeadAttention {
   /// out_col0 (sign -1: the inverse); without rotary a copy. Positions are
   /// global: the tokens of `slice` start at slice.offset.
   void rotate(const ExecSpace& space, const in2& in, int in_col0, const out2& out, int out_col0,
-              const Impl::NnSequenceSlice& slice, int heads, bool rotary, int sign) const {
+              const Impl::NnSequenceSlice& slice, int heads, bool rotary, int sign,
+              const Kokkos::View<const int*, memory_space>& positions = {}) const {
     RotaryOptions rotary_options = m_options.rotary_options;
     rotary_options.position_offset += slice.offset;
     Impl::rotary_apply_impl<ExecSpace, T>(space, in, in_col0, out, out_col0, slice.seqlen, heads,
                                           m_options.head_dim,
                                           rotary ? rotary_options.rotary_dim : 0, rotary_options,
-                                          sign);
+                                          sign, positions);
   }
 
   /// RMSNorm over head_dim of every (token, head) row of `in` into `out`.
@@ -601,6 +786,31 @@ class MultiHeadAttention {
     return m_options.fused_qkv && m_options.rotary && !m_options.qk_norm;
   }
 
+  /// The varlen attention forward (or backward) of a packed batch: the
+  /// context's [1][total_tokens][...] tensors as the varlen entry points'
+  /// [total_tokens][...].
+  template <class ScoreMod>
+  static void packed_attention(const ExecSpace& space, context_type& c,
+                               const ScoreMod& score_mod, bool backward) {
+    using view3 = Kokkos::View<T***, Kokkos::LayoutRight, memory_space>;
+    using lse2 = Kokkos::View<accumulator_t<T>**, Kokkos::LayoutRight, memory_space>;
+    const auto rows = [](const view4& v) {
+      return view3(v.data(), v.extent(1), v.extent(2), v.extent(3));
+    };
+    const lse2 lse(c.lse.data(), c.lse.extent(1), c.lse.extent(2));
+    const int max_seqlen = c.max_seqlen;
+    if (backward) {
+      flash_attention_varlen_backward(space, rows(c.q), rows(c.k), rows(c.v), c.cu_seqlens,
+                                      c.cu_seqlens, max_seqlen, max_seqlen, rows(c.o), lse,
+                                      rows(c.d_o), rows(c.dq), rows(c.dk), rows(c.dv),
+                                      c.attention, score_mod);
+    } else {
+      flash_attention_varlen_forward(space, rows(c.q), rows(c.k), rows(c.v), c.cu_seqlens,
+                                     c.cu_seqlens, max_seqlen, max_seqlen, rows(c.o), lse,
+                                     c.attention, score_mod);
+    }
+  }
+
   /// Self-attention (the block's entry).
   template <class X, class ScoreMod>
   void forward_impl(const ExecSpace& space, const X& x, const out2& y, context_type& c,
@@ -620,9 +830,14 @@ class MultiHeadAttention {
     c.x = x;
     c.cross = cross;
     c.memory = cross ? typename context_type::const_view3(mem) : typename context_type::const_view3();
-    c.slice = Impl::nn_sequence_slice(o.sequence_parallel, seqlen);
+    // A packed batch's rotary table has a row per position of its longest
+    // sequence; the tokens' own positions come from c.positions.
+    c.slice = c.packed ? Impl::NnSequenceSlice{0, c.max_seqlen, c.max_seqlen}
+                       : Impl::nn_sequence_slice(o.sequence_parallel, seqlen);
     // Keys count their positions from the start of the memory.
     c.slice_kv = cross ? Impl::NnSequenceSlice{0, seqlen_kv, seqlen_kv} : c.slice;
+    const Kokkos::View<const int*, memory_space> pos =
+        c.packed ? c.positions : Kokkos::View<int*, memory_space>();
     Impl::nn_ensure(c.q, "kfa::nn::MultiHeadAttention::q", batch, seqlen, o.heads, hd);
     Impl::nn_ensure(c.k, "kfa::nn::MultiHeadAttention::k", batch, seqlen_kv, o.kv_heads, hd);
     Impl::nn_ensure(c.v, "kfa::nn::MultiHeadAttention::v", batch, seqlen_kv, o.kv_heads, hd);
@@ -646,9 +861,9 @@ class MultiHeadAttention {
       // attention's [batch][seqlen][heads][head_dim] tensors and rotates q, k.
       Impl::nn_ensure(c.qkv, "kfa::nn::MultiHeadAttention::qkv", tokens, q_cols + 2 * kv_cols);
       Impl::linear_forward_impl<ExecSpace, T>(space, x2, w.w_qkv, w.b_qkv, c.qkv);
-      rotate(space, c.qkv, 0, q2, 0, c.slice, o.heads, q_in_split, 1);
-      rotate(space, c.qkv, q_cols, k2, 0, c.slice, o.kv_heads, k_in_split, 1);
-      rotate(space, c.qkv, q_cols + kv_cols, v2, 0, c.slice, o.kv_heads, false, 1);
+      rotate(space, c.qkv, 0, q2, 0, c.slice, o.heads, q_in_split, 1, pos);
+      rotate(space, c.qkv, q_cols, k2, 0, c.slice, o.kv_heads, k_in_split, 1, pos);
+      rotate(space, c.qkv, q_cols + kv_cols, v2, 0, c.slice, o.kv_heads, false, 1, pos);
     } else if (o.fused_qkv) {
       // Cross-attention: q from the q rows, one product for k|v from the rest.
       Impl::nn_ensure(c.kv, "kfa::nn::MultiHeadAttention::kv", tokens_kv, 2 * kv_cols);
@@ -656,8 +871,8 @@ class MultiHeadAttention {
                                               vector_rows(w.b_qkv, 0, q_cols), q2);
       Impl::linear_forward_impl<ExecSpace, T>(space, mem2, weight_rows(w.w_qkv, q_cols, 2 * kv_cols),
                                               vector_rows(w.b_qkv, q_cols, 2 * kv_cols), c.kv);
-      rotate(space, c.kv, 0, k2, 0, c.slice_kv, o.kv_heads, k_in_split, 1);
-      rotate(space, c.kv, kv_cols, v2, 0, c.slice_kv, o.kv_heads, false, 1);
+      rotate(space, c.kv, 0, k2, 0, c.slice_kv, o.kv_heads, k_in_split, 1, pos);
+      rotate(space, c.kv, kv_cols, v2, 0, c.slice_kv, o.kv_heads, false, 1, pos);
     } else {
       Impl::linear_forward_impl<ExecSpace, T>(space, x2, w.w_q, w.b_q, q2);
       Impl::linear_forward_impl<ExecSpace, T>(space, mem2, w.w_k, w.b_k, k2);
@@ -669,17 +884,21 @@ class MultiHeadAttention {
     }
     if (o.rotary && !q_in_split) {
       const out2 q_att = Impl::out_tokens(c.q);
-      rotate(space, q_att, 0, q_att, 0, c.slice, o.heads, true, 1);
+      rotate(space, q_att, 0, q_att, 0, c.slice, o.heads, true, 1, pos);
     }
     if (o.rotary && !k_in_split) {
       const out2 k_att = Impl::out_tokens(c.k);
-      rotate(space, k_att, 0, k_att, 0, c.slice_kv, o.kv_heads, true, 1);
+      rotate(space, k_att, 0, k_att, 0, c.slice_kv, o.kv_heads, true, 1, pos);
     }
     c.attention = o.attention;
     c.attention.dropout_seed = c.dropout_seed;
     if (!c.training) c.attention.dropout_p = 0;
-    Impl::nn_attention_forward(space, o.sequence_parallel, c.q, c.k, c.v, c.o, c.lse,
-                               c.attention, score_mod);
+    if (c.packed) {
+      packed_attention(space, c, score_mod, false);
+    } else {
+      Impl::nn_attention_forward(space, o.sequence_parallel, c.q, c.k, c.v, c.o, c.lse,
+                                 c.attention, score_mod);
+    }
     Impl::linear_forward_impl<ExecSpace, T>(space, Impl::in_tokens(c.o), w.w_o, w.b_o, y);
   }
 
@@ -708,17 +927,23 @@ class MultiHeadAttention {
     const auto &w = m_weights, &g = m_grads;
     Impl::linear_backward_impl<ExecSpace, T>(space, Impl::in_tokens(c.o), w.w_o, dy,
                                              Impl::out_tokens(c.d_o), g.w_o, g.b_o);
-    Impl::nn_attention_backward(space, o.sequence_parallel, c.q, c.k, c.v, c.o, c.lse, c.d_o,
-                                c.dq, c.dk, c.dv, c.attention, score_mod);
+    if (c.packed) {
+      packed_attention(space, c, score_mod, true);
+    } else {
+      Impl::nn_attention_backward(space, o.sequence_parallel, c.q, c.k, c.v, c.o, c.lse, c.d_o,
+                                  c.dq, c.dk, c.dv, c.attention, score_mod);
+    }
+    const Kokkos::View<const int*, memory_space> pos =
+        c.packed ? c.positions : Kokkos::View<int*, memory_space>();
     const in2 x2 = Impl::in_matrix(c.x), mem2 = cross ? Impl::in_matrix(c.memory) : x2;
     const bool q_in_split = q_rotates_in_split(cross), k_in_split = k_rotates_in_split();
     if (o.rotary && !q_in_split) {
       const out2 dq_att = Impl::out_tokens(c.dq);
-      rotate(space, dq_att, 0, dq_att, 0, c.slice, o.heads, true, -1);
+      rotate(space, dq_att, 0, dq_att, 0, c.slice, o.heads, true, -1, pos);
     }
     if (o.rotary && !k_in_split) {
       const out2 dk_att = Impl::out_tokens(c.dk);
-      rotate(space, dk_att, 0, dk_att, 0, c.slice_kv, o.kv_heads, true, -1);
+      rotate(space, dk_att, 0, dk_att, 0, c.slice_kv, o.kv_heads, true, -1, pos);
     }
     if (o.qk_norm) {
       Impl::nn_ensure(c.dq_pre, "kfa::nn::MultiHeadAttention::dq_pre", batch, seqlen, o.heads, hd);
@@ -734,14 +959,14 @@ class MultiHeadAttention {
     if (o.fused_qkv && !cross) {
       // The inverse rotations write straight into the fused gradient.
       Impl::nn_ensure(c.dqkv, "kfa::nn::MultiHeadAttention::dqkv", tokens, q_cols + 2 * kv_cols);
-      rotate(space, dq2, 0, c.dqkv, 0, c.slice, o.heads, q_in_split, -1);
-      rotate(space, dk2, 0, c.dqkv, q_cols, c.slice, o.kv_heads, k_in_split, -1);
-      rotate(space, dv2, 0, c.dqkv, q_cols + kv_cols, c.slice, o.kv_heads, false, -1);
+      rotate(space, dq2, 0, c.dqkv, 0, c.slice, o.heads, q_in_split, -1, pos);
+      rotate(space, dk2, 0, c.dqkv, q_cols, c.slice, o.kv_heads, k_in_split, -1, pos);
+      rotate(space, dv2, 0, c.dqkv, q_cols + kv_cols, c.slice, o.kv_heads, false, -1, pos);
       Impl::linear_backward_impl<ExecSpace, T>(space, x2, w.w_qkv, c.dqkv, dx, g.w_qkv, g.b_qkv);
     } else if (o.fused_qkv) {
       Impl::nn_ensure(c.dkv, "kfa::nn::MultiHeadAttention::dkv", tokens_kv, 2 * kv_cols);
-      rotate(space, dk2, 0, c.dkv, 0, c.slice_kv, o.kv_heads, k_in_split, -1);
-      rotate(space, dv2, 0, c.dkv, kv_cols, c.slice_kv, o.kv_heads, false, -1);
+      rotate(space, dk2, 0, c.dkv, 0, c.slice_kv, o.kv_heads, k_in_split, -1, pos);
+      rotate(space, dv2, 0, c.dkv, kv_cols, c.slice_kv, o.kv_heads, false, -1, pos);
       Impl::linear_backward_impl<ExecSpace, T>(space, x2, weight_rows(w.w_qkv, 0, q_cols), dq2,
                                                dx, grad_rows(g.w_qkv, 0, q_cols),
                                                vector_rows(g.b_qkv, 0, q_cols));

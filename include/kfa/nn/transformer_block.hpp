@@ -128,6 +128,7 @@ class TransformerBlock {
     Impl::nn_checks_on_every_rank(m_options.attention.sequence_parallel,
                                   [&] { m_attention.check_pair(function, "x", x, "y", y); });
     if constexpr (MultiHeadAttention<ExecSpace, T>::template pair_ok<X, Y>()) {
+      Attention::unpack(context.attention);
       m_attention.with_own_modifier(
           [&](const auto& mod) { forward_impl(space, x, Impl::out_matrix(y), context, mod); });
     }
@@ -144,18 +145,59 @@ class TransformerBlock {
                                   [&] { m_attention.check_pair(function, "x", x, "y", y); });
     if constexpr (MultiHeadAttention<ExecSpace, T>::template pair_ok<X, Y>()) {
       m_attention.check_modifier(function, score_mod, x.extent(0), x.extent(1), x.extent(1));
+      Attention::unpack(context.attention);
       forward_impl(space, x, Impl::out_matrix(y), context, score_mod);
+    }
+  }
+
+  /// A packed batch of variable-length sequences: x, y [total_tokens]
+  /// [d_model], cu_seqlens and max_seqlen as in
+  /// MultiHeadAttention's packed forward (positions, masks and the
+  /// attention restart at each sequence; norms, MLP and dropout are per
+  /// token). The backward takes dy, dx [total_tokens][d_model]. Fences (the
+  /// offsets are checked on the host).
+  template <class X, class Cu, class Y>
+  void forward(const ExecSpace& space, const X& x, const Cu& cu_seqlens, int max_seqlen,
+               const Y& y, context_type& context) const {
+    const char* function = "kfa::nn::TransformerBlock::forward";
+    Impl::ProfilingRegion region(function);
+    m_attention.check_packed_forward(function, x, cu_seqlens, max_seqlen, y, context.attention);
+    if constexpr (Attention::template packed_pair_ok<X, Y>()) {
+      m_attention.with_own_modifier([&](const auto& mod) {
+        forward_impl(space, Attention::packed_tokens(x), Impl::out_matrix(y), context, mod);
+      });
+    }
+  }
+
+  /// A packed batch with a score modifier in the attention.
+  template <class X, class Cu, class Y, class ScoreMod>
+  void forward(const ExecSpace& space, const X& x, const Cu& cu_seqlens, int max_seqlen,
+               const Y& y, context_type& context, const ScoreMod& score_mod) const {
+    const char* function = "kfa::nn::TransformerBlock::forward";
+    Impl::ProfilingRegion region(function);
+    m_attention.check_packed_forward(function, x, cu_seqlens, max_seqlen, y, context.attention);
+    if constexpr (Attention::template packed_pair_ok<X, Y>()) {
+      m_attention.check_modifier(function, score_mod, cu_seqlens.extent(0) - 1, max_seqlen,
+                                 max_seqlen);
+      forward_impl(space, Attention::packed_tokens(x), Impl::out_matrix(y), context, score_mod);
     }
   }
 
   /// Backward of the forward that filled `context`: dx overwritten, every
   /// parameter gradient accumulated. dy, dx [batch][seqlen][d_model] like
-  /// that forward's x; dx must not overlap dy.
+  /// that forward's x ([total_tokens][d_model] after a packed forward); dx
+  /// must not overlap dy.
   template <class DY, class DX>
   void backward(const ExecSpace& space, const DY& dy, const DX& dx, context_type& context) {
     const char* function = "kfa::nn::TransformerBlock::backward";
     Impl::ProfilingRegion region(function);
-    using Attention = MultiHeadAttention<ExecSpace, T>;
+    if constexpr (Attention::template packed_pair_ok<DY, DX>()) {
+      m_attention.check_packed_backward(function, dy, dx, context.attention);
+      m_attention.with_own_modifier([&](const auto& mod) {
+        backward_impl(space, Impl::in_matrix(dy), Impl::out_matrix(dx), context, mod);
+      });
+      return;
+    }
     Impl::nn_checks_on_every_rank(m_options.attention.sequence_parallel, [&] {
       m_attention.check_pair(function, "dy", dy, "dx", dx);
       if constexpr (Attention::template pair_ok<DY, DX>())
@@ -174,7 +216,14 @@ class TransformerBlock {
                 const ScoreMod& score_mod) {
     const char* function = "kfa::nn::TransformerBlock::backward";
     Impl::ProfilingRegion region(function);
-    using Attention = MultiHeadAttention<ExecSpace, T>;
+    if constexpr (Attention::template packed_pair_ok<DY, DX>()) {
+      const auto& c = context.attention;
+      m_attention.check_packed_backward(function, dy, dx, c);
+      m_attention.check_modifier(function, score_mod, c.cu_seqlens.extent(0) - 1, c.max_seqlen,
+                                 c.max_seqlen);
+      backward_impl(space, Impl::in_matrix(dy), Impl::out_matrix(dx), context, score_mod);
+      return;
+    }
     Impl::nn_checks_on_every_rank(m_options.attention.sequence_parallel, [&] {
       m_attention.check_pair(function, "dy", dy, "dx", dx);
       if constexpr (Attention::template pair_ok<DY, DX>())
@@ -187,6 +236,7 @@ class TransformerBlock {
   }
 
  private:
+  using Attention = MultiHeadAttention<ExecSpace, T>;
   using in2 = Impl::NnIn2<T, memory_space>;
   using out2 = Impl::NnOut2<T, memory_space>;
   using in1_acc = Impl::NnIn1<accumulator_t<T>, memory_space>;

@@ -63,6 +63,9 @@ struct RotaryApply {
   bool m_interleaved;
   /// +1 rotates forward, -1 applies the inverse rotation (the backward).
   acc_t m_sign;
+  /// Position of each token (packed batches, whose positions restart at
+  /// every sequence); empty: token % seqlen.
+  Kokkos::View<const int*, memory_space> m_positions;
 
   /// d2 < rotary_dim/2 is a pair, past it a pass-through feature.
   KOKKOS_FUNCTION void operator()(const int token, const int head, const int d2) const {
@@ -74,7 +77,7 @@ struct RotaryApply {
       return;
     }
     const int first = m_interleaved ? 2 * d2 : d2, second = m_interleaved ? 2 * d2 + 1 : d2 + half;
-    const int position = token % m_seqlen;
+    const int position = m_positions.extent(0) > 0 ? m_positions(token) : token % m_seqlen;
     const acc_t c = m_table(position, d2, 0), s = m_sign * m_table(position, d2, 1);
     const acc_t x1 = m_in(token, in0 + first), x2 = m_in(token, in0 + second);
     m_out(token, out0 + first) = static_cast<T>(x1 * c - x2 * s);
@@ -92,12 +95,16 @@ struct RotaryApply {
 };
 
 /// Rotates (sign +1) or rotates back (sign -1) `heads` heads of in's columns
-/// from in_col0 into out's from out_col0; rotary_dim 0 copies.
+/// from in_col0 into out's from out_col0; rotary_dim 0 copies. Token t sits
+/// at position positions(t) (< seqlen) when `positions` is not empty, else
+/// at t % seqlen.
 template <class ExecSpace, class T>
 void rotary_apply_impl(const ExecSpace& space, const NnIn2<T, typename ExecSpace::memory_space>& in,
                        int in_col0, const NnOut2<T, typename ExecSpace::memory_space>& out,
                        int out_col0, int seqlen, int heads, int head_dim, int rotary_dim,
-                       const nn::RotaryOptions& options, int sign) {
+                       const nn::RotaryOptions& options, int sign,
+                       const Kokkos::View<const int*, typename ExecSpace::memory_space>&
+                           positions = {}) {
   using acc_t = accumulator_t<T>;
   const auto table = RotaryTable<ExecSpace, acc_t>::make(space, seqlen, rotary_dim, options);
   RotaryApply<ExecSpace, T>{in,
@@ -109,7 +116,8 @@ void rotary_apply_impl(const ExecSpace& space, const NnIn2<T, typename ExecSpace
                             head_dim,
                             rotary_dim,
                             options.style == nn::RotaryStyle::interleaved,
-                            acc_t(sign)}
+                            acc_t(sign),
+                            positions}
       .launch(space, heads);
 }
 
