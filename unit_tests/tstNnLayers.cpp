@@ -9,6 +9,8 @@
 
 #include "nn_test_helpers.hpp"
 
+#include <cstring>
+
 namespace {
 
 using namespace kfa_test;
@@ -933,6 +935,142 @@ TYPED_TEST(NnLayers, PackedBatchErrorsThrowAndWriteNothing) {
     for (std::size_t n = 0; n < host.size(); ++n)
       ASSERT_EQ(host.data()[n], T(3)) << v.label() << " written";
   }
+}
+
+/// Copies every parameter of `from` into `to` (layers of the same options).
+template <class Layer>
+void copy_parameters(const Layer& from, const Layer& to) {
+  const auto a = from.parameters(), b = to.parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t n = 0; n < a.size(); ++n) Kokkos::deep_copy(b[n].value, a[n].value);
+}
+
+template <class T, class ViewType>
+bool bitwise_same(const ViewType& a, const ViewType& b) {
+  auto ha = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), a);
+  auto hb = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b);
+  return ha.size() == hb.size() &&
+         std::memcmp(ha.data(), hb.data(), ha.size() * sizeof(T)) == 0;
+}
+
+/// The recompute mode against the default on the host: outputs, input
+/// gradients and every parameter gradient bitwise equal (self- and
+/// cross-attention, a packed batch, the block with every dropout on), and
+/// the context's memory between forward and backward in both modes.
+TYPED_TEST(NnLayers, RecomputeIsBitwiseAndSavesMemory) {
+  using Space = typename TypeParam::space;
+  using T = typename TypeParam::value_type;
+  using memory_space = typename Space::memory_space;
+  if (!Kokkos::SpaceAccessibility<Kokkos::HostSpace, memory_space>::accessible)
+    GTEST_SKIP() << "bitwise equality is checked on host backends";
+  const int B = 2, S = 21, Skv = 17, d = 32;
+  std::mt19937_64 rng(test_seed("nn_recompute"));
+  const Tensor x = random_tensor({B, S, d}, rng), dy = random_tensor({B, S, d}, rng);
+  const Tensor memory = random_tensor({B, Skv, d}, rng);
+  auto xv = make_view<DeviceView3<T, Space>>(x, "x");
+  auto dyv = make_view<DeviceView3<T, Space>>(dy, "dy");
+  auto mv = make_view<DeviceView3<T, Space>>(memory, "memory");
+  auto expect_same_grads = [](const std::string& what, const auto& a, const auto& b) {
+    const auto pa = a.parameters(), pb = b.parameters();
+    for (std::size_t n = 0; n < pa.size(); ++n)
+      EXPECT_TRUE(bitwise_same<T>(pa[n].grad, pb[n].grad)) << what << " d " << pa[n].name;
+  };
+
+  kfa::nn::MultiHeadAttentionOptions options;
+  options.d_model = d;
+  options.heads = 4;
+  options.kv_heads = 2;
+  options.qk_norm = true;
+  options.rotary = true;
+  options.attention.causal = true;
+  options.attention.dropout_p = 0.1;
+  using Layer = kfa::nn::MultiHeadAttention<Space, T>;
+  for (int mode = 0; mode < 3; ++mode) {  // self-attention, cross-attention, packed
+    const std::string what = std::string("mha ") + (mode == 0 ? "self" : mode == 1 ? "cross" : "packed") +
+                             " " + type_name<T>() + " " + Space::name();
+    Layer plain(options);
+    auto ro = options;
+    ro.recompute = true;
+    Layer recomputing(ro);
+    randomize_parameters(plain.parameters(), rng);
+    copy_parameters(plain, recomputing);
+    typename Layer::context_type c_plain, c_re;
+    c_plain.dropout_seed = c_re.dropout_seed = 11;
+    DeviceView3<T, Space> y1("y1", B, S, d), y2("y2", B, S, d), dx1("dx1", B, S, d),
+        dx2("dx2", B, S, d), dm1("dm1", B, Skv, d), dm2("dm2", B, Skv, d);
+    DeviceView2<T, Space> x2(xv.data(), B * S, d), dy2(dyv.data(), B * S, d),
+        yp1(y1.data(), B * S, d), yp2(y2.data(), B * S, d), dxp1(dx1.data(), B * S, d),
+        dxp2(dx2.data(), B * S, d);
+    Kokkos::View<int*, memory_space> cu("cu", 4);
+    auto cu_host = Kokkos::create_mirror_view(cu);
+    cu_host(0) = 0, cu_host(1) = 15, cu_host(2) = 15, cu_host(3) = B * S;  // 15, 0, 27 tokens
+    Kokkos::deep_copy(cu, cu_host);
+    std::size_t bytes_plain = 0, bytes_re = 0;
+    if (mode == 0) {
+      plain.forward(Space(), xv, y1, c_plain);
+      recomputing.forward(Space(), xv, y2, c_re);
+      bytes_plain = c_plain.saved_bytes(), bytes_re = c_re.saved_bytes();
+      plain.backward(Space(), dyv, dx1, c_plain);
+      recomputing.backward(Space(), dyv, dx2, c_re);
+    } else if (mode == 1) {
+      plain.forward(Space(), xv, mv, y1, c_plain);
+      recomputing.forward(Space(), xv, mv, y2, c_re);
+      bytes_plain = c_plain.saved_bytes(), bytes_re = c_re.saved_bytes();
+      plain.backward(Space(), dyv, dx1, dm1, c_plain);
+      recomputing.backward(Space(), dyv, dx2, dm2, c_re);
+      EXPECT_TRUE(bitwise_same<T>(dm1, dm2)) << what << " dmemory";
+    } else {
+      plain.forward(Space(), x2, cu, 27, yp1, c_plain);
+      recomputing.forward(Space(), x2, cu, 27, yp2, c_re);
+      bytes_plain = c_plain.saved_bytes(), bytes_re = c_re.saved_bytes();
+      plain.backward(Space(), dy2, dxp1, c_plain);
+      recomputing.backward(Space(), dy2, dxp2, c_re);
+    }
+    Space().fence();
+    EXPECT_TRUE(bitwise_same<T>(y1, y2)) << what << " y";
+    EXPECT_TRUE(bitwise_same<T>(dx1, dx2)) << what << " dx";
+    expect_same_grads(what, plain, recomputing);
+    std::cout << "[ memory   ] " << what << ": context after forward " << bytes_plain
+              << " bytes, recompute " << bytes_re << " bytes" << std::endl;
+    // Only the packed batch's positions (an int per token) stay.
+    EXPECT_EQ(bytes_re, mode == 2 ? std::size_t(B * S) * sizeof(int) : 0u) << what;
+    EXPECT_GT(bytes_plain, 20 * bytes_re) << what;
+    EXPECT_EQ(c_re.saved_bytes(), bytes_re) << what << " after the backward";
+  }
+
+  kfa::nn::TransformerBlockOptions block_options;
+  block_options.attention = options;
+  block_options.d_ff = 48;
+  block_options.dropout_p = 0.1;
+  block_options.norm = kfa::nn::Norm::rms_norm;
+  block_options.activation = kfa::nn::Activation::swiglu;
+  using Block = kfa::nn::TransformerBlock<Space, T>;
+  Block plain(block_options);
+  block_options.recompute = true;
+  Block recomputing(block_options);
+  EXPECT_TRUE(recomputing.options().recompute);
+  EXPECT_FALSE(recomputing.attention().options().recompute);
+  randomize_parameters(plain.parameters(), rng);
+  copy_parameters(plain, recomputing);
+  typename Block::context_type c_plain, c_re;
+  c_plain.dropout_seed = c_re.dropout_seed = 5;
+  DeviceView3<T, Space> y1("y1", B, S, d), y2("y2", B, S, d), dx1("dx1", B, S, d),
+      dx2("dx2", B, S, d);
+  plain.forward(Space(), xv, y1, c_plain);
+  recomputing.forward(Space(), xv, y2, c_re);
+  const std::size_t bytes_plain = c_plain.saved_bytes(), bytes_re = c_re.saved_bytes();
+  plain.backward(Space(), dyv, dx1, c_plain);
+  recomputing.backward(Space(), dyv, dx2, c_re);
+  Space().fence();
+  const std::string what = std::string("block ") + type_name<T>() + " " + Space::name();
+  EXPECT_TRUE(bitwise_same<T>(y1, y2)) << what << " y";
+  EXPECT_TRUE(bitwise_same<T>(dx1, dx2)) << what << " dx";
+  expect_same_grads(what, plain, recomputing);
+  std::cout << "[ memory   ] " << what << ": context after forward " << bytes_plain
+            << " bytes, recompute " << bytes_re << " bytes" << std::endl;
+  EXPECT_EQ(bytes_re, 0u) << what;
+  EXPECT_GT(bytes_plain, 0u) << what;
+  EXPECT_EQ(c_re.saved_bytes(), 0u) << what << " after the backward";
 }
 
 TYPED_TEST(NnLayers, TransformerBlockMatchesOracle) {

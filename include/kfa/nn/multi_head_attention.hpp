@@ -44,12 +44,28 @@ struct MultiHeadAttentionContext {
   /// false: no dropout (inference).
   bool training = true;
 
+  /// Bytes of the Views the context owns (what the forward saved, the
+  /// workspaces, the packed positions; not the caller's x and memory): the
+  /// layer's memory between a forward and its backward.
+  std::size_t saved_bytes() const {
+    using acc_t = accumulator_t<T>;
+    const view4* tensors[] = {&q, &k, &v, &o, &q_pre, &k_pre, &d_o, &dq, &dk, &dv, &dq_pre, &dk_pre};
+    const view2* matrices[] = {&qkv, &dqkv, &kv, &dkv};
+    std::size_t bytes = (lse.span() + rstd_q.span() + rstd_k.span()) * sizeof(acc_t) +
+                        positions.span() * sizeof(int);
+    for (const view4* t : tensors) bytes += t->span() * sizeof(T);
+    for (const view2* m : matrices) bytes += m->span() * sizeof(T);
+    return bytes;
+  }
+
   // Saved by the forward: the input (a reference: the caller must not change
   // it before the backward) and for cross-attention the memory (a reference
   // too), q and k after the rotary embedding, v, the attention output and its
   // log-sum-exp, and the options of the call.
   const_view3 x, memory;
   bool cross = false;
+  // Set by a forward (the recompute mode frees every tensor but x, memory).
+  bool has_forward = false;
   view4 q, k, v, o;
   lse_view lse;
   // With qk_norm: q and k before the norm, and the norm's 1/rms per
@@ -329,8 +345,8 @@ class MultiHeadAttention {
     }
     check_self_backward(function, dy, dx, context);
     if constexpr (pair_ok<DY, DX>()) {
-      check_modifier(function, score_mod, context.q.extent(0), context.q.extent(1),
-                     context.k.extent(1));
+      check_modifier(function, score_mod, context.x.extent(0), context.x.extent(1),
+                     context.cross ? context.memory.extent(1) : context.x.extent(1));
       backward_impl(space, Impl::in_matrix(dy), Impl::out_matrix(dx), context, score_mod);
     }
   }
@@ -361,8 +377,8 @@ class MultiHeadAttention {
     Impl::ProfilingRegion region(function);
     check_cross_backward(function, dy, dx, dmemory, context);
     if constexpr (pair_ok<DY, DX>() && pair_ok<DM, DY>()) {
-      check_modifier(function, score_mod, context.q.extent(0), context.q.extent(1),
-                     context.k.extent(1));
+      check_modifier(function, score_mod, context.x.extent(0), context.x.extent(1),
+                     context.cross ? context.memory.extent(1) : context.x.extent(1));
       attend_backward(space, Impl::in_matrix(dy), Impl::out_matrix(dx),
                       Impl::out_matrix(dmemory), context, score_mod);
     }
@@ -722,8 +738,7 @@ class MultiHeadAttention {
       Impl::throw_invalid(function, "the forward was packed: dy and dx must be "
                                     "[total_tokens][d_model]");
     }
-    // x may be the caller's unmanaged View (use_count 0); lse is the context's own.
-    if (c.lse.use_count() == 0 || dy.extent(0) != c.x.extent(0) ||
+    if (!c.has_forward || dy.extent(0) != c.x.extent(0) ||
         dy.extent(1) != c.x.extent(1)) {
       Impl::throw_invalid(function, "dy " + Impl::extents_string(dy) +
                                         " must have the shape of the forward's x " +
@@ -823,12 +838,36 @@ class MultiHeadAttention {
   template <class X, class M, class ScoreMod>
   void attend_forward(const ExecSpace& space, const X& x, const M& mem, const out2& y,
                       context_type& c, bool cross, const ScoreMod& score_mod) const {
+    attend_core(space, x, mem, c, cross, score_mod);
+    Impl::linear_forward_impl<ExecSpace, T>(space, Impl::in_tokens(c.o), m_weights.w_o,
+                                            m_weights.b_o, y);
+    // Recompute mode: keep only the inputs; the backward redoes the rest.
+    if (m_options.recompute) release(c);
+  }
+
+  /// Frees every View the context owns but the packed positions.
+  static void release(context_type& c) {
+    view4* tensors[] = {&c.q,  &c.k,  &c.v,  &c.o,  &c.q_pre,  &c.k_pre,
+                        &c.d_o, &c.dq, &c.dk, &c.dv, &c.dq_pre, &c.dk_pre};
+    typename context_type::view2* matrices[] = {&c.qkv, &c.dqkv, &c.kv, &c.dkv};
+    for (view4* t : tensors) *t = view4();
+    for (auto* m : matrices) *m = typename context_type::view2();
+    c.lse = typename context_type::lse_view();
+    c.rstd_q = c.rstd_k = view1_acc();
+  }
+
+  /// Everything up to the attention output (o and lse): the forward, and in
+  /// the recompute mode the backward's first step.
+  template <class X, class M, class ScoreMod>
+  void attend_core(const ExecSpace& space, const X& x, const M& mem, context_type& c, bool cross,
+                   const ScoreMod& score_mod) const {
     const auto& o = m_options;
     const int batch = int(x.extent(0)), seqlen = int(x.extent(1)), tokens = batch * seqlen;
     const int seqlen_kv = int(mem.extent(1)), tokens_kv = batch * seqlen_kv;
     const int hd = o.head_dim, q_cols = o.heads * hd, kv_cols = o.kv_heads * hd;
     c.x = x;
     c.cross = cross;
+    c.has_forward = true;
     c.memory = cross ? typename context_type::const_view3(mem) : typename context_type::const_view3();
     // A packed batch's rotary table has a row per position of its longest
     // sequence; the tokens' own positions come from c.positions.
@@ -899,7 +938,6 @@ class MultiHeadAttention {
       Impl::nn_attention_forward(space, o.sequence_parallel, c.q, c.k, c.v, c.o, c.lse,
                                  c.attention, score_mod);
     }
-    Impl::linear_forward_impl<ExecSpace, T>(space, Impl::in_tokens(c.o), w.w_o, w.b_o, y);
   }
 
   /// Self-attention (the block's entry): dx gets the gradients through q, k
@@ -917,6 +955,8 @@ class MultiHeadAttention {
                        context_type& c, const ScoreMod& score_mod) {
     const auto& o = m_options;
     const bool cross = c.cross;
+    // The same kernels on the same inputs: bitwise the forward's tensors.
+    if (o.recompute) attend_core(space, c.x, cross ? c.memory : c.x, c, cross, score_mod);
     const int batch = int(c.x.extent(0)), seqlen = int(c.x.extent(1)), tokens = batch * seqlen;
     const int seqlen_kv = int(c.k.extent(1)), tokens_kv = batch * seqlen_kv;
     const int hd = o.head_dim, q_cols = o.heads * hd, kv_cols = o.kv_heads * hd;
@@ -979,6 +1019,7 @@ class MultiHeadAttention {
                                                !cross);
       Impl::linear_backward_impl<ExecSpace, T>(space, mem2, w.w_v, dv2, dmem, g.w_v, g.b_v, true);
     }
+    if (o.recompute) release(c);
   }
 
   MultiHeadAttentionOptions m_options;

@@ -120,6 +120,12 @@ struct MultiHeadAttentionOptions {
   AttentionOptions attention;
   /// Seed of the host generator that initialises the weights.
   std::uint64_t init_seed = 0;
+  /// Recomputation (activation checkpointing): the forward keeps only
+  /// references to its inputs and frees the rest; the backward first
+  /// recomputes projections, norms, rotations and the attention output.
+  /// Bitwise the same results, less memory between forward and backward,
+  /// one more forward's work.
+  bool recompute = false;
   /// Sequence-parallel mode (off by default). Rotary positions and causal
   /// masks are then global; attention.window_left/right and dropout_p must
   /// stay off, as in ring attention.
@@ -145,6 +151,10 @@ struct TransformerBlockOptions {
   double dropout_p = 0;
   /// Seed of the host generator that initialises the weights.
   std::uint64_t init_seed = 0;
+  /// Recomputation for the whole block (see MultiHeadAttentionOptions::
+  /// recompute): the forward keeps only x, the backward reruns the block's
+  /// forward first. attention.recompute means the same in a block.
+  bool recompute = false;
 };
 
 /// kfa::nn::AdamW (PyTorch's torch.optim.AdamW).

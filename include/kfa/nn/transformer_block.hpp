@@ -36,6 +36,19 @@ struct TransformerBlockContext {
   // Backward workspaces.
   view2 dm, dg, du, dh2, dx1;
   view3 da, dh1;
+
+  /// Bytes of the Views the context owns, the attention's included (not the
+  /// caller's x): the block's memory between a forward and its backward.
+  std::size_t saved_bytes() const {
+    const view3* tensors[] = {&h1, &a, &da, &dh1};
+    const view2* matrices[] = {&x1, &h2, &u, &g, &dm, &dg, &du, &dh2, &dx1};
+    const view1_acc* statistics[] = {&mean1, &rstd1, &mean2, &rstd2};
+    std::size_t bytes = attention.saved_bytes();
+    for (const view3* t : tensors) bytes += t->span() * sizeof(T);
+    for (const view2* m : matrices) bytes += m->span() * sizeof(T);
+    for (const view1_acc* s : statistics) bytes += s->span() * sizeof(accumulator_t<T>);
+    return bytes;
+  }
 };
 
 /// A pre-norm transformer encoder block (torch.nn.TransformerEncoderLayer
@@ -262,6 +275,9 @@ class TransformerBlock {
       Impl::throw_invalid(function, "options.attention.d_model_kv must be 0 or d_model: the "
                                     "block's attention is self-attention");
     }
+    // The block recomputes as a whole; its attention then never on its own.
+    o.recompute = o.recompute || o.attention.recompute;
+    o.attention.recompute = false;
     o.attention = MultiHeadAttention<ExecSpace, T>::resolve(o.attention);
     return o;
   }
@@ -319,9 +335,23 @@ class TransformerBlock {
                                                     dbeta, true);
   }
 
+  /// Frees every View the context owns (the recompute mode).
+  static void release(context_type& c) {
+    typename context_type::view3* tensors[] = {&c.h1, &c.a, &c.da, &c.dh1};
+    typename context_type::view2* matrices[] = {&c.x1, &c.h2, &c.u,   &c.g,  &c.dm,
+                                                &c.dg, &c.du, &c.dh2, &c.dx1};
+    typename context_type::view1_acc* statistics[] = {&c.mean1, &c.rstd1, &c.mean2, &c.rstd2};
+    for (auto* t : tensors) *t = typename context_type::view3();
+    for (auto* m : matrices) *m = typename context_type::view2();
+    for (auto* s : statistics) *s = typename context_type::view1_acc();
+    Attention::release(c.attention);
+  }
+
+  /// y = block(x); in the recompute mode everything but x is freed after
+  /// (unless `keep`: the backward's recomputation).
   template <class X, class ScoreMod>
   void forward_impl(const ExecSpace& space, const X& x, const out2& y, context_type& c,
-                    const ScoreMod& score_mod) const {
+                    const ScoreMod& score_mod, bool keep = false) const {
     const auto& w = m_weights;
     const int batch = int(x.extent(0)), seqlen = int(x.extent(1)), tokens = batch * seqlen;
     const int d = d_model();
@@ -355,6 +385,7 @@ class TransformerBlock {
                      kActivation);
     Impl::linear_forward_impl<ExecSpace, T>(space, c.g, w.w2, w.b2, y);
     residual_dropout(space, "kfa::nn::TransformerBlock::residual2", c.x1, y, y, c, kMlpOutput);
+    if (m_options.recompute && !keep) release(c);
   }
 
   template <class ScoreMod>
@@ -363,6 +394,12 @@ class TransformerBlock {
     const auto &w = m_weights, &g = m_grads;
     const int batch = int(c.x.extent(0)), seqlen = int(c.x.extent(1)), tokens = batch * seqlen;
     const int d = d_model();
+    if (m_options.recompute) {
+      // The forward again (same seeds, same kernels: bitwise the same
+      // tensors); its y goes to dm, which the backward overwrites first.
+      Impl::nn_ensure(c.dm, "kfa::nn::TransformerBlock::dm", tokens, d);
+      forward_impl(space, c.x, c.dm, c, score_mod, true);
+    }
     Impl::nn_ensure(c.dm, "kfa::nn::TransformerBlock::dm", tokens, d);
     Impl::nn_ensure(c.dg, "kfa::nn::TransformerBlock::dg", tokens, m_options.d_ff);
     Impl::nn_ensure(c.du, "kfa::nn::TransformerBlock::du", tokens, mlp_rows());
@@ -396,6 +433,7 @@ class TransformerBlock {
     Kokkos::deep_copy(space, dx, in2(c.dx1));
     norm_backward(space, Impl::in_matrix(c.x), w.norm1_weight, c.mean1, c.rstd1,
                   Impl::in_matrix(c.dh1), dx, g.norm1_weight, g.norm1_bias);
+    if (m_options.recompute) release(c);
   }
 
   TransformerBlockOptions m_options;
