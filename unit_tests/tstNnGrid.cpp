@@ -391,6 +391,37 @@ TYPED_TEST(NnGrid, NeighbourhoodWrongLengthGivesNaN) {
     for (double x : t.data) ASSERT_TRUE(std::isnan(x));
 }
 
+// Through the layers, whose check knows the lengths: a grid of another size
+// is refused with nothing written; a neighbourhood past the grid changes
+// nothing.
+TYPED_TEST(NnGrid, NeighbourhoodThroughTheLayer) {
+  using Space = typename TypeParam::space;
+  using T = typename TypeParam::value_type;
+  using Layer = kfa::nn::MultiHeadAttention<Space, T>;
+  kfa::nn::MultiHeadAttentionOptions options;
+  options.d_model = 16;
+  options.heads = 2;
+  const Layer layer(options);
+  typename Layer::context_type context;
+  std::mt19937_64 rng(test_seed("grid-layer"));
+  auto x = make_view<DeviceView3<T, Space>>(rounded<T>(random_tensor({2, 36, 16}, rng)), "x");
+  DeviceView3<T, Space> y("y", 2, 36, 16), y_plain("y_plain", 2, 36, 16);
+  Kokkos::deep_copy(y, T(7));
+  expect_invalid_argument(
+      [&] {
+        layer.forward(Space(), x, y, context, RefGrid{2, {5, 7, 1}, {1, 1, 0}, false}.modifier());
+      },
+      "kfa::nn::MultiHeadAttention::forward: the grid neighbourhood's options.extent = [5][7] "
+      "holds 35 points, but seqlen_q = 36 and seqlen_k = 36 (both must be the grid's points)");
+  for (double v : to_host(y).data) ASSERT_EQ(v, 7.0) << "y written";
+  layer.forward(Space(), x, y, context, RefGrid{2, {6, 6, 1}, {5, 9, 0}, true}.modifier());
+  layer.forward(Space(), x, y_plain, context);
+  Space().fence();
+  const Tensor plain = to_host(y_plain);
+  EXPECT_LE(max_abs_diff(to_host(y), plain), 64 * epsilon<T>() * std::max(1.0, max_abs(plain)))
+      << type_name<T>() << " " << Space::name();
+}
+
 // The block predicate is exact: false iff no query of the rows sees a key of
 // the keys, for every pair of runs of rows and keys of small grids; the mask
 // is the oracle's, and flat_window() is the largest |i - j| it shows.

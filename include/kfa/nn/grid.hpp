@@ -180,6 +180,8 @@ class GridNeighbourhood {
 
   /// Grid points: the sequence length q and k must have.
   int points() const { return m_points; }
+  int axes() const { return m_axes; }
+  const int* extent() const { return m_extent; }
 
   /// The largest |i - j| of a visible pair. AttentionOptions::window_left =
   /// window_right = flat_window() gives the same result and lets the kernels
@@ -253,6 +255,25 @@ static_assert(std::is_trivially_copyable<GridNeighbourhood>::value,
               "kfa::nn::GridNeighbourhood must be trivially copyable to reach device kernels");
 
 }  // namespace nn
+
+namespace Impl {
+
+/// The layers' check of a score modifier (kfa/nn/score_mods.hpp), which
+/// knows the sequence lengths: a grid of another size is refused before
+/// anything is written. Declared before the layers, as <kfa/nn.hpp> does.
+template <class ExecSpace>
+void nn_check_score_mod(const char* function, const nn::GridNeighbourhood& mod, int, int,
+                        int seqlen_q, int seqlen_k) {
+  if (seqlen_q != mod.points() || seqlen_k != mod.points()) {
+    std::ostringstream out;
+    out << "the grid neighbourhood's options.extent = " << grid_string(mod.axes(), mod.extent())
+        << " holds " << mod.points() << " points, but seqlen_q = " << seqlen_q
+        << " and seqlen_k = " << seqlen_k << " (both must be the grid's points)";
+    throw_invalid(function, out.str());
+  }
+}
+
+}  // namespace Impl
 }  // namespace kfa
 
 #endif
