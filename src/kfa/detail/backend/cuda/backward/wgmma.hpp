@@ -114,13 +114,12 @@ struct NoProbe {
 /// and per query block Q, dO (BlockM rows) with their lse and D. Rows past
 /// the end read 0: a query row past seqlen_q has S = dP = D = 0 and dO =
 /// 0, so nothing of it reaches dK or dV, and its dQ is not added.
-template <int HeadDim, int BlockN, int BlockM, int Threads, class Seq = FusedSeq>
+template <int HeadDim, int BlockN, int BlockM, int Threads>
 class WgmmaBwdLoads {
  public:
-  /// The loads of sequence `sq` (FusedSeq or FixedSeq, which outlives the
-  /// loads), query head h.
+  /// The loads of sequence `sq`, query head h.
   KOKKOS_FORCEINLINE_FUNCTION WgmmaBwdLoads(const Fused16Backward& kernel, int tid,
-                                            const Seq& sq, int h)
+                                            const FusedSeq& sq, int h)
       : m_kernel(kernel),
         m_tid(tid),
         m_q_loader(tid),
@@ -162,8 +161,7 @@ class WgmmaBwdLoads {
   const Fused16Backward& m_kernel;
   int m_tid;
   cuda_mma::Sw128TileLoader<HeadDim, BlockM, Threads> m_q_loader;
-  const int& m_seqlen_q;
-  const int& m_seqlen_k;
+  int m_seqlen_q, m_seqlen_k;
   long m_q_offset, m_kv_offset, m_row_stride;
   const float* m_lse;
   const float* m_delta;
@@ -470,32 +468,6 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
   template <class Team>
   KOKKOS_INLINE_FUNCTION void body(const Team& team, void* raw) const {
 #if KFA_CUDA_WGMMA_DEVICE
-    const int league = team.league_rank();
-    int b, h;
-    const int kv_block = m_p.block_of(league, m_num_kv_blocks, b, h);
-    // Two copies of the plain kernel's key block: a fixed-length batch reads
-    // its lengths and mask from the kernel parameters (FixedSeq), which
-    // keeps them out of the full register file. (The variant kernel, with
-    // less room left, stays one copy.)
-    if constexpr (kVariant)
-      key_block(team, raw, league, b, h, kv_block, m_p.sequence(b));
-    else if (m_p.packed())
-      key_block(team, raw, league, b, h, kv_block, m_p.sequence(b));
-    else
-      key_block(team, raw, league, b, h, kv_block, m_p.fixed_sequence(b));
-#else
-    (void)team;
-    (void)raw;
-    cuda_mma::trap_without_wgmma();  // not sm_90a
-#endif
-  }
-
-  /// Key block kv_block of query head h of sequence sq (entry b of the
-  /// batch, or sequence b of a packed one).
-  template <class Team, class Seq>
-  KOKKOS_FORCEINLINE_FUNCTION void key_block(const Team& team, void* raw, int league, int b,
-                                             int h, int kv_block, const Seq& sq) const {
-#if KFA_CUDA_WGMMA_DEVICE
     using namespace cuda_mma;
     constexpr int kTilesS = kBlockM / 8;   // n-tiles of Sᵀ (queries) per thread
     constexpr int kTilesD = kHeadDim / 8;  // n-tiles of dK, dV per thread
@@ -503,8 +475,13 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
     const int lane = threadIdx.x, warp = threadIdx.y;
     const int tid = warp * 32 + lane;
     const int wg = warp / 4;
+
+    const int league = team.league_rank();
+    int b, h;
+    const int kv_block = m_p.block_of(league, m_num_kv_blocks, b, h);
     const int key_begin = kv_block * kBlockN;
     // A packed batch's shorter sequences have fewer blocks than the league.
+    const FusedSeq sq = m_p.sequence(b);
     if (key_begin >= sq.seqlen_k) return;
     const long row_stride = long(m_p.heads) * kHeadDim;
     const long q_offset = m_p.q_offset(sq, h, kHeadDim);
@@ -529,7 +506,7 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
                                        reinterpret_cast<const unsigned char*>(sK));
     };
 
-    const WgmmaBwdLoads<kHeadDim, kBlockN, kBlockM, kWarps * 32, Seq> loads(*this, tid, sq, h);
+    const WgmmaBwdLoads<kHeadDim, kBlockN, kBlockM, kWarps * 32> loads(*this, tid, sq, h);
     loads.kv(key_begin, addr(sK), addr(sV));
     // Q, dO, lse and D of a query block into a stage.
     auto load_q_block = [&](int q_block, int stage) {
@@ -919,7 +896,9 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
     if (dq_issuer) bulk_wait_read();
     probe_team(5);
 #else
-    (void)team, (void)raw, (void)league, (void)b, (void)h, (void)kv_block, (void)sq;
+    (void)team;
+    (void)raw;
+    cuda_mma::trap_without_wgmma();  // not sm_90a
 #endif
   }
 

@@ -67,18 +67,6 @@ struct FusedSeq {
   AttentionMask mask;
 };
 
-/// Entry view_b of a fixed-length batch as a FusedSeq-like view: its
-/// lengths and mask are references to the problem's own (FusedProblem::
-/// fixed_sequence), so a kernel that uses them across its main loop reads
-/// the kernel parameters there instead of holding copies in registers.
-struct FixedSeq {
-  int view_b;
-  static constexpr int q_begin = 0, k_begin = 0;
-  const int& seqlen_q;
-  const int& seqlen_k;
-  const AttentionMask& mask;
-};
-
 /// What every fused CUDA kernel knows of its problem: q [batch][seqlen_q]
 /// [heads][head_dim], k and v [batch][seqlen_k][heads][head_dim], lse
 /// [batch][heads][seqlen_q], and the mask (FusedWindow), or for a packed
@@ -110,12 +98,7 @@ struct FusedProblem {
         cu_q(window.cu_q),
         cu_k(window.cu_k) {}
 
-  KOKKOS_INLINE_FUNCTION bool packed() const { return cu_q != nullptr; }
-
-  /// Entry b of a fixed-length batch (not packed()).
-  KOKKOS_INLINE_FUNCTION FixedSeq fixed_sequence(int b) const {
-    return {b, seqlen_q, seqlen_k, mask};
-  }
+  bool packed() const { return cu_q != nullptr; }
 
   /// Sequence b: in a packed batch its rows of the views and its own mask
   /// (the window's bounds, kept in `mask`, aligned to its own lengths).
@@ -157,19 +140,16 @@ struct FusedProblem {
   }
   /// Offset of (sequence s's row 0, h, 0) in q, o or dO [view_batch]
   /// [rows_q][heads][head_dim].
-  template <class Seq>
-  KOKKOS_INLINE_FUNCTION long q_offset(const Seq& s, int h, int head_dim) const {
+  KOKKOS_INLINE_FUNCTION long q_offset(const FusedSeq& s, int h, int head_dim) const {
     return ((long(s.view_b) * rows_q + s.q_begin) * heads + h) * head_dim;
   }
   /// The same in k or v with as many heads as q.
-  template <class Seq>
-  KOKKOS_INLINE_FUNCTION long k_offset(const Seq& s, int h, int head_dim) const {
+  KOKKOS_INLINE_FUNCTION long k_offset(const FusedSeq& s, int h, int head_dim) const {
     return ((long(s.view_b) * rows_k + s.k_begin) * heads + h) * head_dim;
   }
   /// Offset of (sequence s's row 0, h) in lse (or D) [view_batch][heads]
   /// [rows_q].
-  template <class Seq>
-  KOKKOS_INLINE_FUNCTION long lse_offset(const Seq& s, int h) const {
+  KOKKOS_INLINE_FUNCTION long lse_offset(const FusedSeq& s, int h) const {
     return (long(s.view_b) * heads + h) * rows_q + s.q_begin;
   }
 };
@@ -202,8 +182,7 @@ struct FusedKvHeads {
   }
   /// Offset of (sequence s's row 0, the k/v head of query head h, 0) in k
   /// or v.
-  template <class Seq>
-  KOKKOS_INLINE_FUNCTION long offset(const FusedProblem& p, const Seq& s, int h,
+  KOKKOS_INLINE_FUNCTION long offset(const FusedProblem& p, const FusedSeq& s, int h,
                                      int head_dim) const {
     return ((long(s.view_b) * p.rows_k + s.k_begin) * heads_kv + head(h)) * head_dim;
   }
