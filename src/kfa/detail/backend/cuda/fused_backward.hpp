@@ -162,30 +162,21 @@ struct FusedBackward {
           };
           preprocess();
           Kokkos::deep_copy(space, dq, value_type(0));
-          constexpr bool kVariant = FusedVariantParams<VariantT, Acc>::kVariant;
+          // (The plain variant's params are empty: the kernel of
+          // PlainVariant takes them like any other.)
           if (family == KernelFamily::fp32_fp64) {
             with_fp32_fp64_atom<ExecSpace, value_type>(call.fp32_matmul, [&](auto atom) {
               with_fused_head_dim(call.head_dim, [&](auto d) {
-                using plain_t = fp32_fp64_t<decltype(atom), decltype(d)::value>;
-                using variant_t = fp32_fp64_t<decltype(atom), decltype(d)::value, VariantT>;
-                if constexpr (kVariant)
-                  run_grouped(variant_t(q, k, v, d_o, lse, delta, dq, dk, dv,
-                                        static_cast<value_type>(scale), call.window, variant));
-                else
-                  run_grouped(plain_t(q, k, v, d_o, lse, delta, dq, dk, dv,
-                                      static_cast<value_type>(scale), call.window));
+                run_grouped(fp32_fp64_t<decltype(atom), decltype(d)::value, VariantT>(
+                    q, k, v, d_o, lse, delta, dq, dk, dv, static_cast<value_type>(scale),
+                    call.window, variant));
               });
             });
           } else if constexpr (has_exact_fp32_kernels<ExecSpace, value_type>()) {
             with_fused_head_dim(call.head_dim, [&](auto d) {
-              using plain_t = exact_fp32_t<decltype(d)::value>;
-              using variant_t = exact_fp32_t<decltype(d)::value, VariantT>;
-              if constexpr (kVariant)
-                run_grouped(variant_t(q, k, v, d_o, lse, delta, dq, dk, dv,
-                                      static_cast<float>(scale), call.window, variant));
-              else
-                run_grouped(plain_t(q, k, v, d_o, lse, delta, dq, dk, dv,
-                                    static_cast<float>(scale), call.window));
+              run_grouped(exact_fp32_t<decltype(d)::value, VariantT>(
+                  q, k, v, d_o, lse, delta, dq, dk, dv, static_cast<float>(scale), call.window,
+                  variant));
             });
           }
           if (call.grouped) grouped.sum(space, dk, dv);

@@ -254,24 +254,17 @@ struct FusedForward {
       case KernelFamily::fp32_fp64:
         with_fp32_fp64_atom<ExecSpace, value_type>(call.fp32_matmul, [&](auto atom) {
           with_fused_head_dim(call.head_dim, [&](auto d) {
-            if constexpr (kVariant)
-              run(fp32_fp64_t<decltype(atom), decltype(d)::value, VariantT>(
-                  q, k, v, o, lse, static_cast<value_type>(scale), call.window, variant));
-            else
-              run(fp32_fp64_t<decltype(atom), decltype(d)::value>(
-                  q, k, v, o, lse, static_cast<value_type>(scale), call.window));
+            run(fp32_fp64_t<decltype(atom), decltype(d)::value, VariantT>(
+                q, k, v, o, lse, static_cast<value_type>(scale), call.window, variant));
           });
         });
         return;
       case KernelFamily::exact_fp32:
         if constexpr (has_exact_fp32_kernels<ExecSpace, value_type>()) {
           with_fused_head_dim(call.head_dim, [&](auto d) {
-            if constexpr (kVariant)
-              run(exact_fp32_t<decltype(d)::value, VariantT>(
-                  q, k, v, o, lse, static_cast<float>(scale), call.window, variant));
-            else
-              run(exact_fp32_t<decltype(d)::value>(q, k, v, o, lse, static_cast<float>(scale),
-                                                   call.window));
+            run(exact_fp32_t<decltype(d)::value, VariantT>(q, k, v, o, lse,
+                                                           static_cast<float>(scale),
+                                                           call.window, variant));
           });
         }
         return;
