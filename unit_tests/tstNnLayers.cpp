@@ -745,6 +745,28 @@ TYPED_TEST(NnLayers, ScoreModifierErrorsThrowAndWriteNothing) {
   for (std::size_t n = 0; n < host.size(); ++n) ASSERT_EQ(host.data()[n], T(3)) << "y written";
 }
 
+/// Random parameters of `layer` (seeded by tag) and random x, dy (rounded
+/// to T) of `shape`, as device Views of type V with poisoned y and dx.
+template <class V>
+struct RandomIo {
+  Tensor x, dy;
+  V xv, dyv, yv, dxv;
+
+  template <class Layer>
+  RandomIo(const Layer& layer, const std::string& tag, const std::vector<int>& shape) {
+    std::mt19937_64 rng(test_seed(tag));
+    randomize_parameters(layer.parameters(), rng);
+    x = rounded<typename V::non_const_value_type>(random_tensor(shape, rng));
+    dy = rounded<typename V::non_const_value_type>(random_tensor(shape, rng));
+    xv = make_view<V>(x, "x");
+    dyv = make_view<V>(dy, "dy");
+    yv = make_view<V>(Tensor(shape), "y");
+    dxv = make_view<V>(Tensor(shape), "dx");
+    poison(yv);
+    poison(dxv);
+  }
+};
+
 /// Packed batches of sequences of lengths 13, 0 (empty), 29 and 7: the
 /// layers on x [49][d_model] with cu_seqlens against the oracle run one
 /// sequence at a time (batch 1), gradients summed over the sequences;
@@ -785,18 +807,11 @@ TYPED_TEST(NnLayers, PackedBatchesMatchOracle) {
     const std::string what = tag + " " + type_name<T>() + " " + Space::name() + " seed " +
                              std::to_string(test_seed(tag));
     kfa::nn::MultiHeadAttention<Space, T> mha(options);
-    std::mt19937_64 rng(test_seed(tag));
-    randomize_parameters(mha.parameters(), rng);
-    const Tensor x = rounded<T>(random_tensor({total, d}, rng));
-    const Tensor dy = rounded<T>(random_tensor({total, d}, rng));
-    auto xv = make_view<DeviceView2<T, Space>>(x, "x");
-    auto dyv = make_view<DeviceView2<T, Space>>(dy, "dy");
-    DeviceView2<T, Space> yv("y", total, d), dxv("dx", total, d);
-    poison(yv);
-    poison(dxv);
+    const RandomIo<DeviceView2<T, Space>> io(mha, tag, {total, d});
+    const Tensor &x = io.x, &dy = io.dy;
     typename kfa::nn::MultiHeadAttention<Space, T>::context_type context;
-    mha.forward(Space(), xv, cu, max_seqlen, yv, context);
-    mha.backward(Space(), dyv, dxv, context);
+    mha.forward(Space(), io.xv, cu, max_seqlen, io.yv, context);
+    mha.backward(Space(), io.dyv, io.dxv, context);
     Space().fence();
 
     const MhaParams p = mha_params(mha, false);
@@ -813,8 +828,8 @@ TYPED_TEST(NnLayers, PackedBatchesMatchOracle) {
       put_rows(dx_ref, b, dx_b);
     }
     const double factor = 16.0 * (d + max_seqlen);
-    expect_close_rel<T>(what + " y", to_host(yv), y_ref, factor);
-    expect_close_rel<T>(what + " dx", to_host(dxv), dx_ref, factor);
+    expect_close_rel<T>(what + " y", to_host(io.yv), y_ref, factor);
+    expect_close_rel<T>(what + " dx", to_host(io.dxv), dx_ref, factor);
     expect_mha_grads<T>(what, mha_params(mha, true), g_ref, factor * 4);
   }
   {
@@ -830,18 +845,11 @@ TYPED_TEST(NnLayers, PackedBatchesMatchOracle) {
     const std::string tag = "nn_packed_block";
     const std::string what = tag + " " + type_name<T>() + " " + Space::name();
     kfa::nn::TransformerBlock<Space, T> block(options);
-    std::mt19937_64 rng(test_seed(tag));
-    randomize_parameters(block.parameters(), rng);
-    const Tensor x = rounded<T>(random_tensor({total, d}, rng));
-    const Tensor dy = rounded<T>(random_tensor({total, d}, rng));
-    auto xv = make_view<DeviceView2<T, Space>>(x, "x");
-    auto dyv = make_view<DeviceView2<T, Space>>(dy, "dy");
-    DeviceView2<T, Space> yv("y", total, d), dxv("dx", total, d);
-    poison(yv);
-    poison(dxv);
+    const RandomIo<DeviceView2<T, Space>> io(block, tag, {total, d});
+    const Tensor &x = io.x, &dy = io.dy;
     typename kfa::nn::TransformerBlock<Space, T>::context_type context;
-    block.forward(Space(), xv, cu, max_seqlen, yv, context);
-    block.backward(Space(), dyv, dxv, context);
+    block.forward(Space(), io.xv, cu, max_seqlen, io.yv, context);
+    block.backward(Space(), io.dyv, io.dxv, context);
     Space().fence();
     const MhaParams mp = mha_params(block.attention(), false);
     const std::vector<Tensor> w = block_tensors(block, false);
@@ -865,8 +873,8 @@ TYPED_TEST(NnLayers, PackedBatchesMatchOracle) {
       put_rows(dx_ref, b, dx_b);
     }
     const double factor = 16.0 * (d + max_seqlen + options.d_ff);
-    expect_close_rel<T>(what + " y", to_host(yv), y_ref, factor);
-    expect_close_rel<T>(what + " dx", to_host(dxv), dx_ref, factor);
+    expect_close_rel<T>(what + " y", to_host(io.yv), y_ref, factor);
+    expect_close_rel<T>(what + " dx", to_host(io.dxv), dx_ref, factor);
     const std::vector<Tensor> g = block_tensors(block, true);
     for (int n = 0; n < 8; ++n)
       expect_close_rel<T>(what + " d param " + std::to_string(n), g[n], g_ref[n], factor * 4);

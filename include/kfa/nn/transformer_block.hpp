@@ -204,19 +204,8 @@ class TransformerBlock {
   void backward(const ExecSpace& space, const DY& dy, const DX& dx, context_type& context) {
     const char* function = "kfa::nn::TransformerBlock::backward";
     Impl::ProfilingRegion region(function);
-    if constexpr (Attention::template packed_pair_ok<DY, DX>()) {
-      m_attention.check_packed_backward(function, dy, dx, context.attention);
-      m_attention.with_own_modifier([&](const auto& mod) {
-        backward_impl(space, Impl::in_matrix(dy), Impl::out_matrix(dx), context, mod);
-      });
-      return;
-    }
-    Impl::nn_checks_on_every_rank(m_options.attention.sequence_parallel, [&] {
-      m_attention.check_pair(function, "dy", dy, "dx", dx);
-      if constexpr (Attention::template pair_ok<DY, DX>())
-        Attention::check_like_forward(function, dy, context.attention);
-    });
-    if constexpr (Attention::template pair_ok<DY, DX>()) {
+    check_backward(function, dy, dx, context);
+    if constexpr (backward_views_ok<DY, DX>()) {
       m_attention.with_own_modifier([&](const auto& mod) {
         backward_impl(space, Impl::in_matrix(dy), Impl::out_matrix(dx), context, mod);
       });
@@ -229,27 +218,44 @@ class TransformerBlock {
                 const ScoreMod& score_mod) {
     const char* function = "kfa::nn::TransformerBlock::backward";
     Impl::ProfilingRegion region(function);
-    if constexpr (Attention::template packed_pair_ok<DY, DX>()) {
+    check_backward(function, dy, dx, context);
+    if constexpr (backward_views_ok<DY, DX>()) {
       const auto& c = context.attention;
-      m_attention.check_packed_backward(function, dy, dx, c);
-      m_attention.check_modifier(function, score_mod, c.cu_seqlens.extent(0) - 1, c.max_seqlen,
-                                 c.max_seqlen);
-      backward_impl(space, Impl::in_matrix(dy), Impl::out_matrix(dx), context, score_mod);
-      return;
-    }
-    Impl::nn_checks_on_every_rank(m_options.attention.sequence_parallel, [&] {
-      m_attention.check_pair(function, "dy", dy, "dx", dx);
-      if constexpr (Attention::template pair_ok<DY, DX>())
-        Attention::check_like_forward(function, dy, context.attention);
-    });
-    if constexpr (Attention::template pair_ok<DY, DX>()) {
-      m_attention.check_modifier(function, score_mod, dy.extent(0), dy.extent(1), dy.extent(1));
+      if (c.packed) {
+        m_attention.check_modifier(function, score_mod, c.cu_seqlens.extent(0) - 1,
+                                   c.max_seqlen, c.max_seqlen);
+      } else {
+        m_attention.check_modifier(function, score_mod, c.x.extent(0), c.x.extent(1),
+                                   c.x.extent(1));
+      }
       backward_impl(space, Impl::in_matrix(dy), Impl::out_matrix(dx), context, score_mod);
     }
   }
 
  private:
   using Attention = MultiHeadAttention<ExecSpace, T>;
+
+  /// dy, dx: packed [total_tokens][d_model] or [batch][seqlen][d_model].
+  template <class DY, class DX>
+  static constexpr bool backward_views_ok() {
+    return Attention::template packed_pair_ok<DY, DX>() ||
+           Attention::template pair_ok<DY, DX>();
+  }
+
+  /// The backward's checks: dy and dx like the forward's x, packed or not.
+  template <class DY, class DX>
+  void check_backward(const char* function, const DY& dy, const DX& dx,
+                      const context_type& context) const {
+    if constexpr (Attention::template packed_pair_ok<DY, DX>()) {
+      m_attention.check_packed_backward(function, dy, dx, context.attention);
+    } else {
+      Impl::nn_checks_on_every_rank(m_options.attention.sequence_parallel, [&] {
+        m_attention.check_pair(function, "dy", dy, "dx", dx);
+        if constexpr (Attention::template pair_ok<DY, DX>())
+          Attention::check_like_forward(function, dy, context.attention);
+      });
+    }
+  }
   using in2 = Impl::NnIn2<T, memory_space>;
   using out2 = Impl::NnOut2<T, memory_space>;
   using in1_acc = Impl::NnIn1<accumulator_t<T>, memory_space>;
