@@ -487,6 +487,40 @@ std::vector<Tensor> block_tensors(const Block& block, bool grads) {
           param(w.w1),           param(w.b1),         param(w.w2),           param(w.b2)};
 }
 
+/// The block's y and dx [B·S][d] and every gradient against the oracle on
+/// x, dy [B·S][d]; `extras` is the attention's score modifier.
+template <class T, class Block>
+void expect_block_matches_oracle(const std::string& what, const Block& block, const Tensor& x,
+                                 const Tensor& dy, const Tensor& y, const Tensor& dx, int B,
+                                 int S, const RefExtras& extras = {}) {
+  const auto& options = block.options();
+  const int d = options.attention.d_model;
+  const char* names[] = {"norm1.weight", "norm1.bias", "norm2.weight", "norm2.bias",
+                         "linear1.weight", "linear1.bias", "linear2.weight", "linear2.bias"};
+  const MhaParams mp = mha_params(block.attention(), false);
+  const std::vector<Tensor> w = block_tensors(block, false);
+  BlockOracle oracle{options, MhaOracle{options.attention, mp, B, S, {}, {}, {}, {}, {}, {}},
+                     w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]};
+  oracle.mha.extras = extras;
+  oracle.forward(x);
+  std::vector<Tensor> g_ref;
+  for (const Tensor& t : w) g_ref.push_back(zeros_like(t));
+  MhaParams mg_ref = zero_grads(mp);
+  Tensor dx_ref;
+  oracle.backward(x, dy, dx_ref,
+                  {&g_ref[0], &g_ref[1], &g_ref[2], &g_ref[3], &g_ref[4], &g_ref[5], &g_ref[6],
+                   &g_ref[7]},
+                  mg_ref);
+  const double factor = 16.0 * (d + S + options.d_ff);
+  expect_close_rel<T>(what + " y", y, oracle.y, factor);
+  expect_close_rel<T>(what + " dx", dx, dx_ref, factor);
+  const std::vector<Tensor> g = block_tensors(block, true);
+  for (int n = 0; n < 8; ++n)
+    expect_close_rel<T>(what + " d " + names[n], g[n], g_ref[n], factor * 4);
+  expect_mha_grads<T>(what + " self_attn", mha_params(block.attention(), true), mg_ref,
+                      factor * 4);
+}
+
 TEST(NnScoreMods, AlibiSlopesAreTheStandardOnes) {
   const auto s8 = kfa::nn::alibi_slopes(8);
   ASSERT_EQ(s8.size(), 8u);
@@ -672,30 +706,12 @@ TYPED_TEST(NnLayers, ScoreModifiersThroughTheLayersMatchOracle) {
     block.forward(Space(), xv, yv, context, mod);
     block.backward(Space(), dyv, dxv, context, mod);
     Space().fence();
-    const MhaParams mp = mha_params(block.attention(), false);
-    const std::vector<Tensor> w = block_tensors(block, false);
-    BlockOracle oracle{block.options(),
-                       MhaOracle{block.options().attention, mp, B, S, {}, {}, {}, {}, {}, {}},
-                       w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]};
-    oracle.mha.extras.mod = [bias](int b, int, int i, int j, double s, int, int) {
+    RefExtras extras;
+    extras.mod = [bias](int b, int, int i, int j, double s, int, int) {
       return s + bias.at(b, 0, i, j);
     };
-    oracle.forward(x);
-    std::vector<Tensor> g_ref;
-    for (const Tensor& t : w) g_ref.push_back(zeros_like(t));
-    MhaParams mg_ref = zero_grads(mp);
-    Tensor dx_ref;
-    oracle.backward(x, dy, dx_ref,
-                    {&g_ref[0], &g_ref[1], &g_ref[2], &g_ref[3], &g_ref[4], &g_ref[5], &g_ref[6],
-                     &g_ref[7]},
-                    mg_ref);
-    const double factor = 16.0 * (d + S + options.d_ff);
-    expect_close_rel<T>(what + " y", reshaped(to_host(yv), {B * S, d}), oracle.y, factor);
-    expect_close_rel<T>(what + " dx", reshaped(to_host(dxv), {B * S, d}), dx_ref, factor);
-    const std::vector<Tensor> g = block_tensors(block, true);
-    for (int n = 0; n < 8; ++n) expect_close_rel<T>(what + " d param " + std::to_string(n), g[n], g_ref[n], factor * 4);
-    expect_mha_grads<T>(what + " self_attn", mha_params(block.attention(), true), mg_ref,
-                        factor * 4);
+    expect_block_matches_oracle<T>(what, block, x, dy, reshaped(to_host(yv), {B * S, d}),
+                                   reshaped(to_host(dxv), {B * S, d}), B, S, extras);
   }
 }
 
@@ -1086,38 +1102,13 @@ TYPED_TEST(NnLayers, TransformerBlockMatchesOracle) {
   using T = typename TypeParam::value_type;
   const int B = 2, S = 37, d = 48;
   int index = 0;
-  const char* names[] = {"norm1.weight", "norm1.bias", "norm2.weight", "norm2.bias",
-                         "linear1.weight", "linear1.bias", "linear2.weight", "linear2.bias"};
   for (const auto& options : block_cases()) {
     const std::string tag = "nn_block_" + std::to_string(index++);
     const std::string what = tag + " " + type_name<T>() + " " + Space::name() + " seed " +
                              std::to_string(test_seed(tag));
     kfa::nn::TransformerBlock<Space, T> block(options);
     LayerRun<Space, T, decltype(block)> run(block, tag, B, S, d);
-    const Tensor &x = run.x, &dy = run.dy;
-
-    const MhaParams mp = mha_params(block.attention(), false);
-    const std::vector<Tensor> w = block_tensors(block, false);
-    BlockOracle oracle{block.options(),
-                       MhaOracle{block.options().attention, mp, B, S, {}, {}, {}, {}, {}, {}},
-                       w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]};
-    oracle.forward(x);
-    std::vector<Tensor> g_ref;
-    for (const Tensor& t : w) g_ref.push_back(zeros_like(t));
-    MhaParams mg_ref = zero_grads(mp);
-    Tensor dx_ref;
-    oracle.backward(x, dy, dx_ref,
-                    {&g_ref[0], &g_ref[1], &g_ref[2], &g_ref[3], &g_ref[4], &g_ref[5], &g_ref[6],
-                     &g_ref[7]},
-                    mg_ref);
-    const double factor = 16.0 * (d + S + options.d_ff);
-    expect_close_rel<T>(what + " y", run.y, oracle.y, factor);
-    expect_close_rel<T>(what + " dx", run.dx, dx_ref, factor);
-    const std::vector<Tensor> g = block_tensors(block, true);
-    for (int n = 0; n < 8; ++n)
-      expect_close_rel<T>(what + " d " + names[n], g[n], g_ref[n], factor * 4);
-    expect_mha_grads<T>(what + " self_attn", mha_params(block.attention(), true), mg_ref,
-                        factor * 4);
+    expect_block_matches_oracle<T>(what, block, run.x, run.dy, run.y, run.dx, B, S);
   }
 }
 
