@@ -1,0 +1,89 @@
+#ifndef KFA_DETAIL_BACKEND_CUDA_TENSOR_CORE_GEMM_HPP
+#define KFA_DETAIL_BACKEND_CUDA_TENSOR_CORE_GEMM_HPP
+
+// 16-bit dense products on the CUDA backend. Kokkos Kernels' cuBLAS path
+// covers float and double only, and its native GEMM accumulates in C's value
+// type (bf16 sums lose digits after a few hundred terms); cublasGemmEx runs
+// bf16 / fp16 operands on the tensor cores with fp32 accumulation.
+
+#include <Kokkos_Core.hpp>
+
+#ifdef KOKKOS_ENABLE_CUDA
+
+#include <cublas_v2.h>
+
+#include <type_traits>
+
+namespace kfa {
+namespace Impl {
+
+/// The calling thread's cuBLAS handle for the current CUDA device, created on
+/// first use and destroyed by Kokkos::finalize.
+cublasHandle_t cublas_handle();
+
+/// Throws std::runtime_error naming `what` when `status` is not success.
+void check_cublas(cublasStatus_t status, const char* what);
+
+template <class T>
+constexpr bool is_cuda_16bit() {
+  return std::is_same<T, Kokkos::Experimental::half_t>::value ||
+         std::is_same<T, Kokkos::Experimental::bhalf_t>::value;
+}
+
+template <class T>
+constexpr cudaDataType cuda_data_type() {
+  if constexpr (std::is_same<T, Kokkos::Experimental::half_t>::value) return CUDA_R_16F;
+  else if constexpr (std::is_same<T, Kokkos::Experimental::bhalf_t>::value) return CUDA_R_16BF;
+  else return CUDA_R_32F;
+}
+
+/// Whether tensor_core_gemm takes these Views: A and B of one 16-bit type, C
+/// of that type or float, on the Cuda execution space.
+template <class ExecSpace, class AView, class BView, class CView>
+constexpr bool tensor_core_gemm_applies() {
+  using TA = typename AView::non_const_value_type;
+  using TB = typename BView::non_const_value_type;
+  using TC = typename CView::non_const_value_type;
+  return std::is_same<ExecSpace, Kokkos::Cuda>::value && is_cuda_16bit<TA>() &&
+         std::is_same<TA, TB>::value && (std::is_same<TC, TA>::value || std::is_same<TC, float>::value);
+}
+
+/// C = alpha·op(A)·op(B) + beta·C on Views whose rows are contiguous (stride 1
+/// along extent 1; any row stride). Returns false, doing nothing, for other
+/// strides: the caller falls back to Kokkos Kernels.
+template <class AView, class BView, class CView>
+bool tensor_core_gemm(const Kokkos::Cuda& space, const char* trans_a, const char* trans_b,
+                      float alpha, const AView& a, const BView& b, float beta, const CView& c) {
+  if (a.stride(1) != 1 || b.stride(1) != 1 || c.stride(1) != 1) return false;
+  const bool ta = trans_a[0] != 'N' && trans_a[0] != 'n';
+  const bool tb = trans_b[0] != 'N' && trans_b[0] != 'n';
+  const long long m = c.extent(0), n = c.extent(1), k = ta ? a.extent(0) : a.extent(1);
+  const long long lda = a.extent(0) > 1 ? a.stride(0) : a.extent(1);
+  const long long ldb = b.extent(0) > 1 ? b.stride(0) : b.extent(1);
+  const long long ldc = c.extent(0) > 1 ? c.stride(0) : c.extent(1);
+  // cuBLAS takes 32-bit sizes here; larger products go to Kokkos Kernels.
+  const long long limit = 0x7fffffffLL;
+  if (m > limit || n > limit || k > limit || lda > limit || ldb > limit || ldc > limit)
+    return false;
+  using TA = typename AView::non_const_value_type;
+  using TC = typename CView::non_const_value_type;
+  // Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ, and a
+  // row-major matrix is its own transpose read column-major.
+  cublasHandle_t handle = cublas_handle();
+  check_cublas(cublasSetStream(handle, space.cuda_stream()), "cublasSetStream");
+  check_cublas(cublasGemmEx(handle, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                            int(n), int(m), int(k), &alpha, b.data(), cuda_data_type<TA>(),
+                            int(std::max<long long>(ldb, 1)), a.data(), cuda_data_type<TA>(),
+                            int(std::max<long long>(lda, 1)), &beta, c.data(),
+                            cuda_data_type<TC>(), int(std::max<long long>(ldc, 1)),
+                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "cublasGemmEx");
+  return true;
+}
+
+}  // namespace Impl
+}  // namespace kfa
+
+#endif  // KOKKOS_ENABLE_CUDA
+
+#endif
