@@ -26,7 +26,7 @@ struct Parameter {
   std::string name;
   view_type value;
   view_type grad;
-  fp32_view_type grad_fp32 = {};
+  fp32_view_type grad_fp32;
 };
 
 }  // namespace nn
