@@ -6,7 +6,8 @@
 // each rank's slice of the output and of the input gradient, and the
 // parameter gradients summed over the ranks, within fp64 bounds, causal and
 // not, with rotary embeddings and (in the block) dropout; argument errors
-// that every rank reports.
+// that every rank reports; bf16 and fp32 gradients of a bf16 block summed in
+// fp32.
 
 #include "nn_test_helpers.hpp"
 
@@ -110,6 +111,70 @@ TYPED_TEST(NnAllreduce, DifferentListsThrowOnEveryRankAndWriteNothing) {
   for (const auto& p : parameters) {
     const Tensor got = to_host(p.grad);
     for (double x : got.data) ASSERT_EQ(x, 3.0) << p.name;
+  }
+}
+
+using Bf16Configs = ::testing::Types<
+#ifdef KOKKOS_ENABLE_CUDA
+    Config<Kokkos::Cuda, kfa::bfloat16>,
+#endif
+#ifdef KOKKOS_ENABLE_OPENMP
+    Config<Kokkos::OpenMP, kfa::bfloat16>,
+#endif
+#ifdef KOKKOS_ENABLE_SERIAL
+    Config<Kokkos::Serial, kfa::bfloat16>
+#endif
+    >;
+
+template <class C>
+class NnAllreduceBf16 : public ::testing::Test {};
+TYPED_TEST_SUITE(NnAllreduceBf16, Bf16Configs);
+
+/// bf16 gradients and the fp32 gradients of a bf16 block (fp32_gradients)
+/// are summed in fp32: in rank order bitwise the fp32 rank-order sum (mean:
+/// divided once), rounded once to bf16 for bf16 gradients.
+TYPED_TEST(NnAllreduceBf16, SumsInFp32AndRoundsOnce) {
+  using Space = typename TypeParam::space;
+  using T = typename TypeParam::value_type;
+  const int rank = world_rank(), ranks = world_size();
+  for (const bool fp32_gradients : {false, true}) {
+    auto options = small_block();
+    options.fp32_gradients = fp32_gradients;
+    kfa::nn::TransformerBlock<Space, T> block(options);
+    const auto parameters = block.parameters();
+    for (const bool mean : {true, false}) {
+      const std::string what = std::string("bfloat16 ") + Space::name() +
+                               (fp32_gradients ? " fp32 gradients" : "") +
+                               (mean ? " mean" : " sum") + " ranks " + std::to_string(ranks);
+      for (const auto& p : parameters) {
+        const std::size_t n = std::max(p.grad.size(), p.grad_fp32.size());
+        Tensor mine(std::vector<int>{int(n)});
+        mine.data = rank_values<T>(p.name, n, rank);
+        if (fp32_gradients)
+          Kokkos::deep_copy(p.grad_fp32, make_view<DeviceView1<float, Space>>(mine, "g"));
+        else
+          Kokkos::deep_copy(p.grad, make_view<DeviceView1<T, Space>>(mine, "g"));
+      }
+      kfa::nn::GradientAllreduceOptions options_reduce;
+      options_reduce.reduction = mean ? kfa::nn::GradientReduction::mean
+                                      : kfa::nn::GradientReduction::sum;
+      options_reduce.deterministic = true;
+      kfa::nn::allreduce_gradients(Space(), parameters, MPI_COMM_WORLD, options_reduce);
+      Space().fence();
+      for (const auto& p : parameters) {
+        const Tensor got = fp32_gradients ? to_host(p.grad_fp32) : to_host(p.grad);
+        std::vector<std::vector<double>> all;
+        for (int r = 0; r < ranks; ++r)
+          all.push_back(rank_values<T>(p.name, got.data.size(), r));
+        for (std::size_t n = 0; n < got.data.size(); ++n) {
+          float sum = float(all[0][n]);
+          for (int r = 1; r < ranks; ++r) sum += float(all[r][n]);
+          if (mean) sum /= float(ranks);
+          const double expected = fp32_gradients ? double(sum) : to_double(from_double<T>(sum));
+          ASSERT_EQ(got.data[n], expected) << what << " " << p.name << "[" << n << "]";
+        }
+      }
+    }
   }
 }
 

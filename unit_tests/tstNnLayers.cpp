@@ -7,7 +7,7 @@
 // zero_grad; finite differences of the device forward (fp64, with dropout)
 // as an extra check.
 
-#include "nn_test_helpers.hpp"
+#include "nn_layer_oracles.hpp"
 
 #include <cstring>
 
@@ -15,168 +15,6 @@ namespace {
 
 using namespace kfa_test;
 
-Tensor reshaped(Tensor t, std::vector<int> ext) {
-  t.ext = std::move(ext);
-  return t;
-}
-
-/// Rows [r0, r1) of a [rows][cols] tensor (or of a vector).
-Tensor row_range(const Tensor& t, int r0, int r1) {
-  if (t.data.empty()) return Tensor();
-  const int cols = t.ext.size() == 1 ? 1 : t.ext[1];
-  Tensor r(t.ext.size() == 1 ? std::vector<int>{r1 - r0} : std::vector<int>{r1 - r0, cols});
-  std::copy(t.data.begin() + std::size_t(r0) * cols, t.data.begin() + std::size_t(r1) * cols,
-            r.data.begin());
-  return r;
-}
-
-Tensor added(Tensor a, const Tensor& b) {
-  for (std::size_t n = 0; n < a.data.size(); ++n) a.data[n] += b.data[n];
-  return a;
-}
-
-Tensor zeros_like(const Tensor& t) { return t.data.empty() ? Tensor() : Tensor(t.ext); }
-
-/// The attention layer's parameters on the host, q/k/v split.
-struct MhaParams {
-  Tensor wq, wk, wv, wo, bq, bk, bv, bo, qn, kn;
-};
-
-template <class Layer>
-MhaParams mha_params(const Layer& layer, bool grads) {
-  const auto& w = grads ? layer.grads() : layer.weights();
-  const auto& o = layer.options();
-  MhaParams p;
-  if (o.fused_qkv) {
-    const int q = o.heads * o.head_dim, kv = o.kv_heads * o.head_dim;
-    const Tensor w_qkv = param(w.w_qkv), b_qkv = param(w.b_qkv);
-    p.wq = row_range(w_qkv, 0, q);
-    p.wk = row_range(w_qkv, q, q + kv);
-    p.wv = row_range(w_qkv, q + kv, q + 2 * kv);
-    p.bq = row_range(b_qkv, 0, q);
-    p.bk = row_range(b_qkv, q, q + kv);
-    p.bv = row_range(b_qkv, q + kv, q + 2 * kv);
-  } else {
-    p.wq = param(w.w_q), p.wk = param(w.w_k), p.wv = param(w.w_v);
-    p.bq = param(w.b_q), p.bk = param(w.b_k), p.bv = param(w.b_v);
-  }
-  p.wo = param(w.w_o);
-  p.bo = param(w.b_o);
-  p.qn = param(w.q_norm);
-  p.kn = param(w.k_norm);
-  return p;
-}
-
-/// Oracle of MultiHeadAttention: forward y from x [tokens][d_model] (batch
-/// B, seqlen S) and the memory [B·Skv][d_model_kv] (x for self-attention),
-/// and with dy the backward: dx, dmemory and the parameter gradients.
-struct MhaOracle {
-  const kfa::nn::MultiHeadAttentionOptions& o;
-  const MhaParams& p;
-  int B, S;
-  Tensor q, k, v, att, lse, y;
-  Tensor q_pre, k_pre;  // before the qk-norm
-  int Skv = 0;
-  RefExtras extras;  // the score modifier
-
-  Tensor heads4(const Tensor& t, int heads, int seqlen = 0) const {
-    return reshaped(t, {B, seqlen > 0 ? seqlen : S, heads, o.head_dim});
-  }
-  /// [B][S][heads][head_dim] as rows of head_dim (the qk-norm's rows).
-  Tensor head_rows(const Tensor& t) const {
-    return reshaped(t, {int(t.data.size()) / o.head_dim, o.head_dim});
-  }
-
-  void forward(const Tensor& x) { forward(x, x, S); }
-
-  void forward(const Tensor& x, const Tensor& memory, int seqlen_kv) {
-    Skv = seqlen_kv;
-    q = heads4(ref_linear(x, p.wq, p.bq), o.heads);
-    k = heads4(ref_linear(memory, p.wk, p.bk), o.kv_heads, Skv);
-    v = heads4(ref_linear(memory, p.wv, p.bv), o.kv_heads, Skv);
-    if (o.qk_norm) {
-      q_pre = q;
-      k_pre = k;
-      const double eps = o.qk_norm_options.eps;
-      q = heads4(ref_norm(head_rows(q_pre), p.qn, Tensor(), eps, true), o.heads);
-      k = heads4(ref_norm(head_rows(k_pre), p.kn, Tensor(), eps, true), o.kv_heads, Skv);
-    }
-    if (o.rotary) {
-      q = ref_rotary(q, o.rotary_options, 1);
-      k = ref_rotary(k, o.rotary_options, 1);
-    }
-    reference_forward(q, k, v, o.attention, att, lse, extras);
-    y = ref_linear(reshaped(att, {B * S, o.heads * o.head_dim}), p.wo, p.bo);
-  }
-
-  /// dx (written) and grads (accumulated, shaped like p).
-  void backward(const Tensor& x, const Tensor& dy, Tensor& dx, MhaParams& g) const {
-    Tensor dmemory;
-    backward(x, x, dy, dx, dmemory, g);
-    dx = added(dx, dmemory);
-  }
-
-  void backward(const Tensor& x, const Tensor& memory, const Tensor& dy, Tensor& dx,
-                Tensor& dmemory, MhaParams& g) const {
-    Tensor d_att, dq, dk, dv, dmv;
-    ref_linear_backward(reshaped(att, {B * S, o.heads * o.head_dim}), p.wo, dy, d_att, g.wo, g.bo);
-    reference_backward<double, true>(q, k, v, att, lse, heads4(d_att, o.heads), o.attention, dq,
-                                     dk, dv, extras);
-    if (o.rotary) {
-      dq = ref_rotary(dq, o.rotary_options, -1);
-      dk = ref_rotary(dk, o.rotary_options, -1);
-    }
-    if (o.qk_norm) {
-      Tensor dq_pre, dk_pre, no_beta;
-      const double eps = o.qk_norm_options.eps;
-      ref_norm_backward(head_rows(q_pre), p.qn, eps, true, head_rows(dq), dq_pre, g.qn, no_beta);
-      ref_norm_backward(head_rows(k_pre), p.kn, eps, true, head_rows(dk), dk_pre, g.kn, no_beta);
-      dq = dq_pre;
-      dk = dk_pre;
-    }
-    const int qc = o.heads * o.head_dim, kc = o.kv_heads * o.head_dim;
-    ref_linear_backward(x, p.wq, reshaped(dq, {B * S, qc}), dx, g.wq, g.bq);
-    ref_linear_backward(memory, p.wk, reshaped(dk, {B * Skv, kc}), dmemory, g.wk, g.bk);
-    ref_linear_backward(memory, p.wv, reshaped(dv, {B * Skv, kc}), dmv, g.wv, g.bv);
-    dmemory = added(dmemory, dmv);
-  }
-};
-
-MhaParams zero_grads(const MhaParams& p) {
-  return {zeros_like(p.wq), zeros_like(p.wk), zeros_like(p.wv), zeros_like(p.wo),
-          zeros_like(p.bq), zeros_like(p.bk), zeros_like(p.bv), zeros_like(p.bo),
-          zeros_like(p.qn), zeros_like(p.kn)};
-}
-
-template <class T>
-void expect_mha_grads(const std::string& what, const MhaParams& got, const MhaParams& ref,
-                      double factor) {
-  expect_close_rel<T>(what + " d w_q", got.wq, ref.wq, factor);
-  expect_close_rel<T>(what + " d w_k", got.wk, ref.wk, factor);
-  expect_close_rel<T>(what + " d w_v", got.wv, ref.wv, factor);
-  expect_close_rel<T>(what + " d w_o", got.wo, ref.wo, factor);
-  expect_close_rel<T>(what + " d b_q", got.bq, ref.bq, factor);
-  expect_close_rel<T>(what + " d b_k", got.bk, ref.bk, factor);
-  expect_close_rel<T>(what + " d b_v", got.bv, ref.bv, factor);
-  expect_close_rel<T>(what + " d b_o", got.bo, ref.bo, factor);
-  expect_close_rel<T>(what + " d q_norm", got.qn, ref.qn, factor);
-  expect_close_rel<T>(what + " d k_norm", got.kn, ref.kn, factor);
-}
-
-template <class List>
-void randomize_parameters(const List& params, std::mt19937_64& rng) {
-  for (const auto& p : params) {
-    // Weights of O(1/sqrt(fan_in)) keep activations O(1); norm weights near 1.
-    const bool vector = p.name.find("bias") != std::string::npos ||
-                        p.name.find("norm") != std::string::npos;
-    randomize(p.value, rng, vector ? 0.5 : 0.15);
-    if (p.name.find("norm") != std::string::npos && p.name.find("weight") != std::string::npos) {
-      auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), p.value);
-      for (std::size_t n = 0; n < host.size(); ++n) host(n) += 1;
-      Kokkos::deep_copy(p.value, host);
-    }
-  }
-}
 
 std::vector<kfa::nn::MultiHeadAttentionOptions> mha_cases() {
   std::vector<kfa::nn::MultiHeadAttentionOptions> cases(5);
@@ -415,42 +253,6 @@ TYPED_TEST(NnLayers, CrossAttentionBadInputThrowsAndWritesNothing) {
   }
 }
 
-/// The block's oracle, from the host copies of its parameters.
-struct BlockOracle {
-  const kfa::nn::TransformerBlockOptions& o;
-  MhaOracle mha;
-  Tensor n1w, n1b, n2w, n2b, w1, b1, w2, b2;
-  Tensor h1, x1, h2, u, g, y;
-  bool rms() const { return o.norm == kfa::nn::Norm::rms_norm; }
-  double eps() const { return o.norm_options.eps; }
-
-  void forward(const Tensor& x) {
-    h1 = ref_norm(x, n1w, n1b, eps(), rms());
-    mha.forward(h1);
-    x1 = added(x, mha.y);
-    h2 = ref_norm(x1, n2w, n2b, eps(), rms());
-    u = ref_linear(h2, w1, b1);
-    g = ref_activation(u, o.activation);
-    y = added(x1, ref_linear(g, w2, b2));
-  }
-
-  /// dx and every gradient (the block's in `grads`, the attention's in `mg`).
-  void backward(const Tensor& x, const Tensor& dy, Tensor& dx, std::vector<Tensor*> grads,
-                MhaParams& mg) const {
-    Tensor& dn1w = *grads[0]; Tensor& dn1b = *grads[1]; Tensor& dn2w = *grads[2];
-    Tensor& dn2b = *grads[3]; Tensor& dw1 = *grads[4]; Tensor& db1 = *grads[5];
-    Tensor& dw2 = *grads[6]; Tensor& db2 = *grads[7];
-    Tensor dg, dh2, dx1n, dh1, dxn;
-    ref_linear_backward(g, w2, dy, dg, dw2, db2);
-    const Tensor du = ref_activation_backward(u, dg, o.activation);
-    ref_linear_backward(h2, w1, du, dh2, dw1, db1);
-    ref_norm_backward(x1, n2w, eps(), rms(), dh2, dx1n, dn2w, dn2b);
-    const Tensor dx1 = added(dy, dx1n);
-    mha.backward(h1, dx1, dh1, mg);
-    ref_norm_backward(x, n1w, eps(), rms(), dh1, dxn, dn1w, dn1b);
-    dx = added(dx1, dxn);
-  }
-};
 
 std::vector<kfa::nn::TransformerBlockOptions> block_cases() {
   std::vector<kfa::nn::TransformerBlockOptions> cases(3);
@@ -478,13 +280,6 @@ std::vector<kfa::nn::TransformerBlockOptions> block_cases() {
   cases[2].attention.rotary_options.style = kfa::nn::RotaryStyle::interleaved;
   cases[2].attention.qk_norm = true;
   return cases;
-}
-
-template <class Block>
-std::vector<Tensor> block_tensors(const Block& block, bool grads) {
-  const auto& w = grads ? block.grads() : block.weights();
-  return {param(w.norm1_weight), param(w.norm1_bias), param(w.norm2_weight), param(w.norm2_bias),
-          param(w.w1),           param(w.b1),         param(w.w2),           param(w.b2)};
 }
 
 /// The block's y and dx [B·S][d] and every gradient against the oracle on
@@ -760,28 +555,6 @@ TYPED_TEST(NnLayers, ScoreModifierErrorsThrowAndWriteNothing) {
   auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y);
   for (std::size_t n = 0; n < host.size(); ++n) ASSERT_EQ(host.data()[n], T(3)) << "y written";
 }
-
-/// Random parameters of `layer` (seeded by tag) and random x, dy (rounded
-/// to T) of `shape`, as device Views of type V with poisoned y and dx.
-template <class V>
-struct RandomIo {
-  Tensor x, dy;
-  V xv, dyv, yv, dxv;
-
-  template <class Layer>
-  RandomIo(const Layer& layer, const std::string& tag, const std::vector<int>& shape) {
-    std::mt19937_64 rng(test_seed(tag));
-    randomize_parameters(layer.parameters(), rng);
-    x = rounded<typename V::non_const_value_type>(random_tensor(shape, rng));
-    dy = rounded<typename V::non_const_value_type>(random_tensor(shape, rng));
-    xv = make_view<V>(x, "x");
-    dyv = make_view<V>(dy, "dy");
-    yv = make_view<V>(Tensor(shape), "y");
-    dxv = make_view<V>(Tensor(shape), "dx");
-    poison(yv);
-    poison(dxv);
-  }
-};
 
 /// Packed batches of sequences of lengths 13, 0 (empty), 29 and 7: the
 /// layers on x [49][d_model] with cu_seqlens against the oracle run one

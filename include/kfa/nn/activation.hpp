@@ -22,7 +22,8 @@ namespace nn {
 
 /// GELU elementwise (torch.nn.functional.gelu, approximate "none" or
 /// "tanh"). x, y [tokens][features] (y may be x itself): LayoutRight Views
-/// of double or float accessible from ExecSpace. Enqueued on `space`.
+/// of double, float, kfa::half or kfa::bfloat16 (computed in float)
+/// accessible from ExecSpace. Enqueued on `space`.
 template <class ExecSpace, class X, class Y>
 void gelu_forward(const ExecSpace& space, const X& x, const Y& y,
                   const GeluOptions& options = {}) {

@@ -60,7 +60,10 @@ struct GradientAllreduceOptions {
 /// before MPI reads the packed buffer and, with host staging (device memory
 /// and an MPI that is not CUDA-aware, or options.host_staged), after the
 /// copy back. One buffer of the total gradient size (P times that with
-/// options.deterministic) is allocated per call.
+/// options.deterministic) is allocated per call, in kfa::accumulator_t<T>:
+/// 16-bit gradients are summed in fp32 and rounded once. Each parameter's
+/// gradient is its grad_fp32 where the layer keeps fp32 gradients, else its
+/// grad.
 template <class ExecSpace, class T, class MemorySpace>
 void allreduce_gradients(const ExecSpace& space,
                          const std::vector<Parameter<T, MemorySpace>>& parameters, MPI_Comm comm,
@@ -68,7 +71,8 @@ void allreduce_gradients(const ExecSpace& space,
   static_assert(Kokkos::is_execution_space<ExecSpace>::value,
                 "kfa::nn::allreduce_gradients: space must be a Kokkos execution space instance");
   static_assert(Impl::nn_value_type_ok<T>(),
-                "kfa::nn::allreduce_gradients: parameters must hold double or float");
+                "kfa::nn::allreduce_gradients: parameters must hold double, float, kfa::half "
+                "or kfa::bfloat16");
   static_assert(Kokkos::SpaceAccessibility<ExecSpace, MemorySpace>::accessible,
                 "kfa::nn::allreduce_gradients: the parameters must be accessible from the "
                 "execution space");

@@ -44,8 +44,9 @@ namespace nn {
 /// Z a keep mask drawn by a counter-based generator keyed by (options.seed,
 /// token, feature), the same on every backend.
 ///
-/// x, y [tokens][features] (y may be x itself): LayoutRight Views of double
-/// or float accessible from ExecSpace. Enqueued on `space`. Throws
+/// x, y [tokens][features] (y may be x itself): LayoutRight Views of double,
+/// float, kfa::half or kfa::bfloat16 accessible from ExecSpace (16-bit
+/// values are scaled in float and rounded once). Enqueued on `space`. Throws
 /// std::invalid_argument (nothing written) on bad shapes or p outside [0, 1).
 template <class ExecSpace, class X, class Y>
 void dropout_forward(const ExecSpace& space, const X& x, const Y& y,

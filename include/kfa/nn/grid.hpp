@@ -118,10 +118,11 @@ namespace nn {
 /// rotary_forward with position_offset = offset[0].
 ///
 /// x, y [batch][seqlen][heads][head_dim] (y may be x itself), seqlen = the
-/// product of the extents: LayoutRight Views of double or float accessible
-/// from ExecSpace. Enqueued on `space`. Throws std::invalid_argument (nothing
-/// written) on bad shapes or options: extents that do not hold seqlen points,
-/// rotary features that do not split into even shares per axis.
+/// product of the extents: LayoutRight Views of double, float, kfa::half or
+/// kfa::bfloat16 (rotated in float) accessible from ExecSpace. Enqueued on
+/// `space`. Throws std::invalid_argument (nothing written) on bad shapes or
+/// options: extents that do not hold seqlen points, rotary features that do
+/// not split into even shares per axis.
 template <class ExecSpace, class X, class Y>
 void axial_rotary_forward(const ExecSpace& space, const X& x, const Y& y,
                           const AxialRotaryOptions& options) {

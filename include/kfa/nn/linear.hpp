@@ -8,12 +8,14 @@ namespace kfa {
 namespace nn {
 
 /// y = x·weightᵀ + bias (torch.nn.functional.linear), the product through
-/// KokkosBlas::gemm.
+/// KokkosBlas::gemm. For kfa::half and kfa::bfloat16 the product accumulates
+/// in fp32 (a workspace the call allocates) and y is rounded once, after the
+/// bias is added.
 ///
 /// x [tokens][in_features], weight [out_features][in_features], bias
 /// [out_features] or an empty View ([0]: no bias), y [tokens][out_features]:
-/// LayoutRight Views of double or float accessible from ExecSpace; y must
-/// not overlap the inputs. Enqueued on `space` (Kokkos Kernels before 4.0
+/// LayoutRight Views of double, float, kfa::half or kfa::bfloat16 accessible
+/// from ExecSpace; y must not overlap the inputs. Enqueued on `space` (Kokkos Kernels before 4.0
 /// has no execution space argument: there the product fences `space`).
 /// Throws std::invalid_argument (nothing written) on bad shapes.
 template <class ExecSpace, class X, class W, class B, class Y>
@@ -38,8 +40,9 @@ void linear_forward(const ExecSpace& space, const X& x, const W& weight, const B
     Impl::check_disjoint(function, "y", y, "x", x);
     Impl::check_disjoint(function, "y", y, "weight", weight);
     Impl::check_disjoint(function, "y", y, "bias", bias);
+    Impl::NnScratch<ExecSpace, T> scratch;
     Impl::linear_forward_impl<ExecSpace, T>(space, Impl::in_matrix(x), Impl::in_matrix(weight),
-                                            Impl::in_vector(bias), Impl::out_matrix(y));
+                                            Impl::in_vector(bias), Impl::out_matrix(y), scratch);
   }
 }
 
@@ -49,7 +52,9 @@ void linear_forward(const ExecSpace& space, const X& x, const W& weight, const B
 ///
 /// x, weight as in linear_forward; dy [tokens][out_features], dx
 /// [tokens][in_features], dweight [out_features][in_features], dbias
-/// [out_features] or [0]. The gradients must not overlap the inputs or each
+/// [out_features] or [0]. dweight and dbias hold x's value type or, for a
+/// 16-bit x, float (fp32 gradients, e.g. of fp32 master weights); the
+/// 16-bit products accumulate in fp32. The gradients must not overlap the inputs or each
 /// other. Enqueued on `space`. Throws std::invalid_argument (nothing
 /// written) on bad shapes.
 template <class ExecSpace, class X, class W, class DY, class DX, class DW, class DB>
@@ -67,10 +72,14 @@ void linear_backward(const ExecSpace& space, const X& x, const W& weight, const 
                 Impl::view_ok<ExecSpace, DY>(2) && Impl::view_ok<ExecSpace, DX>(2) &&
                 Impl::view_ok<ExecSpace, DW>(2) && Impl::view_ok<ExecSpace, DB>(1)) {
     using T = typename X::non_const_value_type;
-    static_assert(Impl::same_value_type<T, W, DY, DX, DW, DB>() &&
+    using G = typename DW::non_const_value_type;
+    static_assert(Impl::same_value_type<T, W, DY, DX>() && Impl::same_value_type<G, DB>() &&
+                      (std::is_same<G, T>::value ||
+                       std::is_same<G, accumulator_t<T>>::value) &&
                       Impl::all_non_const<DX, DW, DB>(),
-                  "kfa::nn::linear_backward: every View must have x's value type, the "
-                  "gradients non-const");
+                  "kfa::nn::linear_backward: weight, dy and dx must have x's value type, "
+                  "dweight and dbias that type or kfa::accumulator_t of it; the gradients "
+                  "non-const");
     const std::size_t tokens = x.extent(0), in = x.extent(1), out = weight.extent(0);
     Impl::check_extents(function, "weight", "[out_features][in_features]", weight, {out, in});
     Impl::check_extents(function, "dy", "[tokens][out_features]", dy, {tokens, out});
@@ -89,9 +98,10 @@ void linear_backward(const ExecSpace& space, const X& x, const W& weight, const 
     Impl::check_disjoint(function, "dx", dx, "dweight", dweight);
     Impl::check_disjoint(function, "dx", dx, "dbias", dbias);
     Impl::check_disjoint(function, "dweight", dweight, "dbias", dbias);
-    Impl::linear_backward_impl<ExecSpace, T>(
+    Impl::NnScratch<ExecSpace, T> scratch;
+    Impl::linear_backward_impl<ExecSpace, T, G>(
         space, Impl::in_matrix(x), Impl::in_matrix(weight), Impl::in_matrix(dy),
-        Impl::out_matrix(dx), Impl::out_matrix(dweight), Impl::out_vector(dbias));
+        Impl::out_matrix(dx), Impl::out_matrix(dweight), Impl::out_vector(dbias), scratch);
   }
 }
 

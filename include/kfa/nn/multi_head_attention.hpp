@@ -37,6 +37,7 @@ struct MultiHeadAttentionContext {
   using lse_view = Kokkos::View<accumulator_t<T>***, Kokkos::LayoutRight, memory_space>;
   using view1_acc = Kokkos::View<accumulator_t<T>*, Kokkos::LayoutRight, memory_space>;
   using const_view3 = Kokkos::View<const T***, Kokkos::LayoutRight, memory_space>;
+  using scratch_type = Impl::NnScratch<ExecSpace, T>;
 
   /// Seed of the attention-weight dropout (attention.dropout_p), set by the
   /// caller before the forward; the backward regenerates the same mask.
@@ -55,7 +56,7 @@ struct MultiHeadAttentionContext {
                         positions.span() * sizeof(int);
     for (const view4* t : tensors) bytes += t->span() * sizeof(T);
     for (const view2* m : matrices) bytes += m->span() * sizeof(T);
-    return bytes;
+    return bytes + scratch.bytes();
   }
 
   // Saved by the forward: the input (a reference: the caller must not change
@@ -86,6 +87,8 @@ struct MultiHeadAttentionContext {
   // the backward's gradients.
   view2 qkv, dqkv, kv, dkv;
   view4 d_o, dq, dk, dv, dq_pre, dk_pre;
+  // The fp32 products of a 16-bit T (unused for double and float).
+  scratch_type scratch;
 };
 
 /// Multi-head attention (torch.nn.MultiheadAttention with batch_first, or a
@@ -106,7 +109,14 @@ struct MultiHeadAttentionContext {
 ///
 /// Parameters and their gradients are Views held by the layer (weights(),
 /// grads()); backward accumulates into the gradients (zero_grad resets them).
-/// Value types double and float.
+///
+/// Value types double, float, kfa::half and kfa::bfloat16. The 16-bit types
+/// store parameters and activations in T and compute in fp32: products
+/// accumulate in fp32 and are rounded once, norms, rotations and softmax run
+/// in float, the attention is kfa's 16-bit flash attention. Parameter
+/// gradients are T, or with options.fp32_gradients fp32 Views (grads_fp32()),
+/// which kfa::nn::AdamW steps from (into fp32 master copies of the
+/// parameters with AdamWOptions::fp32_master_weights).
 template <class ExecSpace, class T>
 class MultiHeadAttention {
  public:
@@ -116,7 +126,8 @@ class MultiHeadAttention {
   using view2 = Kokkos::View<T**, Kokkos::LayoutRight, memory_space>;
   using context_type = MultiHeadAttentionContext<ExecSpace, T>;
   static_assert(Impl::nn_value_type_ok<T>(),
-                "kfa::nn::MultiHeadAttention: T must be double or float");
+                "kfa::nn::MultiHeadAttention: T must be double, float, kfa::half or "
+                "kfa::bfloat16");
 
   /// The parameters (or their gradients). With fused_qkv, w_qkv
   /// [(heads + 2·kv_heads)·head_dim][d_model] holds q, k, v rows in that
@@ -125,11 +136,16 @@ class MultiHeadAttention {
   /// w_o [d_model][heads·head_dim]. Biases like their weights' rows; empty
   /// without options.bias. q_norm, k_norm [head_dim]: the qk-norm weights
   /// (empty without options.qk_norm).
-  struct Weights {
-    view2 w_qkv, w_q, w_k, w_v, w_o;
-    view1 b_qkv, b_q, b_k, b_v, b_o;
-    view1 q_norm, k_norm;
+  template <class V>
+  struct Tensors {
+    using value_type = V;
+    Kokkos::View<V**, Kokkos::LayoutRight, memory_space> w_qkv, w_q, w_k, w_v, w_o;
+    Kokkos::View<V*, Kokkos::LayoutRight, memory_space> b_qkv, b_q, b_k, b_v, b_o;
+    Kokkos::View<V*, Kokkos::LayoutRight, memory_space> q_norm, k_norm;
   };
+  using Weights = Tensors<T>;
+  /// The gradients in fp32 (options.fp32_gradients of a 16-bit T).
+  using Fp32Grads = Tensors<accumulator_t<T>>;
 
   /// Allocates the parameters: weights U(-1/sqrt(fan_in), 1/sqrt(fan_in))
   /// from options.init_seed (the same on every backend), biases zero, qk-norm
@@ -142,15 +158,18 @@ class MultiHeadAttention {
     const double bound_kv = 1.0 / std::sqrt(double(o.d_model_kv));
     const double bound_out = 1.0 / std::sqrt(double(o.heads * o.head_dim));
     allocate(m_weights, "");
-    allocate(m_grads, "grad_");
+    if (fp32_grads())
+      allocate(m_grads_fp32, "grad_fp32_");
+    else
+      allocate(m_grads, "grad_");
     // Named arrays, not braced lists in the range-for: nvcc does not take the latter.
     const view2 projections[] = {m_weights.w_qkv, m_weights.w_q, m_weights.w_k, m_weights.w_v};
     const double bounds[] = {bound_in, bound_in, bound_kv, bound_kv};
     for (int n = 0; n < 4; ++n) Impl::nn_init_uniform(projections[n], bounds[n], rng);
     Impl::nn_init_uniform(m_weights.w_o, bound_out, rng);
     if (o.qk_norm) {
-      Kokkos::deep_copy(m_weights.q_norm, T(1));
-      Kokkos::deep_copy(m_weights.k_norm, T(1));
+      Kokkos::deep_copy(m_weights.q_norm, Impl::from_acc<T>(1.0f));
+      Kokkos::deep_copy(m_weights.k_norm, Impl::from_acc<T>(1.0f));
     }
     if (o.alibi) {
       const std::vector<double> slopes = alibi_slopes(o.heads);
@@ -167,8 +186,13 @@ class MultiHeadAttention {
   const MultiHeadAttentionOptions& options() const { return m_options; }
   Weights& weights() { return m_weights; }
   const Weights& weights() const { return m_weights; }
+  /// The gradients of T (empty Views under options.fp32_gradients).
   Weights& grads() { return m_grads; }
   const Weights& grads() const { return m_grads; }
+  /// The fp32 gradients under options.fp32_gradients with a 16-bit T (else
+  /// empty Views).
+  Fp32Grads& grads_fp32() { return m_grads_fp32; }
+  const Fp32Grads& grads_fp32() const { return m_grads_fp32; }
 
   /// Every parameter with PyTorch's name (torch.nn.MultiheadAttention's
   /// in_proj_weight, in_proj_bias, out_proj.weight, out_proj.bias; with
@@ -178,18 +202,19 @@ class MultiHeadAttention {
   std::vector<Parameter<T, memory_space>> parameters(const std::string& prefix = "") const {
     std::vector<Parameter<T, memory_space>> list;
     const Weights &w = m_weights, &g = m_grads;
-    Impl::nn_add_parameter(list, prefix + "in_proj_weight", w.w_qkv, g.w_qkv);
-    Impl::nn_add_parameter(list, prefix + "in_proj_bias", w.b_qkv, g.b_qkv);
-    Impl::nn_add_parameter(list, prefix + "q_proj.weight", w.w_q, g.w_q);
-    Impl::nn_add_parameter(list, prefix + "q_proj.bias", w.b_q, g.b_q);
-    Impl::nn_add_parameter(list, prefix + "k_proj.weight", w.w_k, g.w_k);
-    Impl::nn_add_parameter(list, prefix + "k_proj.bias", w.b_k, g.b_k);
-    Impl::nn_add_parameter(list, prefix + "v_proj.weight", w.w_v, g.w_v);
-    Impl::nn_add_parameter(list, prefix + "v_proj.bias", w.b_v, g.b_v);
-    Impl::nn_add_parameter(list, prefix + "out_proj.weight", w.w_o, g.w_o);
-    Impl::nn_add_parameter(list, prefix + "out_proj.bias", w.b_o, g.b_o);
-    Impl::nn_add_parameter(list, prefix + "q_norm.weight", w.q_norm, g.q_norm);
-    Impl::nn_add_parameter(list, prefix + "k_norm.weight", w.k_norm, g.k_norm);
+    const Fp32Grads& g32 = m_grads_fp32;
+    Impl::nn_add_parameter(list, prefix + "in_proj_weight", w.w_qkv, g.w_qkv, g32.w_qkv);
+    Impl::nn_add_parameter(list, prefix + "in_proj_bias", w.b_qkv, g.b_qkv, g32.b_qkv);
+    Impl::nn_add_parameter(list, prefix + "q_proj.weight", w.w_q, g.w_q, g32.w_q);
+    Impl::nn_add_parameter(list, prefix + "q_proj.bias", w.b_q, g.b_q, g32.b_q);
+    Impl::nn_add_parameter(list, prefix + "k_proj.weight", w.w_k, g.w_k, g32.w_k);
+    Impl::nn_add_parameter(list, prefix + "k_proj.bias", w.b_k, g.b_k, g32.b_k);
+    Impl::nn_add_parameter(list, prefix + "v_proj.weight", w.w_v, g.w_v, g32.w_v);
+    Impl::nn_add_parameter(list, prefix + "v_proj.bias", w.b_v, g.b_v, g32.b_v);
+    Impl::nn_add_parameter(list, prefix + "out_proj.weight", w.w_o, g.w_o, g32.w_o);
+    Impl::nn_add_parameter(list, prefix + "out_proj.bias", w.b_o, g.b_o, g32.b_o);
+    Impl::nn_add_parameter(list, prefix + "q_norm.weight", w.q_norm, g.q_norm, g32.q_norm);
+    Impl::nn_add_parameter(list, prefix + "k_norm.weight", w.k_norm, g.k_norm, g32.k_norm);
     return list;
   }
 
@@ -391,7 +416,14 @@ class MultiHeadAttention {
   using view4 = typename context_type::view4;
   using view1_acc = typename context_type::view1_acc;
 
-  void allocate(Weights& w, const std::string& prefix) const {
+  /// Whether the gradients are the fp32 Views (options.fp32_gradients of a
+  /// 16-bit T; double and float accumulate in their own type).
+  bool fp32_grads() const { return m_options.fp32_gradients && Impl::nn_is_16bit<T>(); }
+
+  template <class V>
+  void allocate(Tensors<V>& w, const std::string& prefix) const {
+    using view1 = Kokkos::View<V*, Kokkos::LayoutRight, memory_space>;
+    using view2 = Kokkos::View<V**, Kokkos::LayoutRight, memory_space>;
     const auto& o = m_options;
     const int q_rows = o.heads * o.head_dim, kv_rows = o.kv_heads * o.head_dim;
     auto label = [&](const char* name) {
@@ -769,14 +801,17 @@ class MultiHeadAttention {
                                                 m_options.qk_norm_options.eps);
   }
 
-  /// d_in written, d_weight accumulated; d_out must stay intact until the
-  /// weight's column sums have read it, so d_in is a buffer of its own.
+  /// d_in written, d_weight (of T or fp32) accumulated; d_out must stay
+  /// intact until the weight's column sums have read it, so d_in is a buffer
+  /// of its own.
+  template <class GradView>
   void qk_norm_backward(const ExecSpace& space, const view4& in, const view1& weight,
                         const view1_acc& rstd, const view4& d_out, const view4& d_in,
-                        const view1& d_weight) const {
-    Impl::norm_backward_impl<ExecSpace, T, true>(space, Impl::in_matrix(in), weight, {}, rstd,
-                                                 Impl::in_matrix(d_out), Impl::out_matrix(d_in),
-                                                 d_weight, {});
+                        const GradView& d_weight) const {
+    using G = typename GradView::non_const_value_type;
+    Impl::norm_backward_impl<ExecSpace, T, true, G>(space, Impl::in_matrix(in), weight, {}, rstd,
+                                                    Impl::in_matrix(d_out),
+                                                    Impl::out_matrix(d_in), d_weight, {});
   }
 
   /// Rows [row0, row0 + rows) of a weight matrix or bias vector (an empty
@@ -784,11 +819,17 @@ class MultiHeadAttention {
   static in2 weight_rows(const view2& w, int row0, int rows) {
     return in2(w.data() + std::size_t(row0) * w.extent(1), rows, w.extent(1));
   }
-  static out2 grad_rows(const view2& w, int row0, int rows) {
-    return out2(w.data() + std::size_t(row0) * w.extent(1), rows, w.extent(1));
+  template <class V>
+  static Impl::NnOut2<V, memory_space> grad_rows(
+      const Kokkos::View<V**, Kokkos::LayoutRight, memory_space>& w, int row0, int rows) {
+    return Impl::NnOut2<V, memory_space>(w.data() + std::size_t(row0) * w.extent(1), rows,
+                                         w.extent(1));
   }
-  static view1 vector_rows(const view1& b, int row0, int rows) {
-    return b.extent(0) == 0 ? view1() : view1(b.data() + row0, rows);
+  template <class V>
+  static Kokkos::View<V*, Kokkos::LayoutRight, memory_space> vector_rows(
+      const Kokkos::View<V*, Kokkos::LayoutRight, memory_space>& b, int row0, int rows) {
+    using vector = Kokkos::View<V*, Kokkos::LayoutRight, memory_space>;
+    return b.extent(0) == 0 ? vector() : vector(b.data() + row0, rows);
   }
 
   /// Whether the pass that splits a fused projection also rotates q (self-
@@ -840,7 +881,7 @@ class MultiHeadAttention {
                       context_type& c, bool cross, const ScoreMod& score_mod) const {
     attend_core(space, x, mem, c, cross, score_mod);
     Impl::linear_forward_impl<ExecSpace, T>(space, Impl::in_tokens(c.o), m_weights.w_o,
-                                            m_weights.b_o, y);
+                                            m_weights.b_o, y, c.scratch);
     // Recompute mode: keep only the inputs; the backward redoes the rest.
     if (m_options.recompute) release(c);
   }
@@ -854,6 +895,7 @@ class MultiHeadAttention {
     for (auto* m : matrices) *m = typename context_type::view2();
     c.lse = typename context_type::lse_view();
     c.rstd_q = c.rstd_k = view1_acc();
+    c.scratch.release();
   }
 
   /// Everything up to the attention output (o and lse): the forward, and in
@@ -899,7 +941,7 @@ class MultiHeadAttention {
       // One product for q|k|v, then one pass that splits it into the
       // attention's [batch][seqlen][heads][head_dim] tensors and rotates q, k.
       Impl::nn_ensure(c.qkv, "kfa::nn::MultiHeadAttention::qkv", tokens, q_cols + 2 * kv_cols);
-      Impl::linear_forward_impl<ExecSpace, T>(space, x2, w.w_qkv, w.b_qkv, c.qkv);
+      Impl::linear_forward_impl<ExecSpace, T>(space, x2, w.w_qkv, w.b_qkv, c.qkv, c.scratch);
       rotate(space, c.qkv, 0, q2, 0, c.slice, o.heads, q_in_split, 1, pos);
       rotate(space, c.qkv, q_cols, k2, 0, c.slice, o.kv_heads, k_in_split, 1, pos);
       rotate(space, c.qkv, q_cols + kv_cols, v2, 0, c.slice, o.kv_heads, false, 1, pos);
@@ -907,15 +949,17 @@ class MultiHeadAttention {
       // Cross-attention: q from the q rows, one product for k|v from the rest.
       Impl::nn_ensure(c.kv, "kfa::nn::MultiHeadAttention::kv", tokens_kv, 2 * kv_cols);
       Impl::linear_forward_impl<ExecSpace, T>(space, x2, weight_rows(w.w_qkv, 0, q_cols),
-                                              vector_rows(w.b_qkv, 0, q_cols), q2);
-      Impl::linear_forward_impl<ExecSpace, T>(space, mem2, weight_rows(w.w_qkv, q_cols, 2 * kv_cols),
-                                              vector_rows(w.b_qkv, q_cols, 2 * kv_cols), c.kv);
+                                              vector_rows(w.b_qkv, 0, q_cols), q2, c.scratch);
+      Impl::linear_forward_impl<ExecSpace, T>(space, mem2,
+                                              weight_rows(w.w_qkv, q_cols, 2 * kv_cols),
+                                              vector_rows(w.b_qkv, q_cols, 2 * kv_cols), c.kv,
+                                              c.scratch);
       rotate(space, c.kv, 0, k2, 0, c.slice_kv, o.kv_heads, k_in_split, 1, pos);
       rotate(space, c.kv, kv_cols, v2, 0, c.slice_kv, o.kv_heads, false, 1, pos);
     } else {
-      Impl::linear_forward_impl<ExecSpace, T>(space, x2, w.w_q, w.b_q, q2);
-      Impl::linear_forward_impl<ExecSpace, T>(space, mem2, w.w_k, w.b_k, k2);
-      Impl::linear_forward_impl<ExecSpace, T>(space, mem2, w.w_v, w.b_v, v2);
+      Impl::linear_forward_impl<ExecSpace, T>(space, x2, w.w_q, w.b_q, q2, c.scratch);
+      Impl::linear_forward_impl<ExecSpace, T>(space, mem2, w.w_k, w.b_k, k2, c.scratch);
+      Impl::linear_forward_impl<ExecSpace, T>(space, mem2, w.w_v, w.b_v, v2, c.scratch);
     }
     if (o.qk_norm) {
       qk_norm_forward(space, c.q_pre, w.q_norm, c.q, c.rstd_q);
@@ -949,10 +993,24 @@ class MultiHeadAttention {
   }
 
   /// dx through q; dmem through k and v (dx itself for self-attention, which
-  /// then adds them up).
+  /// then adds them up); the parameter gradients into grads() or grads_fp32().
   template <class ScoreMod>
   void attend_backward(const ExecSpace& space, const in2& dy, const out2& dx, const out2& dmem,
                        context_type& c, const ScoreMod& score_mod) {
+    if constexpr (Impl::nn_is_16bit<T>()) {
+      if (fp32_grads()) {
+        attend_backward_into(space, dy, dx, dmem, c, score_mod, m_grads_fp32);
+        return;
+      }
+    }
+    attend_backward_into(space, dy, dx, dmem, c, score_mod, m_grads);
+  }
+
+  template <class ScoreMod, class Grads>
+  void attend_backward_into(const ExecSpace& space, const in2& dy, const out2& dx,
+                            const out2& dmem, context_type& c, const ScoreMod& score_mod,
+                            const Grads& g) {
+    using G = typename Grads::value_type;
     const auto& o = m_options;
     const bool cross = c.cross;
     // The same kernels on the same inputs: bitwise the forward's tensors.
@@ -964,9 +1022,9 @@ class MultiHeadAttention {
     Impl::nn_ensure(c.dq, "kfa::nn::MultiHeadAttention::dq", batch, seqlen, o.heads, hd);
     Impl::nn_ensure(c.dk, "kfa::nn::MultiHeadAttention::dk", batch, seqlen_kv, o.kv_heads, hd);
     Impl::nn_ensure(c.dv, "kfa::nn::MultiHeadAttention::dv", batch, seqlen_kv, o.kv_heads, hd);
-    const auto &w = m_weights, &g = m_grads;
-    Impl::linear_backward_impl<ExecSpace, T>(space, Impl::in_tokens(c.o), w.w_o, dy,
-                                             Impl::out_tokens(c.d_o), g.w_o, g.b_o);
+    const auto& w = m_weights;
+    Impl::linear_backward_impl<ExecSpace, T, G>(space, Impl::in_tokens(c.o), w.w_o, dy,
+                                                Impl::out_tokens(c.d_o), g.w_o, g.b_o, c.scratch);
     if (c.packed) {
       packed_attention(space, c, score_mod, true);
     } else {
@@ -1002,28 +1060,33 @@ class MultiHeadAttention {
       rotate(space, dq2, 0, c.dqkv, 0, c.slice, o.heads, q_in_split, -1, pos);
       rotate(space, dk2, 0, c.dqkv, q_cols, c.slice, o.kv_heads, k_in_split, -1, pos);
       rotate(space, dv2, 0, c.dqkv, q_cols + kv_cols, c.slice, o.kv_heads, false, -1, pos);
-      Impl::linear_backward_impl<ExecSpace, T>(space, x2, w.w_qkv, c.dqkv, dx, g.w_qkv, g.b_qkv);
+      Impl::linear_backward_impl<ExecSpace, T, G>(space, x2, w.w_qkv, c.dqkv, dx, g.w_qkv,
+                                                  g.b_qkv, c.scratch);
     } else if (o.fused_qkv) {
       Impl::nn_ensure(c.dkv, "kfa::nn::MultiHeadAttention::dkv", tokens_kv, 2 * kv_cols);
       rotate(space, dk2, 0, c.dkv, 0, c.slice_kv, o.kv_heads, k_in_split, -1, pos);
       rotate(space, dv2, 0, c.dkv, kv_cols, c.slice_kv, o.kv_heads, false, -1, pos);
-      Impl::linear_backward_impl<ExecSpace, T>(space, x2, weight_rows(w.w_qkv, 0, q_cols), dq2,
-                                               dx, grad_rows(g.w_qkv, 0, q_cols),
-                                               vector_rows(g.b_qkv, 0, q_cols));
-      Impl::linear_backward_impl<ExecSpace, T>(
+      Impl::linear_backward_impl<ExecSpace, T, G>(space, x2, weight_rows(w.w_qkv, 0, q_cols),
+                                                  dq2, dx, grad_rows(g.w_qkv, 0, q_cols),
+                                                  vector_rows(g.b_qkv, 0, q_cols), c.scratch);
+      Impl::linear_backward_impl<ExecSpace, T, G>(
           space, mem2, weight_rows(w.w_qkv, q_cols, 2 * kv_cols), c.dkv, dmem,
-          grad_rows(g.w_qkv, q_cols, 2 * kv_cols), vector_rows(g.b_qkv, q_cols, 2 * kv_cols));
+          grad_rows(g.w_qkv, q_cols, 2 * kv_cols), vector_rows(g.b_qkv, q_cols, 2 * kv_cols),
+          c.scratch);
     } else {
-      Impl::linear_backward_impl<ExecSpace, T>(space, x2, w.w_q, dq2, dx, g.w_q, g.b_q);
-      Impl::linear_backward_impl<ExecSpace, T>(space, mem2, w.w_k, dk2, dmem, g.w_k, g.b_k,
-                                               !cross);
-      Impl::linear_backward_impl<ExecSpace, T>(space, mem2, w.w_v, dv2, dmem, g.w_v, g.b_v, true);
+      Impl::linear_backward_impl<ExecSpace, T, G>(space, x2, w.w_q, dq2, dx, g.w_q, g.b_q,
+                                                  c.scratch);
+      Impl::linear_backward_impl<ExecSpace, T, G>(space, mem2, w.w_k, dk2, dmem, g.w_k, g.b_k,
+                                                  c.scratch, !cross);
+      Impl::linear_backward_impl<ExecSpace, T, G>(space, mem2, w.w_v, dv2, dmem, g.w_v, g.b_v,
+                                                  c.scratch, true);
     }
     if (o.recompute) release(c);
   }
 
   MultiHeadAttentionOptions m_options;
   Weights m_weights, m_grads;
+  Fp32Grads m_grads_fp32;
   /// kfa::nn::alibi_slopes(heads) under options.alibi.
   Kokkos::View<double*, memory_space> m_alibi_slopes;
 };

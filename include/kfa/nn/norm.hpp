@@ -76,10 +76,13 @@ void nn_norm_backward(const char* function, const ExecSpace& space, const X& x, 
                 view_ok<ExecSpace, DG>(1) && view_ok<ExecSpace, DB>(1)) {
     using T = typename X::non_const_value_type;
     using acc_t = accumulator_t<T>;
-    static_assert(same_value_type<T, G, DY, DX, DG, DB>() &&
+    using GradT = typename DG::non_const_value_type;
+    static_assert(same_value_type<T, G, DY, DX>() && same_value_type<GradT, DB>() &&
+                      (std::is_same<GradT, T>::value || std::is_same<GradT, acc_t>::value) &&
                       same_value_type<acc_t, Mean, Rstd>() && all_non_const<DX, DG, DB>(),
-                  "kfa::nn norm backward: every tensor must have x's value type, mean and "
-                  "rstd kfa::accumulator_t of it; the gradients non-const");
+                  "kfa::nn norm backward: gamma, dy and dx must have x's value type, dgamma "
+                  "and dbeta that type or kfa::accumulator_t of it, mean and rstd "
+                  "kfa::accumulator_t of it; the gradients non-const");
     const std::size_t tokens = x.extent(0), features = x.extent(1);
     check_extents(function, "gamma", "[features]", gamma, {features});
     if (!IsRms) check_extents(function, "mean", "[tokens]", mean, {tokens});
@@ -101,7 +104,7 @@ void nn_norm_backward(const char* function, const ExecSpace& space, const X& x, 
     check_disjoint(function, "dx", dx, "dgamma", dgamma);
     check_disjoint(function, "dx", dx, "dbeta", dbeta);
     check_disjoint(function, "dgamma", dgamma, "dbeta", dbeta);
-    norm_backward_impl<ExecSpace, T, IsRms>(space, in_matrix(x), in_vector(gamma),
+    norm_backward_impl<ExecSpace, T, IsRms, GradT>(space, in_matrix(x), in_vector(gamma),
                                                in_vector(mean), in_vector(rstd),
                                                in_matrix(dy), out_matrix(dx),
                                                out_vector(dgamma), out_vector(dbeta));
@@ -118,8 +121,9 @@ namespace nn {
 ///
 /// x, y [tokens][features] (y may be x itself), gamma [features], beta
 /// [features] or an empty View ([0]: no shift), mean, rstd [tokens] of
-/// kfa::accumulator_t<T>. LayoutRight Views of double or float accessible
-/// from ExecSpace. Enqueued on `space`; no fence. Throws
+/// kfa::accumulator_t<T>. LayoutRight Views of double, float, kfa::half or
+/// kfa::bfloat16 accessible from ExecSpace (the 16-bit types compute in
+/// float and round y once). Enqueued on `space`; no fence. Throws
 /// std::invalid_argument (nothing written) on bad shapes or options.
 template <class ExecSpace, class X, class G, class B, class Y, class Mean, class Rstd>
 void layer_norm_forward(const ExecSpace& space, const X& x, const G& gamma, const B& beta,
@@ -133,7 +137,9 @@ void layer_norm_forward(const ExecSpace& space, const X& x, const G& gamma, cons
 /// overwritten, dgamma and dbeta accumulated (+=; an empty dbeta skips it).
 ///
 /// x, dy, dx [tokens][features]; gamma, dgamma, dbeta [features]; mean, rstd
-/// [tokens]. The gradients must not overlap the inputs or each other.
+/// [tokens]. dgamma and dbeta hold x's value type or kfa::accumulator_t of
+/// it (fp32 gradients of a 16-bit layer). The gradients must not overlap the
+/// inputs or each other.
 template <class ExecSpace, class X, class G, class Mean, class Rstd, class DY, class DX, class DG,
           class DB>
 void layer_norm_backward(const ExecSpace& space, const X& x, const G& gamma, const Mean& mean,
@@ -160,7 +166,7 @@ void rms_norm_forward(const ExecSpace& space, const X& x, const G& gamma, const 
 template <class ExecSpace, class X, class G, class Rstd, class DY, class DX, class DG>
 void rms_norm_backward(const ExecSpace& space, const X& x, const G& gamma, const Rstd& rstd,
                        const DY& dy, const DX& dx, const DG& dgamma) {
-  const Kokkos::View<typename X::non_const_value_type*, Kokkos::LayoutRight,
+  const Kokkos::View<typename DG::non_const_value_type*, Kokkos::LayoutRight,
                      typename X::memory_space>
       no_dbeta;
   Impl::nn_norm_backward<ExecSpace, true>("kfa::nn::rms_norm_backward", space, x, gamma, rstd, rstd,

@@ -130,6 +130,11 @@ struct MultiHeadAttentionOptions {
   /// masks are then global; attention.window_left/right and dropout_p must
   /// stay off, as in ring attention.
   SequenceParallelOptions sequence_parallel;
+  /// kfa::half and kfa::bfloat16 layers: accumulate the parameter gradients
+  /// in fp32 Views (grads_fp32(), Parameter::grad_fp32) instead of T, for
+  /// training with fp32 master weights (AdamWOptions::fp32_master_weights).
+  /// No effect for double and float.
+  bool fp32_gradients = false;
 };
 
 /// kfa::nn::TransformerBlock: x + attn(norm1(x)), then + mlp(norm2(·)).
@@ -155,6 +160,10 @@ struct TransformerBlockOptions {
   /// recompute): the forward keeps only x, the backward reruns the block's
   /// forward first. attention.recompute means the same in a block.
   bool recompute = false;
+  /// fp32 parameter gradients for every parameter of the block, its
+  /// attention's included (see MultiHeadAttentionOptions::fp32_gradients,
+  /// which the block sets from this).
+  bool fp32_gradients = false;
 };
 
 /// kfa::nn::AdamW (PyTorch's torch.optim.AdamW).
@@ -166,6 +175,10 @@ struct AdamWOptions {
   /// Decoupled weight decay: the parameter is first multiplied by
   /// 1 - lr·weight_decay.
   double weight_decay = 1e-2;
+  /// kfa::nn::AdamW of kfa::half or kfa::bfloat16 parameters: keep an fp32
+  /// master copy of each parameter, update it and round it into the
+  /// parameter after every step (no effect for double and float).
+  bool fp32_master_weights = false;
 };
 
 }  // namespace nn

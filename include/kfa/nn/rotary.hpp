@@ -51,7 +51,8 @@ namespace nn {
 /// and (2j, 2j + 1) for RotaryStyle::interleaved; the rest is copied.
 ///
 /// x, y [batch][seqlen][heads][head_dim] (y may be x itself): LayoutRight
-/// Views of double or float accessible from ExecSpace. Enqueued on `space`.
+/// Views of double, float, kfa::half or kfa::bfloat16 (rotated in float)
+/// accessible from ExecSpace. Enqueued on `space`.
 /// Throws std::invalid_argument (nothing written) on bad shapes or options.
 template <class ExecSpace, class X, class Y>
 void rotary_forward(const ExecSpace& space, const X& x, const Y& y,

@@ -23,6 +23,36 @@
 #include <vector>
 
 namespace kfa {
+namespace Impl {
+
+/// The dtype name of T in a file (the layers' value types; kfa::half and
+/// kfa::bfloat16 are written as their binary16 and bfloat16 bits, where they
+/// are not float itself).
+template <class T>
+const char* safetensors_dtype() {
+  if (std::is_same<T, double>::value) return "F64";
+  if (std::is_same<T, float>::value) return "F32";
+  if (std::is_same<T, bfloat16>::value) return "BF16";
+  return "F16";
+}
+
+/// Reads `tensor` converted to T into `out` (numel values): directly for
+/// double and float, through float for the 16-bit types (exact from their own
+/// dtype, rounded to nearest from wider ones).
+template <class T>
+void safetensors_read_as(SafetensorsReader& reader, const SafetensorsTensorInfo& tensor,
+                         T* out, std::size_t numel) {
+  if constexpr (std::is_same<T, double>::value || std::is_same<T, float>::value) {
+    reader.read(tensor, out);
+  } else {
+    std::vector<float> values(numel);
+    reader.read(tensor, values.data());
+    for (std::size_t n = 0; n < numel; ++n) out[n] = from_acc<T>(values[n]);
+  }
+}
+
+}  // namespace Impl
+
 namespace nn {
 
 /// How layer parameters are named in a safetensors file.
@@ -65,10 +95,11 @@ struct SafetensorsContents {
   std::map<std::string, std::string> metadata;
 };
 
-/// Reads a whole safetensors file into host Views of T (double or float),
-/// for models kfa::nn does not have. Floating dtypes (F64, F32, F16, BF16)
-/// and integer dtypes convert to T (F16, BF16 and F32 exactly; F64 to float
-/// rounds to nearest; integers beyond T's mantissa round). Throws
+/// Reads a whole safetensors file into host Views of T (double, float,
+/// kfa::half or kfa::bfloat16), for models kfa::nn does not have. Floating
+/// dtypes (F64, F32, F16, BF16) and integer dtypes convert to T (exactly
+/// where T holds the value: F16, BF16 and F32 into float, a dtype into
+/// itself; otherwise rounded to nearest, F16 into bfloat16 too). Throws
 /// std::runtime_error naming the file (and the tensor) for a file that is
 /// truncated or whose header is not valid safetensors JSON, and
 /// std::invalid_argument naming the tensor for a dtype it cannot convert
@@ -76,7 +107,8 @@ struct SafetensorsContents {
 template <class T>
 SafetensorsContents<T> read_safetensors(const std::string& path) {
   static_assert(Impl::nn_value_type_ok<T>(),
-                "kfa::nn::read_safetensors: T must be double or float");
+                "kfa::nn::read_safetensors: T must be double, float, kfa::half or "
+                "kfa::bfloat16");
   Impl::ProfilingRegion region("kfa::nn::read_safetensors");
   Impl::SafetensorsReader reader(path);
   for (const auto& t : reader.tensors()) {
@@ -94,14 +126,14 @@ SafetensorsContents<T> read_safetensors(const std::string& path) {
     HostTensor<T> tensor{t.shape, t.dtype,
                          Kokkos::View<T*, Kokkos::LayoutRight, Kokkos::HostSpace>(
                              Kokkos::view_alloc(Kokkos::WithoutInitializing, label), numel)};
-    reader.read(t, tensor.values.data());
+    Impl::safetensors_read_as(reader, t, tensor.values.data(), numel);
     contents.tensors.emplace(t.name, std::move(tensor));
   }
   return contents;
 }
 
 /// Writes `tensors` (shape and values; their dtype field is ignored) as a
-/// safetensors file of T's dtype (F64 or F32), with `metadata` as its
+/// safetensors file of T's dtype (F64, F32, F16 or BF16), with `metadata` as its
 /// __metadata__. Throws std::invalid_argument naming a tensor whose values
 /// do not match its shape, std::runtime_error if the file cannot be written
 /// (no partial file is left at `path`).
@@ -109,7 +141,8 @@ template <class T>
 void write_safetensors(const std::string& path, const std::map<std::string, HostTensor<T>>& tensors,
                        const std::map<std::string, std::string>& metadata = {}) {
   static_assert(Impl::nn_value_type_ok<T>(),
-                "kfa::nn::write_safetensors: T must be double or float");
+                "kfa::nn::write_safetensors: T must be double, float, kfa::half or "
+                "kfa::bfloat16");
   Impl::ProfilingRegion region("kfa::nn::write_safetensors");
   std::vector<Impl::SafetensorsRecord> records;
   for (const auto& [name, t] : tensors) {
@@ -130,8 +163,11 @@ void write_safetensors(const std::string& path, const std::map<std::string, Host
 /// TransformerBlock) from the safetensors file at `path`, named as
 /// options.names says, each name prefixed by options.prefix; other tensors
 /// in the file are ignored. Dtypes F64, F32, F16 and BF16 convert to the
-/// layer's T (exactly, except F64 into a float layer, which rounds to
-/// nearest). Everything is checked before anything is written: a missing
+/// layer's T: exactly where T holds them (its own dtype; F32, F16, BF16 into
+/// float), otherwise rounded to nearest (F64 into float, anything wider into
+/// a 16-bit layer, F16 into bfloat16 and BF16 into half). A kfa::nn::AdamW
+/// with fp32 master weights copies the parameters when constructed: load
+/// before constructing it. Everything is checked before anything is written: a missing
 /// tensor, a wrong shape or a dtype that is not one of those four throws
 /// std::invalid_argument naming the tensor; a truncated file or a bad
 /// header throws std::runtime_error; the layer is then unchanged. The
@@ -176,7 +212,7 @@ void load_safetensors(const ExecSpace& space, const std::string& path, Layer& la
   std::vector<std::vector<T>> staging(bindings.size());
   for (std::size_t n = 0; n < bindings.size(); ++n) {
     staging[n].resize(bindings[n].values.size());
-    reader.read(*found[n], staging[n].data());
+    Impl::safetensors_read_as(reader, *found[n], staging[n].data(), staging[n].size());
   }
   using host_view = Kokkos::View<const T*, Kokkos::LayoutRight, Kokkos::HostSpace,
                                  Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
@@ -187,7 +223,7 @@ void load_safetensors(const ExecSpace& space, const std::string& path, Layer& la
 
 /// Saves the parameters of `layer` (a MultiHeadAttention or a
 /// TransformerBlock) to a safetensors file at `path` in the layer's dtype
-/// (F64 or F32), named as options.names says with options.prefix, and
+/// (F64, F32, F16 or BF16), named as options.names says with options.prefix, and
 /// options.metadata. The copies to the host are enqueued on `space`, which
 /// is fenced. Throws std::runtime_error if the file cannot be written (no
 /// partial file is left at `path`).

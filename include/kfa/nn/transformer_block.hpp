@@ -58,7 +58,9 @@ struct TransformerBlockContext {
 ///   y  = x1 + dropout(W2·dropout(act(W1·norm2(x1) + b1)) + b2)
 /// Parameters and gradients are Views held by the block (weights(),
 /// grads(), attention()); backward accumulates the gradients (zero_grad
-/// resets them). Value types double and float.
+/// resets them). Value types double, float, kfa::half and kfa::bfloat16
+/// (see MultiHeadAttention: 16-bit storage, fp32 arithmetic; with
+/// options.fp32_gradients the gradients are grads_fp32()).
 ///
 /// Sequence-parallel mode: options.attention.sequence_parallel (see
 /// MultiHeadAttention); norms and MLP are per token and stay local, and the
@@ -77,11 +79,17 @@ class TransformerBlock {
   /// norm weights and biases [d_model] (biases empty for RMSNorm or without
   /// options.bias), w1 [d_ff or 2·d_ff (SwiGLU: gate rows then up rows)]
   /// [d_model], b1, w2 [d_model][d_ff], b2.
-  struct Weights {
-    view1 norm1_weight, norm1_bias, norm2_weight, norm2_bias;
-    view2 w1, w2;
-    view1 b1, b2;
+  template <class V>
+  struct Tensors {
+    using value_type = V;
+    Kokkos::View<V*, Kokkos::LayoutRight, memory_space> norm1_weight, norm1_bias, norm2_weight,
+        norm2_bias;
+    Kokkos::View<V**, Kokkos::LayoutRight, memory_space> w1, w2;
+    Kokkos::View<V*, Kokkos::LayoutRight, memory_space> b1, b2;
   };
+  using Weights = Tensors<T>;
+  /// The gradients in fp32 (options.fp32_gradients of a 16-bit T).
+  using Fp32Grads = Tensors<accumulator_t<T>>;
 
   /// Allocates the parameters: linear weights U(-1/sqrt(fan_in),
   /// 1/sqrt(fan_in)) from options.init_seed, biases zero, norm weights one;
@@ -90,9 +98,12 @@ class TransformerBlock {
       : m_options(resolve(options)), m_attention(m_options.attention) {
     const auto& o = m_options;
     allocate(m_weights, "");
-    allocate(m_grads, "grad_");
-    Kokkos::deep_copy(m_weights.norm1_weight, T(1));
-    Kokkos::deep_copy(m_weights.norm2_weight, T(1));
+    if (o.fp32_gradients && Impl::nn_is_16bit<T>())
+      allocate(m_grads_fp32, "grad_fp32_");
+    else
+      allocate(m_grads, "grad_");
+    Kokkos::deep_copy(m_weights.norm1_weight, Impl::from_acc<T>(1.0f));
+    Kokkos::deep_copy(m_weights.norm2_weight, Impl::from_acc<T>(1.0f));
     std::mt19937_64 rng(o.init_seed + 1);
     Impl::nn_init_uniform(m_weights.w1, 1.0 / std::sqrt(double(d_model())), rng);
     Impl::nn_init_uniform(m_weights.w2, 1.0 / std::sqrt(double(o.d_ff)), rng);
@@ -104,8 +115,13 @@ class TransformerBlock {
   const MultiHeadAttention<ExecSpace, T>& attention() const { return m_attention; }
   Weights& weights() { return m_weights; }
   const Weights& weights() const { return m_weights; }
+  /// The gradients of T (empty Views under options.fp32_gradients).
   Weights& grads() { return m_grads; }
   const Weights& grads() const { return m_grads; }
+  /// The fp32 gradients under options.fp32_gradients with a 16-bit T (else
+  /// empty Views).
+  Fp32Grads& grads_fp32() { return m_grads_fp32; }
+  const Fp32Grads& grads_fp32() const { return m_grads_fp32; }
 
   /// Every parameter with torch.nn.TransformerEncoderLayer's name
   /// (self_attn.in_proj_weight, ..., linear1.weight, linear1.bias,
@@ -114,14 +130,19 @@ class TransformerBlock {
   std::vector<Parameter<T, memory_space>> parameters(const std::string& prefix = "") const {
     auto list = m_attention.parameters(prefix + "self_attn.");
     const Weights &w = m_weights, &g = m_grads;
-    Impl::nn_add_parameter(list, prefix + "linear1.weight", w.w1, g.w1);
-    Impl::nn_add_parameter(list, prefix + "linear1.bias", w.b1, g.b1);
-    Impl::nn_add_parameter(list, prefix + "linear2.weight", w.w2, g.w2);
-    Impl::nn_add_parameter(list, prefix + "linear2.bias", w.b2, g.b2);
-    Impl::nn_add_parameter(list, prefix + "norm1.weight", w.norm1_weight, g.norm1_weight);
-    Impl::nn_add_parameter(list, prefix + "norm1.bias", w.norm1_bias, g.norm1_bias);
-    Impl::nn_add_parameter(list, prefix + "norm2.weight", w.norm2_weight, g.norm2_weight);
-    Impl::nn_add_parameter(list, prefix + "norm2.bias", w.norm2_bias, g.norm2_bias);
+    const Fp32Grads& g32 = m_grads_fp32;
+    Impl::nn_add_parameter(list, prefix + "linear1.weight", w.w1, g.w1, g32.w1);
+    Impl::nn_add_parameter(list, prefix + "linear1.bias", w.b1, g.b1, g32.b1);
+    Impl::nn_add_parameter(list, prefix + "linear2.weight", w.w2, g.w2, g32.w2);
+    Impl::nn_add_parameter(list, prefix + "linear2.bias", w.b2, g.b2, g32.b2);
+    Impl::nn_add_parameter(list, prefix + "norm1.weight", w.norm1_weight, g.norm1_weight,
+                           g32.norm1_weight);
+    Impl::nn_add_parameter(list, prefix + "norm1.bias", w.norm1_bias, g.norm1_bias,
+                           g32.norm1_bias);
+    Impl::nn_add_parameter(list, prefix + "norm2.weight", w.norm2_weight, g.norm2_weight,
+                           g32.norm2_weight);
+    Impl::nn_add_parameter(list, prefix + "norm2.bias", w.norm2_bias, g.norm2_bias,
+                           g32.norm2_bias);
     return list;
   }
 
@@ -270,6 +291,7 @@ class TransformerBlock {
   static TransformerBlockOptions resolve(TransformerBlockOptions o) {
     const char* function = "kfa::nn::TransformerBlock";
     o.attention.bias = o.bias;
+    o.attention.fp32_gradients = o.fp32_gradients;
     if (o.d_ff <= 0) {
       Impl::throw_invalid(function, "options.d_ff must be > 0, got " + std::to_string(o.d_ff));
     }
@@ -288,7 +310,10 @@ class TransformerBlock {
     return o;
   }
 
-  void allocate(Weights& w, const std::string& prefix) const {
+  template <class V>
+  void allocate(Tensors<V>& w, const std::string& prefix) const {
+    using view1 = Kokkos::View<V*, Kokkos::LayoutRight, memory_space>;
+    using view2 = Kokkos::View<V**, Kokkos::LayoutRight, memory_space>;
     const auto& o = m_options;
     auto label = [&](const char* name) { return "kfa::nn::TransformerBlock::" + prefix + name; };
     const bool norm_bias = o.bias && o.norm == Norm::layer_norm;
@@ -330,15 +355,17 @@ class TransformerBlock {
   }
 
   /// dx += norm backward (dx holds the residual's gradient already).
+  template <class GradView>
   void norm_backward(const ExecSpace& space, const in2& x, const view1& gamma,
                      const in1_acc& mean, const in1_acc& rstd, const in2& dy, const out2& dx,
-                     const view1& dgamma, const view1& dbeta) const {
+                     const GradView& dgamma, const GradView& dbeta) const {
+    using G = typename GradView::non_const_value_type;
     if (m_options.norm == Norm::rms_norm)
-      Impl::norm_backward_impl<ExecSpace, T, true>(space, x, gamma, mean, rstd, dy, dx, dgamma,
-                                                   dbeta, true);
+      Impl::norm_backward_impl<ExecSpace, T, true, G>(space, x, gamma, mean, rstd, dy, dx,
+                                                      dgamma, dbeta, true);
     else
-      Impl::norm_backward_impl<ExecSpace, T, false>(space, x, gamma, mean, rstd, dy, dx, dgamma,
-                                                    dbeta, true);
+      Impl::norm_backward_impl<ExecSpace, T, false, G>(space, x, gamma, mean, rstd, dy, dx,
+                                                       dgamma, dbeta, true);
   }
 
   /// Frees every View the context owns (the recompute mode).
@@ -381,7 +408,7 @@ class TransformerBlock {
     residual_dropout(space, "kfa::nn::TransformerBlock::residual1", x2, Impl::in_matrix(c.a), c.x1,
                      c, kAttentionOutput);
     norm_forward(space, c.x1, w.norm2_weight, w.norm2_bias, c.h2, c.mean2, c.rstd2);
-    Impl::linear_forward_impl<ExecSpace, T>(space, c.h2, w.w1, w.b1, c.u);
+    Impl::linear_forward_impl<ExecSpace, T>(space, c.h2, w.w1, w.b1, c.u, scratch(c));
     if (m_options.activation == Activation::swiglu)
       Impl::swiglu_forward_impl<ExecSpace, T>(space, c.u, c.g);
     else
@@ -389,15 +416,32 @@ class TransformerBlock {
                                             m_options.activation == Activation::gelu_tanh);
     residual_dropout(space, "kfa::nn::TransformerBlock::mlp_dropout", none, c.g, c.g, c,
                      kActivation);
-    Impl::linear_forward_impl<ExecSpace, T>(space, c.g, w.w2, w.b2, y);
+    Impl::linear_forward_impl<ExecSpace, T>(space, c.g, w.w2, w.b2, y, scratch(c));
     residual_dropout(space, "kfa::nn::TransformerBlock::residual2", c.x1, y, y, c, kMlpOutput);
     if (m_options.recompute && !keep) release(c);
   }
 
+  /// The products' fp32 workspace, shared with the attention's (one stream).
+  static Impl::NnScratch<ExecSpace, T>& scratch(context_type& c) { return c.attention.scratch; }
+
+  /// The backward into grads() or grads_fp32().
   template <class ScoreMod>
   void backward_impl(const ExecSpace& space, const in2& dy, const out2& dx, context_type& c,
                      const ScoreMod& score_mod) {
-    const auto &w = m_weights, &g = m_grads;
+    if constexpr (Impl::nn_is_16bit<T>()) {
+      if (m_options.fp32_gradients) {
+        backward_into(space, dy, dx, c, score_mod, m_grads_fp32);
+        return;
+      }
+    }
+    backward_into(space, dy, dx, c, score_mod, m_grads);
+  }
+
+  template <class ScoreMod, class Grads>
+  void backward_into(const ExecSpace& space, const in2& dy, const out2& dx, context_type& c,
+                     const ScoreMod& score_mod, const Grads& g) {
+    using G = typename Grads::value_type;
+    const auto& w = m_weights;
     const int batch = int(c.x.extent(0)), seqlen = int(c.x.extent(1)), tokens = batch * seqlen;
     const int d = d_model();
     if (m_options.recompute) {
@@ -418,7 +462,8 @@ class TransformerBlock {
     // MLP branch: y = x1 + dropout(m), m = g·W2ᵀ + b2.
     residual_dropout(space, "kfa::nn::TransformerBlock::residual2_backward", none, dy, c.dm, c,
                      kMlpOutput);
-    Impl::linear_backward_impl<ExecSpace, T>(space, c.g, w.w2, c.dm, c.dg, g.w2, g.b2);
+    Impl::linear_backward_impl<ExecSpace, T, G>(space, c.g, w.w2, c.dm, c.dg, g.w2, g.b2,
+                                                scratch(c));
     residual_dropout(space, "kfa::nn::TransformerBlock::mlp_dropout_backward", none, c.dg, c.dg,
                      c, kActivation);
     if (m_options.activation == Activation::swiglu)
@@ -426,7 +471,8 @@ class TransformerBlock {
     else
       Impl::gelu_backward_impl<ExecSpace, T>(space, c.u, c.dg, c.du,
                                              m_options.activation == Activation::gelu_tanh);
-    Impl::linear_backward_impl<ExecSpace, T>(space, c.h2, w.w1, c.du, c.dh2, g.w1, g.b1);
+    Impl::linear_backward_impl<ExecSpace, T, G>(space, c.h2, w.w1, c.du, c.dh2, g.w1, g.b1,
+                                                scratch(c));
     // dx1 = dy (residual) + norm2's backward.
     Kokkos::deep_copy(space, c.dx1, dy);
     norm_backward(space, c.x1, w.norm2_weight, c.mean2, c.rstd2, c.dh2, c.dx1, g.norm2_weight,
@@ -445,6 +491,7 @@ class TransformerBlock {
   TransformerBlockOptions m_options;
   MultiHeadAttention<ExecSpace, T> m_attention;
   Weights m_weights, m_grads;
+  Fp32Grads m_grads_fp32;
 };
 
 }  // namespace nn

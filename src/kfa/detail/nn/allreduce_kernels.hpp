@@ -2,15 +2,19 @@
 #define KFA_DETAIL_NN_ALLREDUCE_KERNELS_HPP
 
 // kfa::nn::allreduce_gradients: the gradients are packed in list order into
-// one buffer, reduced over the ranks by MPI (one MPI_Allreduce per piece of
+// one buffer of the accumulator type (16-bit gradients are summed in fp32,
+// which MPI knows and adds, and rounded once at the end), reduced over the
+// ranks by MPI (one MPI_Allreduce per piece of
 // at most 2^30 values, MPI counts being int; or an MPI_Allgather and a sum in
 // rank order), and unpacked, divided by the rank count for a mean. Device
 // buffers go to MPI directly when it is CUDA-aware, otherwise through a host
 // copy, as ring attention's transport does.
 
 #include <kfa/nn/parameter.hpp>
+#include <kfa/types.hpp>
 
 #include <kfa/detail/common/checks.hpp>
+#include <kfa/detail/common/compat.hpp>
 #include <kfa/detail/ring/transport/mpi_exchange.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -50,18 +54,40 @@ struct RankOrderedSum {
   }
 };
 
-/// grad(i) = buffer(offset + i) / divisor: one parameter out of the packed,
-/// reduced buffer.
-template <class T, class MemorySpace>
-struct GradientUnpack {
-  Kokkos::View<const T*, MemorySpace> m_buffer;
-  typename nn::Parameter<T, MemorySpace>::view_type m_grad;
+/// buffer(offset + i) = grad(i) in the accumulator type: one parameter's
+/// gradient (of T or fp32) into the packed buffer.
+template <class Acc, class G, class MemorySpace>
+struct GradientPack {
+  Kokkos::View<Acc*, MemorySpace> m_buffer;
+  Kokkos::View<const G*, MemorySpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> m_grad;
   std::size_t m_offset;
-  T m_divisor;
   KOKKOS_FUNCTION void operator()(const std::int64_t i) const {
-    m_grad(i) = m_buffer(m_offset + i) / m_divisor;
+    m_buffer(m_offset + i) = to_acc<Acc>(m_grad(i));
   }
 };
+
+/// grad(i) = buffer(offset + i) / divisor: one parameter out of the packed,
+/// reduced buffer, rounded once to the gradient's type.
+template <class Acc, class G, class MemorySpace>
+struct GradientUnpack {
+  Kokkos::View<const Acc*, MemorySpace> m_buffer;
+  Kokkos::View<G*, MemorySpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> m_grad;
+  std::size_t m_offset;
+  Acc m_divisor;
+  KOKKOS_FUNCTION void operator()(const std::int64_t i) const {
+    m_grad(i) = from_acc<G>(m_buffer(m_offset + i) / m_divisor);
+  }
+};
+
+/// Calls f(gradient View) with a parameter's gradient: grad_fp32 where the
+/// layer keeps fp32 gradients, else grad.
+template <class T, class MemorySpace, class F>
+void nn_with_gradient(const nn::Parameter<T, MemorySpace>& p, F&& f) {
+  if (p.grad_fp32.extent(0) > 0)
+    f(p.grad_fp32);
+  else
+    f(p.grad);
+}
 
 /// Reduces data[0, n) over `comm` in place, on memory that `exec` can run
 /// kernels on and MPI can read (fenced by the caller).
@@ -103,8 +129,9 @@ void allreduce_gradients_impl(const char* function, const ExecSpace& space,
   if (comm == MPI_COMM_NULL) throw_invalid(function, "comm must not be MPI_COMM_NULL");
   int ranks = 1;
   MPI_Comm_size(comm, &ranks);
+  using acc_t = accumulator_t<T>;
   std::size_t n = 0;
-  for (const auto& p : parameters) n += p.grad.extent(0);
+  for (const auto& p : parameters) n += std::max(p.grad.extent(0), p.grad_fp32.extent(0));
   // Every rank must reduce the same buffer: agree on its shape first, so a
   // mismatch throws everywhere instead of corrupting or hanging.
   long long shape[4] = {static_cast<long long>(parameters.size()), static_cast<long long>(n),
@@ -120,22 +147,30 @@ void allreduce_gradients_impl(const char* function, const ExecSpace& space,
   }
   if (n == 0) return;
 
-  using buffer_type = Kokkos::View<T*, MemorySpace>;
+  using buffer_type = Kokkos::View<acc_t*, MemorySpace>;
   const buffer_type buffer(Kokkos::view_alloc(Kokkos::WithoutInitializing,
                                               std::string("kfa::nn::allreduce_gradients::buffer")),
                            n);
   std::size_t offset = 0;
   for (const auto& p : parameters) {
-    const std::size_t len = p.grad.extent(0);
-    Kokkos::deep_copy(space, Kokkos::subview(buffer, std::make_pair(offset, offset + len)), p.grad);
-    offset += len;
+    nn_with_gradient(p, [&](const auto& grad) {
+      using G = typename std::decay_t<decltype(grad)>::non_const_value_type;
+      const std::size_t len = grad.extent(0);
+      if (len > 0) {
+        Kokkos::parallel_for("kfa::nn::allreduce_gradients::pack",
+                             Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(
+                                 space, 0, static_cast<std::int64_t>(len)),
+                             GradientPack<acc_t, G, MemorySpace>{buffer, grad, offset});
+      }
+      offset += len;
+    });
   }
   constexpr bool host_memory = Kokkos::SpaceAccessibility<Kokkos::HostSpace,
                                                           MemorySpace>::accessible;
   const bool staged = host_staged || (!host_memory && !mpi_is_cuda_aware());
-  Kokkos::View<T*, Kokkos::HostSpace> host;
+  Kokkos::View<acc_t*, Kokkos::HostSpace> host;
   if (staged) {
-    host = Kokkos::View<T*, Kokkos::HostSpace>(
+    host = Kokkos::View<acc_t*, Kokkos::HostSpace>(
         Kokkos::view_alloc(Kokkos::WithoutInitializing,
                            std::string("kfa::nn::allreduce_gradients::host_buffer")),
         n);
@@ -150,18 +185,20 @@ void allreduce_gradients_impl(const char* function, const ExecSpace& space,
     space.fence();
     nn_reduce_in_place(space, buffer.data(), n, comm, ranks, deterministic);
   }
-  const T divisor = mean ? static_cast<T>(ranks) : T(1);
+  const acc_t divisor = mean ? static_cast<acc_t>(ranks) : acc_t(1);
   offset = 0;
   for (const auto& p : parameters) {
-    const std::size_t len = p.grad.extent(0);
-    if (len > 0) {
-      Kokkos::parallel_for(
-          "kfa::nn::allreduce_gradients::unpack",
-          Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(
-              space, 0, static_cast<std::int64_t>(len)),
-          GradientUnpack<T, MemorySpace>{buffer, p.grad, offset, divisor});
-    }
-    offset += len;
+    nn_with_gradient(p, [&](const auto& grad) {
+      using G = typename std::decay_t<decltype(grad)>::non_const_value_type;
+      const std::size_t len = grad.extent(0);
+      if (len > 0) {
+        Kokkos::parallel_for("kfa::nn::allreduce_gradients::unpack",
+                             Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(
+                                 space, 0, static_cast<std::int64_t>(len)),
+                             GradientUnpack<acc_t, G, MemorySpace>{buffer, grad, offset, divisor});
+      }
+      offset += len;
+    });
   }
   // The copy back out of the host buffer must be done before it is freed.
   if (staged) space.fence();

@@ -94,9 +94,9 @@ struct AxialRotaryApply {
     const int second = m_interleaved ? first + 1 : first + pairs;
     const int c = (token % m_seqlen) / m_stride[axis] % m_extent[axis];
     const acc_t cs = m_table(axis, c, pair, 0), sn = m_sign * m_table(axis, c, pair, 1);
-    const acc_t x1 = m_in(token, first), x2 = m_in(token, second);
-    m_out(token, first) = static_cast<T>(x1 * cs - x2 * sn);
-    m_out(token, second) = static_cast<T>(x2 * cs + x1 * sn);
+    const acc_t x1 = to_acc<acc_t>(m_in(token, first)), x2 = to_acc<acc_t>(m_in(token, second));
+    m_out(token, first) = from_acc<T>(x1 * cs - x2 * sn);
+    m_out(token, second) = from_acc<T>(x2 * cs + x1 * sn);
   }
 };
 

@@ -6,6 +6,8 @@
 // is instantiated, extents are compared against the shapes the inputs fix,
 // and outputs may alias an input only where the function says so.
 
+#include <kfa/types.hpp>
+
 #include <kfa/detail/common/checks.hpp>
 
 #include <sstream>
@@ -15,11 +17,17 @@
 namespace kfa {
 namespace Impl {
 
-/// The value types kfa::nn computes in (16-bit types are not supported yet).
+/// The value types kfa::nn stores tensors in: double, float, kfa::half and
+/// kfa::bfloat16 (the 16-bit types compute in float, see accumulator_t).
 template <class T>
 constexpr bool nn_value_type_ok() {
-  return std::is_same<std::remove_cv_t<T>, double>::value ||
-         std::is_same<std::remove_cv_t<T>, float>::value;
+  return is_supported_value_type<std::remove_cv_t<T>>::value;
+}
+
+/// Whether T is one of the 16-bit storage types (accumulator wider than T).
+template <class T>
+constexpr bool nn_is_16bit() {
+  return !std::is_same<std::remove_cv_t<T>, accumulator_t<std::remove_cv_t<T>>>::value;
 }
 
 /// The value types of Views checked as Views (else false, the runtime check
@@ -39,7 +47,7 @@ template <class ExecSpace, class ViewType>
 void check_nn_view(const char* function, const char* name, const char* shape, int rank) {
   check_view_kind<ExecSpace, ViewType>(function, name, shape, rank);
   static_assert(nn_view_value_ok<ViewType>(),
-                "kfa::nn: Views must hold double or float (16-bit types are not supported)");
+                "kfa::nn: Views must hold double, float, kfa::half or kfa::bfloat16");
 }
 
 /// Every View has value type T (const allowed for inputs).

@@ -54,7 +54,7 @@ struct GeluForward {
   NnOut2<T, memory_space> m_y;
   bool m_tanh;
   KOKKOS_FUNCTION void operator()(const int token, const int j) const {
-    m_y(token, j) = static_cast<T>(Gelu<acc_t>::value(m_x(token, j), m_tanh));
+    m_y(token, j) = from_acc<T>(Gelu<acc_t>::value(to_acc<acc_t>(m_x(token, j)), m_tanh));
   }
 };
 
@@ -66,8 +66,8 @@ struct GeluBackward {
   NnOut2<T, memory_space> m_dx;
   bool m_tanh;
   KOKKOS_FUNCTION void operator()(const int token, const int j) const {
-    m_dx(token, j) =
-        static_cast<T>(acc_t(m_dy(token, j)) * Gelu<acc_t>::derivative(m_x(token, j), m_tanh));
+    m_dx(token, j) = from_acc<T>(to_acc<acc_t>(m_dy(token, j)) *
+                                 Gelu<acc_t>::derivative(to_acc<acc_t>(m_x(token, j)), m_tanh));
   }
 };
 
@@ -80,8 +80,9 @@ struct SwigluForward {
   NnIn2<T, memory_space> m_x;
   NnOut2<T, memory_space> m_y;
   KOKKOS_FUNCTION void operator()(const int token, const int j) const {
-    const acc_t gate = m_x(token, j), up = m_x(token, int(m_y.extent(1)) + j);
-    m_y(token, j) = static_cast<T>(gate * sigmoid(gate) * up);
+    const acc_t gate = to_acc<acc_t>(m_x(token, j));
+    const acc_t up = to_acc<acc_t>(m_x(token, int(m_y.extent(1)) + j));
+    m_y(token, j) = from_acc<T>(gate * sigmoid(gate) * up);
   }
 };
 
@@ -94,10 +95,11 @@ struct SwigluBackward {
   NnOut2<T, memory_space> m_dx;
   KOKKOS_FUNCTION void operator()(const int token, const int j) const {
     const int hidden = static_cast<int>(m_dy.extent(1));
-    const acc_t gate = m_x(token, j), up = m_x(token, hidden + j), dy = m_dy(token, j);
+    const acc_t gate = to_acc<acc_t>(m_x(token, j)), up = to_acc<acc_t>(m_x(token, hidden + j));
+    const acc_t dy = to_acc<acc_t>(m_dy(token, j));
     const acc_t s = sigmoid(gate);
-    m_dx(token, j) = static_cast<T>(dy * up * s * (acc_t(1) + gate * (acc_t(1) - s)));
-    m_dx(token, hidden + j) = static_cast<T>(dy * gate * s);
+    m_dx(token, j) = from_acc<T>(dy * up * s * (acc_t(1) + gate * (acc_t(1) - s)));
+    m_dx(token, hidden + j) = from_acc<T>(dy * gate * s);
   }
 };
 
@@ -127,12 +129,13 @@ struct ResidualDropout {
   bool m_dropout;
   NnTokenMap m_tokens;
   KOKKOS_FUNCTION void operator()(const int token, const int j) const {
-    acc_t x = m_x(token, j);
+    acc_t x = to_acc<acc_t>(m_x(token, j));
     if (m_dropout) {
       const std::uint64_t row = m_generator.row_key(0, 0, m_tokens.global(token));
       x = m_generator.kept(row, j) ? x * m_keep_scale : acc_t(0);
     }
-    m_y(token, j) = static_cast<T>(m_residual.extent(0) > 0 ? acc_t(m_residual(token, j)) + x : x);
+    m_y(token, j) =
+        from_acc<T>(m_residual.extent(0) > 0 ? to_acc<acc_t>(m_residual(token, j)) + x : x);
   }
 };
 

@@ -7,6 +7,7 @@
 // a layer's [batch][seqlen][d_model] input and output.
 
 #include <kfa/nn/parameter.hpp>
+#include <kfa/types.hpp>
 
 #include <kfa/detail/attention/dropout_generator.hpp>
 #include <kfa/detail/nn/checks.hpp>
@@ -39,7 +40,7 @@ void nn_init_uniform(const ViewType& view, double bound, std::mt19937_64& rng) {
   auto host = Kokkos::create_mirror_view(view);
   std::uniform_real_distribution<double> dist(-bound, bound);
   for (std::size_t n = 0; n < view.size(); ++n)
-    host.data()[n] = static_cast<typename ViewType::non_const_value_type>(dist(rng));
+    host.data()[n] = from_acc<typename ViewType::non_const_value_type>(dist(rng));
   Kokkos::deep_copy(view, host);
 }
 
@@ -48,20 +49,30 @@ inline std::uint64_t nn_site_seed(std::uint64_t seed, int site) {
   return DropoutGenerator::mix(seed + DropoutGenerator::kGamma * std::uint64_t(site + 1));
 }
 
-/// Appends (name, value, grad) for a parameter View and its gradient.
-template <class T, class MemorySpace, class ViewType>
+/// Appends (name, value, grad) for a parameter View and its gradient, of
+/// the parameter's type or (fp32 gradients of a 16-bit layer) the
+/// accumulator type; the unused one of the pair is empty.
+template <class T, class MemorySpace, class ViewType, class GradView, class Fp32GradView>
 void nn_add_parameter(std::vector<nn::Parameter<T, MemorySpace>>& list, const std::string& name,
-                      const ViewType& value, const ViewType& grad) {
+                      const ViewType& value, const GradView& grad,
+                      const Fp32GradView& grad_fp32) {
   if (value.size() == 0) return;
-  using view_type = typename nn::Parameter<T, MemorySpace>::view_type;
-  list.push_back({name, view_type(value.data(), value.size()), view_type(grad.data(), grad.size())});
+  using parameter = nn::Parameter<T, MemorySpace>;
+  list.push_back({name, typename parameter::view_type(value.data(), value.size()),
+                  typename parameter::view_type(grad.data(), grad.size()),
+                  typename parameter::fp32_view_type(grad_fp32.data(), grad_fp32.size())});
 }
 
 /// Sets the gradient of every parameter in `list` to zero.
 template <class ExecSpace, class List>
 void nn_zero_grad(const ExecSpace& space, const List& list) {
-  using T = typename List::value_type::view_type::non_const_value_type;
-  for (const auto& p : list) Kokkos::deep_copy(space, p.grad, T(0));
+  using parameter = typename List::value_type;
+  using T = typename parameter::view_type::non_const_value_type;
+  using Acc = typename parameter::fp32_view_type::non_const_value_type;
+  for (const auto& p : list) {
+    if (p.grad.size() > 0) Kokkos::deep_copy(space, p.grad, from_acc<T>(Acc(0)));
+    if (p.grad_fp32.size() > 0) Kokkos::deep_copy(space, p.grad_fp32, Acc(0));
+  }
 }
 
 /// A layer's input and output [batch][seqlen][d_model]: rank, layout, space,

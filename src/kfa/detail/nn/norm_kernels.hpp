@@ -60,7 +60,7 @@ struct NormForward {
     const bool has_beta = m_beta.extent(0) > 0;
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, features), [&](const int j) {
       const acc_t y = (acc_t(m_x(row, j)) - mean) * rstd * acc_t(m_gamma(j));
-      m_y(row, j) = static_cast<T>(has_beta ? y + acc_t(m_beta(j)) : y);
+      m_y(row, j) = from_acc<T>(has_beta ? y + acc_t(m_beta(j)) : y);
     });
     Kokkos::single(Kokkos::PerTeam(team), [&]() {
       if (!IsRms) m_mean(row) = mean;
@@ -100,7 +100,7 @@ struct NormBackwardInput {
       const acc_t x_hat = (acc_t(m_x(row, j)) - mean) * rstd;
       const acc_t g = acc_t(m_dy(row, j)) * acc_t(m_gamma(j));
       const acc_t dx = rstd * (g - mean_g - x_hat * mean_gx);
-      m_dx(row, j) = static_cast<T>(m_accumulate ? acc_t(m_dx(row, j)) + dx : dx);
+      m_dx(row, j) = from_acc<T>(m_accumulate ? acc_t(m_dx(row, j)) + dx : dx);
     });
   }
 
@@ -111,25 +111,26 @@ struct NormBackwardInput {
   }
 };
 
-/// dgamma += Σ_tokens dy·x̂, dbeta += Σ_tokens dy (dbeta skipped when empty).
-template <class ExecSpace, class T, bool IsRms>
+/// dgamma += Σ_tokens dy·x̂, dbeta += Σ_tokens dy (dbeta skipped when empty);
+/// the gradients of type G (T, or fp32 for a 16-bit T).
+template <class ExecSpace, class T, bool IsRms, class G = T>
 struct NormBackwardParameters {
   using memory_space = typename ExecSpace::memory_space;
   using acc_t = accumulator_t<T>;
   NnIn2<T, memory_space> m_x, m_dy;
   NnIn1<acc_t, memory_space> m_mean, m_rstd;
-  NnOut1<T, memory_space> m_dgamma, m_dbeta;
+  NnOut1<G, memory_space> m_dgamma, m_dbeta;
 
   KOKKOS_FUNCTION void operator()(const int j) const {
     acc_t dgamma = 0, dbeta = 0;
     for (int row = 0; row < int(m_x.extent(0)); ++row) {
       const acc_t mean = IsRms ? acc_t(0) : m_mean(row);
-      const acc_t dy = m_dy(row, j);
-      dgamma += dy * (acc_t(m_x(row, j)) - mean) * m_rstd(row);
+      const acc_t dy = to_acc<acc_t>(m_dy(row, j));
+      dgamma += dy * (to_acc<acc_t>(m_x(row, j)) - mean) * m_rstd(row);
       dbeta += dy;
     }
-    m_dgamma(j) = static_cast<T>(acc_t(m_dgamma(j)) + dgamma);
-    if (m_dbeta.extent(0) > 0) m_dbeta(j) = static_cast<T>(acc_t(m_dbeta(j)) + dbeta);
+    m_dgamma(j) = from_acc<G>(to_acc<acc_t>(m_dgamma(j)) + dgamma);
+    if (m_dbeta.extent(0) > 0) m_dbeta(j) = from_acc<G>(to_acc<acc_t>(m_dbeta(j)) + dbeta);
   }
 
   void launch(const ExecSpace& space) const {
@@ -155,8 +156,8 @@ void norm_forward_impl(const ExecSpace& space, const NnIn2<T, typename ExecSpace
 }
 
 /// Backward of either norm: dx written (or added with accumulate_dx), dgamma
-/// and dbeta (when not empty) accumulated.
-template <class ExecSpace, class T, bool IsRms>
+/// and dbeta (when not empty, of type G) accumulated.
+template <class ExecSpace, class T, bool IsRms, class G = T>
 void norm_backward_impl(const ExecSpace& space,
                         const NnIn2<T, typename ExecSpace::memory_space>& x,
                         const NnIn1<T, typename ExecSpace::memory_space>& gamma,
@@ -164,13 +165,13 @@ void norm_backward_impl(const ExecSpace& space,
                         const NnIn1<accumulator_t<T>, typename ExecSpace::memory_space>& rstd,
                         const NnIn2<T, typename ExecSpace::memory_space>& dy,
                         const NnOut2<T, typename ExecSpace::memory_space>& dx,
-                        const NnOut1<T, typename ExecSpace::memory_space>& dgamma,
-                        const NnOut1<T, typename ExecSpace::memory_space>& dbeta,
+                        const NnOut1<G, typename ExecSpace::memory_space>& dgamma,
+                        const NnOut1<G, typename ExecSpace::memory_space>& dbeta,
                         bool accumulate_dx = false) {
   if (x.extent(0) == 0 || x.extent(1) == 0) return;
   NormBackwardInput<ExecSpace, T, IsRms>{x, dy, gamma, mean, rstd, dx, accumulate_dx}.launch(
       space);
-  NormBackwardParameters<ExecSpace, T, IsRms>{x, dy, mean, rstd, dgamma, dbeta}.launch(space);
+  NormBackwardParameters<ExecSpace, T, IsRms, G>{x, dy, mean, rstd, dgamma, dbeta}.launch(space);
 }
 
 }  // namespace Impl

@@ -79,9 +79,10 @@ struct RotaryApply {
     const int first = m_interleaved ? 2 * d2 : d2, second = m_interleaved ? 2 * d2 + 1 : d2 + half;
     const int position = m_positions.extent(0) > 0 ? m_positions(token) : token % m_seqlen;
     const acc_t c = m_table(position, d2, 0), s = m_sign * m_table(position, d2, 1);
-    const acc_t x1 = m_in(token, in0 + first), x2 = m_in(token, in0 + second);
-    m_out(token, out0 + first) = static_cast<T>(x1 * c - x2 * s);
-    m_out(token, out0 + second) = static_cast<T>(x2 * c + x1 * s);
+    const acc_t x1 = to_acc<acc_t>(m_in(token, in0 + first));
+    const acc_t x2 = to_acc<acc_t>(m_in(token, in0 + second));
+    m_out(token, out0 + first) = from_acc<T>(x1 * c - x2 * s);
+    m_out(token, out0 + second) = from_acc<T>(x2 * c + x1 * s);
   }
 
   void launch(const ExecSpace& space, int heads) const {

@@ -78,12 +78,6 @@ struct SafetensorsRecord {
 void safetensors_write(const std::string& path, const std::vector<SafetensorsRecord>& records,
                        const std::map<std::string, std::string>& metadata);
 
-/// The dtype name of T in a file (the layers' value types).
-template <class T>
-const char* safetensors_dtype() {
-  return sizeof(T) == 8 ? "F64" : "F32";
-}
-
 /// "[2][3]" (the house's extent notation).
 std::string safetensors_shape_string(const std::vector<std::size_t>& shape);
 
