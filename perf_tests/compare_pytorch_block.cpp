@@ -27,6 +27,7 @@
 #include <limits>
 #include <map>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -66,9 +67,11 @@ using Results = std::map<std::string, std::vector<double>>;
 
 template <class View>
 std::vector<double> to_host(const View& v) {
+  using acc_t = kfa::accumulator_t<typename View::non_const_value_type>;
   auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
   std::vector<double> out(h.size());
-  for (std::size_t n = 0; n < h.size(); ++n) out[n] = static_cast<double>(h.data()[n]);
+  for (std::size_t n = 0; n < h.size(); ++n)
+    out[n] = static_cast<double>(static_cast<acc_t>(h.data()[n]));
   return out;
 }
 
@@ -91,7 +94,8 @@ Results run(const std::string& path, const Contents& file) {
     if (t.shape.size() != 3) throw std::runtime_error(std::string(name) + " must be rank 3");
     View3 v(std::string(name), t.shape[0], t.shape[1], t.shape[2]);
     auto h = Kokkos::create_mirror_view(v);
-    for (std::size_t n = 0; n < h.size(); ++n) h.data()[n] = static_cast<T>(t.values(n));
+    for (std::size_t n = 0; n < h.size(); ++n)
+      h.data()[n] = static_cast<T>(static_cast<kfa::accumulator_t<T>>(t.values(n)));
     Kokkos::deep_copy(v, h);
     return v;
   };
@@ -118,20 +122,33 @@ Results run(const std::string& path, const Contents& file) {
   return out;
 }
 
-/// Runs the file's block in its dtype; false (nothing run) for a dtype this
-/// build's layers do not take.
-bool run_dtype(const std::string& dtype, const std::string& path, const Contents& file,
-               Results& out, double& eps) {
-  if (dtype == "float64") {
-    out = run<double>(path, file);
-    eps = std::numeric_limits<double>::epsilon();
-  } else if (dtype == "float32") {
-    out = run<float>(path, file);
-    eps = std::numeric_limits<float>::epsilon();
+/// Runs the file's block in T if kfa::nn has layers of T and T is a type of
+/// its own (Distinct; false: nothing run); `eps` is the dtype's machine
+/// epsilon.
+template <class T, bool Distinct = true>
+bool run_if_supported(const std::string& path, const Contents& file, Results& out, double eps,
+                      double& eps_out) {
+  if constexpr (kfa::Impl::nn_value_type_ok<T>() && Distinct) {
+    out = run<T>(path, file);
+    eps_out = eps;
+    return true;
   } else {
     return false;
   }
-  return true;
+}
+
+bool run_dtype(const std::string& dtype, const std::string& path, const Contents& file,
+               Results& out, double& eps) {
+  if (dtype == "float64")
+    return run_if_supported<double>(path, file, out, std::numeric_limits<double>::epsilon(), eps);
+  if (dtype == "float32")
+    return run_if_supported<float>(path, file, out, std::numeric_limits<float>::epsilon(), eps);
+  if (dtype == "bfloat16") return run_if_supported<kfa::bfloat16>(path, file, out, 0x1p-7, eps);
+  // Where Kokkos has no half_t (3.4 host builds) kfa::half is float itself.
+  constexpr bool real_half = !std::is_same<kfa::half, float>::value;
+  if (dtype == "float16")
+    return run_if_supported<kfa::half, real_half>(path, file, out, 0x1p-10, eps);
+  return false;
 }
 
 struct Error {
