@@ -122,9 +122,9 @@ class LlamaAttention(torch.nn.Module):
         k = self.k_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         # Hugging Face's rotary embedding: half-split pairs, angles in fp64 here.
-        inv_freq = 1.0 / (self.base ** (torch.arange(0, self.head_dim, 2, dtype=torch.float64)
-                                        / self.head_dim))
-        angles = torch.outer(torch.arange(s, dtype=torch.float64), inv_freq)
+        f64 = {"dtype": torch.float64, "device": x.device}
+        inv_freq = 1.0 / (self.base ** (torch.arange(0, self.head_dim, 2, **f64) / self.head_dim))
+        angles = torch.outer(torch.arange(s, **f64), inv_freq)
         emb = torch.cat((angles, angles), dim=-1)
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
         q = q * cos + rotate_half(q) * sin

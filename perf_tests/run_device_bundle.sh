@@ -10,9 +10,15 @@
 # bench_variants.py (VARIANT_FLAGS, VAR_TIMEOUT; SKIP_VARIANTS), the quick
 # dense table of the old and the new build (DENSE_DTYPES; SKIP_DENSE);
 # opt-in: FP32_VARIANTS=1 (fp32/fp64 softcap, dropout and window rows beside
-# dense), SANITIZE=<tools> (compute_sanitizer.sh), TEAM_BENCH=1, and
+# dense), SANITIZE=<tools> (compute_sanitizer.sh), TEAM_BENCH=1,
 # HOST_BENCH=<seconds> with a host bundle (perf_tests/host_bundle.sh) in
-# .device/carry/host.
+# .device/carry/host, and for kfa::nn::TransformerBlock:
+# PYTORCH_COMPARE=1 (compare_pytorch_block.xz with run_pytorch_compare.sh,
+# compare_pytorch_block.py and examples/export_pytorch_block.py in the
+# folder; COMPARE_FLAGS go to the script, e.g. --dtype float32) and
+# BLOCK_BENCH=1 (bench_block.xz with bench_block.py and
+# export_pytorch_block.py; BLOCK_FLAGS, e.g. --causal or --block llama;
+# BLOCK_TIMEOUT).
 
 set -uo pipefail
 C="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -78,4 +84,15 @@ if [ -n "${TEAM_BENCH:-}" ] && [ -x /tmp/bin/bench_team_attention ]; then
     timeout 120 /tmp/bin/bench_team_attention --type float --problems 100000 --shapes 8x4,4x8,1x32 $st --repeat 5 2>&1 | tail -8
   done
   timeout 60 /tmp/bin/bench_team_attention --type float --problems 100000 --nq 1 --nk 64 --shapes 1x32 --repeat 5 2>&1 | tail -3
+fi
+if [ -n "${PYTORCH_COMPARE:-}" ] && [ -x /tmp/bin/compare_pytorch_block ]; then
+  echo "== kfa::nn::TransformerBlock against PyTorch (forward and gradients)"
+  OUT=$OUT timeout ${COMPARE_TIMEOUT:-300} bash $C/run_pytorch_compare.sh /tmp/bin/compare_pytorch_block \
+    ${COMPARE_FLAGS:-} > $OUT/pytorch_compare.log 2>&1
+  echo "rc=$?"; grep -E "^== |FAILED|skipped|^ok" $OUT/pytorch_compare.log | cut -c1-160
+fi
+if [ -n "${BLOCK_BENCH:-}" ] && [ -x /tmp/bin/bench_block ]; then
+  echo "== block bench ${BLOCK_FLAGS:-}"
+  PYTHONUNBUFFERED=1 timeout ${BLOCK_TIMEOUT:-540} python3 $C/bench_block.py --bench /tmp/bin/bench_block \
+    --shapes gpt,science --json $OUT/block.json ${BLOCK_FLAGS:-} 2>&1 | tee $OUT/block.log | grep -v Warning
 fi
