@@ -8,7 +8,7 @@
 // the backward accumulates into the parameter gradients, as PyTorch's does.
 // perf_tests/bench_block.py runs it beside PyTorch eager and torch.compile.
 //   bench_block [--d-model 256] [--heads 8] [--kv-heads 0 (= heads)] [--d-ff 0 (= 4·d_model)]
-//               [--seqlen 2048] [--batch 1] [--dtype fp32|fp64] [--norm layer_norm|rms_norm]
+//               [--seqlen 2048] [--batch 1] [--dtype fp32|fp64|bf16|fp16] [--norm layer_norm|rms_norm]
 //               [--activation gelu|gelu_tanh|swiglu] [--causal] [--rotary] [--no-bias]
 //               [--pass fwd|fwd+bwd|both] [--warmup 2] [--reps 10]
 //   bench_block --list-dtypes      (prints the dtypes this build times)
@@ -146,13 +146,15 @@ void run(const Args& a) {
 int main(int argc, char** argv) {
   const Args a = parse(argc, argv);
   if (a.list_dtypes) {
-    std::printf("kfa-block-dtypes fp32 fp64\n");
+    std::printf("kfa-block-dtypes fp32 fp64 bf16 fp16\n");
     return 0;
   }
   Kokkos::ScopeGuard guard(argc, argv);
   try {
     if (a.dtype == "fp32") run<float>(a);
     else if (a.dtype == "fp64") run<double>(a);
+    else if (a.dtype == "bf16") run<kfa::bfloat16>(a);
+    else if (a.dtype == "fp16") run<kfa::half>(a);
     else {
       std::fprintf(stderr, "bench_block: dtype %s is not timed by this build (--list-dtypes)\n",
                    a.dtype.c_str());

@@ -13,6 +13,7 @@
 # dense), SANITIZE=<tools> (compute_sanitizer.sh), TEAM_BENCH=1,
 # HOST_BENCH=<seconds> with a host bundle (perf_tests/host_bundle.sh) in
 # .device/carry/host, and for kfa::nn::TransformerBlock:
+# kfa_nn_tests.xz when present (NN_FILTER, NN_TIMEOUT; SKIP_NN_TESTS),
 # PYTORCH_COMPARE=1 (compare_pytorch_block.xz with run_pytorch_compare.sh,
 # compare_pytorch_block.py and examples/export_pytorch_block.py in the
 # folder; COMPARE_FLAGS go to the script, e.g. --dtype float32) and
@@ -84,6 +85,14 @@ if [ -n "${TEAM_BENCH:-}" ] && [ -x /tmp/bin/bench_team_attention ]; then
     timeout 120 /tmp/bin/bench_team_attention --type float --problems 100000 --shapes 8x4,4x8,1x32 $st --repeat 5 2>&1 | tail -8
   done
   timeout 60 /tmp/bin/bench_team_attention --type float --problems 100000 --nq 1 --nk 64 --shapes 1x32 --repeat 5 2>&1 | tail -3
+fi
+if [ -z "${SKIP_NN_TESTS:-}" ] && [ -x /tmp/bin/kfa_nn_tests ]; then
+  echo "== kfa::nn tests ${NN_FILTER:-}"
+  t0=$SECONDS
+  timeout ${NN_TIMEOUT:-240} /tmp/bin/kfa_nn_tests --gtest_filter="${NN_FILTER:-*}" --gtest_brief=1 \
+    > $OUT/nn_tests.log 2>&1
+  echo "rc=$? took $((SECONDS - t0)) s"
+  grep -E "FAILED|PASSED|tests ran|Failure|rror|SKIPPED \]" $OUT/nn_tests.log | sort | uniq -c | head -60
 fi
 if [ -n "${PYTORCH_COMPARE:-}" ] && [ -x /tmp/bin/compare_pytorch_block ]; then
   echo "== kfa::nn::TransformerBlock against PyTorch (forward and gradients)"

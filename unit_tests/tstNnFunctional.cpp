@@ -12,11 +12,14 @@ template <class C>
 class NnFunctional : public ::testing::Test {};
 TYPED_TEST_SUITE(NnFunctional, NnConfigs);
 
-TYPED_TEST(NnFunctional, LinearForwardBackwardAccumulates) {
-  using Space = typename TypeParam::space;
-  using T = typename TypeParam::value_type;
-  const int tokens = 37, in = 48, out = 29;
-  const std::string tag = "nn_linear";
+/// The bias gradient is a column sum over the tokens: more than 256 tokens
+/// take its chunked path (several chunks and a partial one).
+template <class C>
+void check_linear(int tokens) {
+  using Space = typename C::space;
+  using T = typename C::value_type;
+  const int in = 48, out = 29;
+  const std::string tag = "nn_linear_" + std::to_string(tokens);
   std::mt19937_64 rng(test_seed(tag));
   const Tensor x = rounded<T>(random_tensor({tokens, in}, rng));
   const Tensor w = rounded<T>(random_tensor({out, in}, rng, 0.2));
@@ -53,12 +56,15 @@ TYPED_TEST(NnFunctional, LinearForwardBackwardAccumulates) {
   expect_close_rel<T>(what + " y without bias", to_host(yv), ref_linear(x, w, Tensor()), 4 * in);
 }
 
+TYPED_TEST(NnFunctional, LinearForwardBackwardAccumulates) { check_linear<TypeParam>(37); }
+TYPED_TEST(NnFunctional, LinearOverManyTokens) { check_linear<TypeParam>(600); }
+
 template <class C>
-void check_norm(bool rms, bool with_beta) {
+void check_norm(bool rms, bool with_beta, int tokens = 37) {
   using Space = typename C::space;
   using T = typename C::value_type;
   using Acc = kfa::accumulator_t<T>;
-  const int tokens = 37, features = 48;
+  const int features = 48;
   const double eps = 1e-5;
   const std::string tag = std::string(rms ? "nn_rms_norm" : "nn_layer_norm") +
                           (with_beta ? "_beta" : "");
@@ -124,6 +130,11 @@ void check_norm(bool rms, bool with_beta) {
 TYPED_TEST(NnFunctional, LayerNorm) { check_norm<TypeParam>(false, true); }
 TYPED_TEST(NnFunctional, LayerNormWithoutBias) { check_norm<TypeParam>(false, false); }
 TYPED_TEST(NnFunctional, RmsNorm) { check_norm<TypeParam>(true, false); }
+// dgamma and dbeta over more than 256 tokens: the chunked column sums.
+TYPED_TEST(NnFunctional, NormsOverManyTokens) {
+  check_norm<TypeParam>(false, true, 600);
+  check_norm<TypeParam>(true, false, 600);
+}
 
 TYPED_TEST(NnFunctional, RotaryBothConventionsAndInverse) {
   using Space = typename TypeParam::space;

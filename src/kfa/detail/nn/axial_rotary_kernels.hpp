@@ -12,6 +12,7 @@
 #include <kfa/types.hpp>
 
 #include <kfa/detail/common/compat.hpp>
+#include <kfa/detail/nn/policies.hpp>
 #include <kfa/detail/nn/views.hpp>
 
 namespace kfa {
@@ -51,10 +52,7 @@ struct AxialRotaryTable {
       fill.m_scale[a] = options.scale[a];
     }
     if (max_extent > 0 && axis_dim > 0) {
-      Kokkos::parallel_for("kfa::nn::axial_rotary::table",
-                           Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>>(
-                               space, {0, 0, 0}, {options.axes, max_extent, axis_dim / 2}),
-                           fill);
+      nn_for("kfa::nn::axial_rotary::table", space, options.axes, max_extent, axis_dim / 2, fill);
     }
     return table;
   }
@@ -121,11 +119,8 @@ void axial_rotary_impl(const ExecSpace& space, const NnIn2<T, typename ExecSpace
   apply.m_interleaved = options.style == nn::RotaryStyle::interleaved;
   const int tokens = static_cast<int>(out.extent(0));
   if (tokens == 0 || heads == 0 || head_dim == 0) return;
-  Kokkos::parallel_for(
-      sign > 0 ? "kfa::nn::axial_rotary::forward" : "kfa::nn::axial_rotary::backward",
-      Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>>(space, {0, 0, 0},
-                                                        {tokens, heads, head_dim - rotary_dim / 2}),
-      apply);
+  nn_for(sign > 0 ? "kfa::nn::axial_rotary::forward" : "kfa::nn::axial_rotary::backward", space,
+         tokens, heads, head_dim - rotary_dim / 2, apply);
 }
 
 }  // namespace Impl

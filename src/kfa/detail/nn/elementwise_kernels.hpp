@@ -12,6 +12,7 @@
 
 #include <kfa/detail/attention/dropout_generator.hpp>
 #include <kfa/detail/common/compat.hpp>
+#include <kfa/detail/nn/policies.hpp>
 #include <kfa/detail/nn/views.hpp>
 
 namespace kfa {
@@ -139,21 +140,12 @@ struct ResidualDropout {
   }
 };
 
-template <class ExecSpace>
-Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>> elementwise_policy(const ExecSpace& space,
-                                                                     std::size_t rows,
-                                                                     std::size_t cols) {
-  return Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>(space, {0, 0},
-                                                           {int(rows), int(cols)});
-}
 
 template <class ExecSpace, class T>
 void gelu_forward_impl(const ExecSpace& space, const NnIn2<T, typename ExecSpace::memory_space>& x,
                        const NnOut2<T, typename ExecSpace::memory_space>& y, bool tanh_form) {
   if (x.size() == 0) return;
-  Kokkos::parallel_for("kfa::nn::gelu::forward",
-                       elementwise_policy(space, x.extent(0), x.extent(1)),
-                       GeluForward<ExecSpace, T>{x, y, tanh_form});
+  nn_for("kfa::nn::gelu::forward", space, int(x.extent(0)), int(x.extent(1)), GeluForward<ExecSpace, T>{x, y, tanh_form});
 }
 
 template <class ExecSpace, class T>
@@ -161,9 +153,7 @@ void gelu_backward_impl(const ExecSpace& space, const NnIn2<T, typename ExecSpac
                         const NnIn2<T, typename ExecSpace::memory_space>& dy,
                         const NnOut2<T, typename ExecSpace::memory_space>& dx, bool tanh_form) {
   if (x.size() == 0) return;
-  Kokkos::parallel_for("kfa::nn::gelu::backward",
-                       elementwise_policy(space, x.extent(0), x.extent(1)),
-                       GeluBackward<ExecSpace, T>{x, dy, dx, tanh_form});
+  nn_for("kfa::nn::gelu::backward", space, int(x.extent(0)), int(x.extent(1)), GeluBackward<ExecSpace, T>{x, dy, dx, tanh_form});
 }
 
 template <class ExecSpace, class T>
@@ -171,9 +161,7 @@ void swiglu_forward_impl(const ExecSpace& space,
                          const NnIn2<T, typename ExecSpace::memory_space>& x,
                          const NnOut2<T, typename ExecSpace::memory_space>& y) {
   if (y.size() == 0) return;
-  Kokkos::parallel_for("kfa::nn::swiglu::forward",
-                       elementwise_policy(space, y.extent(0), y.extent(1)),
-                       SwigluForward<ExecSpace, T>{x, y});
+  nn_for("kfa::nn::swiglu::forward", space, int(y.extent(0)), int(y.extent(1)), SwigluForward<ExecSpace, T>{x, y});
 }
 
 template <class ExecSpace, class T>
@@ -182,9 +170,7 @@ void swiglu_backward_impl(const ExecSpace& space,
                           const NnIn2<T, typename ExecSpace::memory_space>& dy,
                           const NnOut2<T, typename ExecSpace::memory_space>& dx) {
   if (dy.size() == 0) return;
-  Kokkos::parallel_for("kfa::nn::swiglu::backward",
-                       elementwise_policy(space, dy.extent(0), dy.extent(1)),
-                       SwigluBackward<ExecSpace, T>{x, dy, dx});
+  nn_for("kfa::nn::swiglu::backward", space, int(dy.extent(0)), int(dy.extent(1)), SwigluBackward<ExecSpace, T>{x, dy, dx});
 }
 
 /// y = residual + dropout(x) (residual empty: y = dropout(x)); p = 0 adds or
@@ -198,8 +184,9 @@ void residual_dropout_impl(const ExecSpace& space, const char* label,
   using acc_t = accumulator_t<T>;
   if (x.size() == 0) return;
   const bool dropout = options.p > 0;
-  Kokkos::parallel_for(label, elementwise_policy(space, x.extent(0), x.extent(1)),
-                       ResidualDropout<ExecSpace, T>{
+  // Dropout off, no residual, in place: nothing to do.
+  if (!dropout && residual.extent(0) == 0 && x.data() == y.data()) return;
+  nn_for(label, space, int(x.extent(0)), int(x.extent(1)), ResidualDropout<ExecSpace, T>{
                            residual, x, y, DropoutGenerator(options.p, options.seed),
                            dropout ? acc_t(1.0 / (1.0 - options.p)) : acc_t(1), dropout, tokens});
 }

@@ -6,18 +6,22 @@
 // over y, and its gradient is a column sum over the tokens that one thread
 // per feature adds in token order (reproducible, no atomics).
 //
-// 16-bit value types: the products run in fp32 on fp32 copies of A and B
-// into an fp32 C, a workspace that one pass then rounds into the 16-bit
-// result, the bias or the value already there added in fp32 on the way;
-// gradients held in fp32 take the product directly. Kokkos Kernels does not
+// 16-bit value types: on CUDA the products run on the tensor cores
+// (cublasGemmEx, fp32 accumulation, one rounding into C). Elsewhere they run
+// in fp32 on fp32 copies of A and B into an fp32 C, a workspace that one pass
+// then rounds into the 16-bit result, the bias or the value already there
+// added in fp32 on the way; gradients held in fp32 take the product
+// directly. Kokkos Kernels does not
 // multiply 16-bit operands into an fp32 C: 4.x converts between the value
 // types only implicitly (Kokkos' half_t and bhalf_t convert to float
 // explicitly), 3.4 has no ArithTraits for kfa's own bfloat16.
 
 #include <kfa/types.hpp>
 
+#include <kfa/detail/backend/cuda/tensor_core_gemm.hpp>
 #include <kfa/detail/common/compat.hpp>
 #include <kfa/detail/nn/checks.hpp>
+#include <kfa/detail/nn/policies.hpp>
 #include <kfa/detail/nn/views.hpp>
 
 #include <string>
@@ -71,15 +75,13 @@ struct BiasAdd {
   NnIn1<T, memory_space> m_bias;
 
   KOKKOS_FUNCTION void operator()(const int token, const int feature) const {
-    m_y(token, feature) += m_bias(feature);
+    using acc_t = accumulator_t<T>;
+    m_y(token, feature) = from_acc<T>(to_acc<acc_t>(m_y(token, feature)) + to_acc<acc_t>(m_bias(feature)));
   }
 
   static void launch(const ExecSpace& space, const NnOut2<T, memory_space>& y,
                      const NnIn1<T, memory_space>& bias) {
-    Kokkos::parallel_for("kfa::nn::linear::bias",
-                         Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>(
-                             space, {0, 0}, {int(y.extent(0)), int(y.extent(1))}),
-                         BiasAdd{y, bias});
+    nn_for("kfa::nn::linear::bias", space, int(y.extent(0)), int(y.extent(1)), BiasAdd{y, bias});
   }
 };
 
@@ -104,10 +106,8 @@ struct StoreProduct {
   static void launch(const ExecSpace& space, const NnIn2<acc_t, memory_space>& product,
                      const NnIn1<T, memory_space>& bias, const NnOut2<T, memory_space>& c,
                      bool accumulate) {
-    Kokkos::parallel_for("kfa::nn::linear::store_fp32_product",
-                         Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>(
-                             space, {0, 0}, {int(c.extent(0)), int(c.extent(1))}),
-                         StoreProduct{product, bias, c, accumulate});
+    nn_for("kfa::nn::linear::store_fp32_product", space, int(c.extent(0)), int(c.extent(1)),
+           StoreProduct{product, bias, c, accumulate});
   }
 };
 
@@ -117,19 +117,24 @@ template <class ExecSpace, class T, class G = T>
 struct ColumnSum {
   using memory_space = typename ExecSpace::memory_space;
   using acc_t = accumulator_t<T>;
-  NnIn2<T, memory_space> m_m;
-  NnOut1<G, memory_space> m_sum;
 
-  KOKKOS_FUNCTION void operator()(const int column) const {
-    acc_t s = 0;
-    for (int token = 0; token < int(m_m.extent(0)); ++token) s += to_acc<acc_t>(m_m(token, column));
-    m_sum(column) = from_acc<G>(to_acc<acc_t>(m_sum(column)) + s);
-  }
+  struct Term {
+    NnIn2<T, memory_space> m_m;
+    KOKKOS_FUNCTION Kokkos::Array<acc_t, 1> operator()(const int token, const int column) const {
+      return {to_acc<acc_t>(m_m(token, column))};
+    }
+  };
+  struct Finish {
+    NnOut1<G, memory_space> m_sum;
+    KOKKOS_FUNCTION void operator()(const int column, const Kokkos::Array<acc_t, 1>& s) const {
+      m_sum(column) = from_acc<G>(to_acc<acc_t>(m_sum(column)) + s[0]);
+    }
+  };
 
   static void launch(const ExecSpace& space, const char* label,
                      const NnIn2<T, memory_space>& m, const NnOut1<G, memory_space>& sum) {
-    Kokkos::parallel_for(label, Kokkos::RangePolicy<ExecSpace>(space, 0, int(m.extent(1))),
-                         ColumnSum{m, sum});
+    nn_column_sums<acc_t, 1>(label, space, int(m.extent(0)), int(m.extent(1)), Term{m},
+                             Finish{sum});
   }
 };
 
@@ -170,10 +175,8 @@ struct ToAcc {
                                           const NnIn2<T, memory_space>& in) {
     const auto out = scratch.matrix(space, slot, in.extent(0), in.extent(1));
     if (in.size() > 0) {
-      Kokkos::parallel_for("kfa::nn::linear::fp32_operand",
-                           Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>(
-                               space, {0, 0}, {int(in.extent(0)), int(in.extent(1))}),
-                           ToAcc{in, out});
+      nn_for("kfa::nn::linear::fp32_operand", space, int(in.extent(0)), int(in.extent(1)),
+             ToAcc{in, out});
     }
     return out;
   }
@@ -189,6 +192,14 @@ void nn_gemm_acc(const ExecSpace& space, const char* trans_a, const char* trans_
                  NnScratch<ExecSpace, T>& scratch) {
   using acc_t = accumulator_t<T>;
   using scratch_type = NnScratch<ExecSpace, T>;
+  if (c.extent(0) == 0 || c.extent(1) == 0) return;
+#ifdef KOKKOS_ENABLE_CUDA
+  if constexpr (tensor_core_gemm_applies<ExecSpace, NnIn2<T, typename ExecSpace::memory_space>,
+                                         NnIn2<T, typename ExecSpace::memory_space>,
+                                         NnOut2<acc_t, typename ExecSpace::memory_space>>()) {
+    if (tensor_core_gemm(space, trans_a, trans_b, 1.f, a, b, float(beta), c)) return;
+  }
+#endif
   if constexpr (nn_is_16bit<T>()) {
     nn_gemm(space, trans_a, trans_b, acc_t(1),
             ToAcc<ExecSpace, T>::copy(space, scratch, scratch_type::kOperandA, a),
@@ -199,8 +210,8 @@ void nn_gemm_acc(const ExecSpace& space, const char* trans_a, const char* trans_
 }
 
 /// c = op(a)·op(b) (+ bias(column)) (+ c when accumulating), c of the value
-/// type: straight into c for double and float, through the fp32 scratch for
-/// the 16-bit types.
+/// type: straight into c for double and float and for the 16-bit types on
+/// CUDA, through the fp32 scratch for the 16-bit types elsewhere.
 template <class ExecSpace, class T>
 void nn_product(const ExecSpace& space, const char* trans_a, const char* trans_b,
                 const NnIn2<T, typename ExecSpace::memory_space>& a,
@@ -209,6 +220,18 @@ void nn_product(const ExecSpace& space, const char* trans_a, const char* trans_b
                 const NnOut2<T, typename ExecSpace::memory_space>& c, bool accumulate,
                 NnScratch<ExecSpace, T>& scratch) {
   if (c.extent(0) == 0 || c.extent(1) == 0) return;
+#ifdef KOKKOS_ENABLE_CUDA
+  // Without a bias straight into c, rounded once by cuBLAS; with one the
+  // product goes through the fp32 scratch so that the bias is added before
+  // the only rounding.
+  if constexpr (tensor_core_gemm_applies<ExecSpace, NnIn2<T, typename ExecSpace::memory_space>,
+                                         NnIn2<T, typename ExecSpace::memory_space>,
+                                         NnOut2<T, typename ExecSpace::memory_space>>()) {
+    if (bias.extent(0) == 0 &&
+        tensor_core_gemm(space, trans_a, trans_b, 1.f, a, b, accumulate ? 1.f : 0.f, c))
+      return;
+  }
+#endif
   if constexpr (!nn_is_16bit<T>()) {
     nn_gemm(space, trans_a, trans_b, T(1), a, b, accumulate ? T(1) : T(0), c);
     if (bias.extent(0) > 0) BiasAdd<ExecSpace, T>::launch(space, c, bias);

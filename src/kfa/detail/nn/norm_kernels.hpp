@@ -13,6 +13,7 @@
 #include <kfa/types.hpp>
 
 #include <kfa/detail/common/compat.hpp>
+#include <kfa/detail/nn/policies.hpp>
 #include <kfa/detail/nn/views.hpp>
 
 namespace kfa {
@@ -121,23 +122,26 @@ struct NormBackwardParameters {
   NnIn1<acc_t, memory_space> m_mean, m_rstd;
   NnOut1<G, memory_space> m_dgamma, m_dbeta;
 
-  KOKKOS_FUNCTION void operator()(const int j) const {
-    acc_t dgamma = 0, dbeta = 0;
-    for (int row = 0; row < int(m_x.extent(0)); ++row) {
-      const acc_t mean = IsRms ? acc_t(0) : m_mean(row);
-      const acc_t dy = to_acc<acc_t>(m_dy(row, j));
-      dgamma += dy * (to_acc<acc_t>(m_x(row, j)) - mean) * m_rstd(row);
-      dbeta += dy;
-    }
-    m_dgamma(j) = from_acc<G>(to_acc<acc_t>(m_dgamma(j)) + dgamma);
-    if (m_dbeta.extent(0) > 0) m_dbeta(j) = from_acc<G>(to_acc<acc_t>(m_dbeta(j)) + dbeta);
+  /// The terms of row `row`: dgamma's and dbeta's.
+  KOKKOS_FUNCTION Kokkos::Array<acc_t, 2> operator()(const int row, const int j) const {
+    const acc_t mean = IsRms ? acc_t(0) : m_mean(row);
+    const acc_t dy = to_acc<acc_t>(m_dy(row, j));
+    return {dy * (to_acc<acc_t>(m_x(row, j)) - mean) * m_rstd(row), dy};
   }
+
+  struct Finish {
+    NnOut1<G, memory_space> m_dgamma, m_dbeta;
+    KOKKOS_FUNCTION void operator()(const int j, const Kokkos::Array<acc_t, 2>& s) const {
+      m_dgamma(j) = from_acc<G>(to_acc<acc_t>(m_dgamma(j)) + s[0]);
+      if (m_dbeta.extent(0) > 0) m_dbeta(j) = from_acc<G>(to_acc<acc_t>(m_dbeta(j)) + s[1]);
+    }
+  };
 
   void launch(const ExecSpace& space) const {
     const char* label =
         IsRms ? "kfa::nn::rms_norm::backward_dgamma" : "kfa::nn::layer_norm::backward_dgamma";
-    Kokkos::parallel_for(label, Kokkos::RangePolicy<ExecSpace>(space, 0, int(m_x.extent(1))),
-                         *this);
+    nn_column_sums<acc_t, 2>(label, space, int(m_x.extent(0)), int(m_x.extent(1)), *this,
+                             Finish{m_dgamma, m_dbeta});
   }
 };
 

@@ -13,6 +13,7 @@
 #include <kfa/types.hpp>
 
 #include <kfa/detail/common/compat.hpp>
+#include <kfa/detail/nn/policies.hpp>
 #include <kfa/detail/nn/views.hpp>
 
 namespace kfa {
@@ -39,10 +40,8 @@ struct RotaryTable {
         Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kfa::nn::rotary::table")), seqlen,
         rotary_dim / 2, 2);
     if (seqlen > 0 && rotary_dim > 0) {
-      Kokkos::parallel_for("kfa::nn::rotary::table",
-                           Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>(
-                               space, {0, 0}, {seqlen, rotary_dim / 2}),
-                           RotaryTable{table, options.base, rotary_dim, options.position_offset});
+      nn_for("kfa::nn::rotary::table", space, seqlen, rotary_dim / 2,
+             RotaryTable{table, options.base, rotary_dim, options.position_offset});
     }
     return table;
   }
@@ -88,10 +87,8 @@ struct RotaryApply {
   void launch(const ExecSpace& space, int heads) const {
     const int tokens = static_cast<int>(m_out.extent(0));
     if (tokens == 0 || heads == 0 || m_head_dim == 0) return;
-    Kokkos::parallel_for(m_sign > 0 ? "kfa::nn::rotary::forward" : "kfa::nn::rotary::backward",
-                         Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>>(
-                             space, {0, 0, 0}, {tokens, heads, m_head_dim - m_rotary_dim / 2}),
-                         *this);
+    nn_for(m_sign > 0 ? "kfa::nn::rotary::forward" : "kfa::nn::rotary::backward", space, tokens,
+           heads, m_head_dim - m_rotary_dim / 2, *this);
   }
 };
 
