@@ -410,16 +410,6 @@ void check_mha_with_modifier(const kfa::nn::MultiHeadAttentionOptions& options,
   expect_mha_grads<T>(what, mha_params(mha, true), g_ref, factor * 4);
 }
 
-/// ALiBi as the reference applies it: score - slope(h)·|i + Skv - S - j|.
-RefExtras alibi_extras(int heads) {
-  RefExtras e;
-  const std::vector<double> slopes = kfa::nn::alibi_slopes(heads);
-  e.mod = [slopes](int, int h, int i, int j, double s, int sq, int sk) {
-    return s - slopes[h] * std::abs(i + sk - sq - j);
-  };
-  return e;
-}
-
 /// The layer's ALiBi option (3 heads: the interpolated slopes; 4 heads over
 /// 2 key/value heads), self- and cross-attention; a pairwise bias View with
 /// its batch or its heads shared; a non-additive modifier with score_grad.
