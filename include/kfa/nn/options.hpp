@@ -178,8 +178,8 @@ struct TransformerDecoderBlockOptions {
   /// Its bias is the block's.
   MultiHeadAttentionOptions cross_attention;
   /// Causal self-attention (target token i sees tokens <= i), the usual
-  /// decoder; sets self_attention.attention.causal. false gives PyTorch's
-  /// default (no target mask).
+  /// decoder; turns self_attention.attention.causal on. false, with that
+  /// left off, is PyTorch's default (no target mask).
   bool causal = true;
   /// Hidden features of the MLP.
   int d_ff = 0;
