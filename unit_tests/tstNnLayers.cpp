@@ -846,6 +846,8 @@ TYPED_TEST(NnLayers, RecomputeIsBitwiseAndSavesMemory) {
   plain.forward(Space(), xv, y1, c_plain);
   recomputing.forward(Space(), xv, y2, c_re);
   const std::size_t bytes_plain = c_plain.saved_bytes(), bytes_re = c_re.saved_bytes();
+  // The attention's input reference is the caller's x, not the freed h1.
+  EXPECT_EQ(c_re.attention.x.data(), xv.data()) << "block recompute keeps h1";
   plain.backward(Space(), dyv, dx1, c_plain);
   recomputing.backward(Space(), dyv, dx2, c_re);
   Space().fence();
