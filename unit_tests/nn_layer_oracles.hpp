@@ -1,8 +1,8 @@
 #ifndef KFA_NN_LAYER_ORACLES_HPP
 #define KFA_NN_LAYER_ORACLES_HPP
 
-// The fp64 host oracles of kfa::nn::MultiHeadAttention and
-// kfa::nn::TransformerBlock, composed from the step oracles of
+// The fp64 host oracles of kfa::nn::MultiHeadAttention,
+// kfa::nn::TransformerBlock and kfa::nn::TransformerDecoderBlock, composed from the step oracles of
 // nn_test_helpers.hpp and the attention oracle of kfa_test_helpers.hpp, and
 // the host copies of the layers' parameters they run on. With `store` set,
 // an oracle rounds every tensor where the layer stores one in its value
@@ -254,6 +254,82 @@ std::vector<Tensor> block_tensors(const Block& block, bool grads) {
   if (!grads) return block_tensor_list(block.weights());
   if (block.grads_fp32().w1.size() > 0) return block_tensor_list(block.grads_fp32());
   return block_tensor_list(block.grads());
+}
+
+/// The decoder block's oracle, from the host copies of its parameters: the
+/// self-attention oracle on norm1(x), the cross-attention oracle on
+/// (norm2(x1), memory), the MLP on norm3(x2).
+struct DecoderOracle {
+  const kfa::nn::TransformerDecoderBlockOptions& o;
+  MhaOracle self_mha, cross_mha;
+  /// norm1..3 weight and bias, w1, b1, w2, b2 (decoder_tensor_list's order).
+  std::vector<Tensor> w;
+  int Skv = 0;
+  Tensor h1, x1, h2, x2, h3, u, g, y;
+  bool rms() const { return o.norm == kfa::nn::Norm::rms_norm; }
+  double eps() const { return o.norm_options.eps; }
+
+  Tensor st(Tensor t) const { return self_mha.st(std::move(t)); }
+
+  void forward(const Tensor& x, const Tensor& memory) {
+    h1 = st(ref_norm(x, w[0], w[1], eps(), rms()));
+    self_mha.forward(h1);
+    x1 = st(added(x, self_mha.y));
+    h2 = st(ref_norm(x1, w[2], w[3], eps(), rms()));
+    cross_mha.forward(h2, memory, Skv);
+    x2 = st(added(x1, cross_mha.y));
+    h3 = st(ref_norm(x2, w[4], w[5], eps(), rms()));
+    u = st(ref_linear(h3, w[6], w[7]));
+    g = st(ref_activation(u, o.activation));
+    y = st(added(x2, st(ref_linear(g, w[8], w[9]))));
+  }
+
+  /// dx, dmemory and every gradient (the block's in `grads`, accumulated,
+  /// shaped like w; the attentions' in sg and cg).
+  void backward(const Tensor& x, const Tensor& memory, const Tensor& dy, Tensor& dx,
+                Tensor& dmemory, std::vector<Tensor>& grads, MhaParams& sg, MhaParams& cg) const {
+    Tensor dg, dh3, dx2n, dh2, dx1n, dh1, dxn;
+    ref_linear_backward(g, w[8], dy, dg, grads[8], grads[9]);
+    dg = st(dg);
+    const Tensor du = st(ref_activation_backward(u, dg, o.activation));
+    ref_linear_backward(h3, w[6], du, dh3, grads[6], grads[7]);
+    dh3 = st(dh3);
+    ref_norm_backward(x2, w[4], eps(), rms(), dh3, dx2n, grads[4], grads[5]);
+    const Tensor dx2 = st(added(dy, dx2n));
+    cross_mha.backward(h2, memory, dx2, dh2, dmemory, cg);
+    ref_norm_backward(x1, w[2], eps(), rms(), dh2, dx1n, grads[2], grads[3]);
+    const Tensor dx1 = st(added(dx2, dx1n));
+    self_mha.backward(h1, dx1, dh1, sg);
+    ref_norm_backward(x, w[0], eps(), rms(), dh1, dxn, grads[0], grads[1]);
+    dx = st(added(dx1, dxn));
+  }
+};
+
+template <class Tensors>
+std::vector<Tensor> decoder_tensor_list(const Tensors& w) {
+  return {param(w.norm1_weight), param(w.norm1_bias), param(w.norm2_weight),
+          param(w.norm2_bias),   param(w.norm3_weight), param(w.norm3_bias),
+          param(w.w1),           param(w.b1),           param(w.w2),
+          param(w.b2)};
+}
+
+/// The decoder block's own parameters (or gradients, fp32 where it keeps
+/// them so), in DecoderOracle's order.
+template <class Block>
+std::vector<Tensor> decoder_tensors(const Block& block, bool grads) {
+  if (!grads) return decoder_tensor_list(block.weights());
+  if (block.grads_fp32().w1.size() > 0) return decoder_tensor_list(block.grads_fp32());
+  return decoder_tensor_list(block.grads());
+}
+
+/// ALiBi as the reference applies it: score - slope(h)·|i + Skv - S - j|.
+inline RefExtras alibi_extras(int heads) {
+  RefExtras e;
+  const std::vector<double> slopes = kfa::nn::alibi_slopes(heads);
+  e.mod = [slopes](int, int h, int i, int j, double s, int sq, int sk) {
+    return s - slopes[h] * std::abs(i + sk - sq - j);
+  };
+  return e;
 }
 
 /// Random parameters of `layer` (seeded by tag) and random x, dy (rounded

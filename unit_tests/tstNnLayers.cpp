@@ -410,16 +410,6 @@ void check_mha_with_modifier(const kfa::nn::MultiHeadAttentionOptions& options,
   expect_mha_grads<T>(what, mha_params(mha, true), g_ref, factor * 4);
 }
 
-/// ALiBi as the reference applies it: score - slope(h)·|i + Skv - S - j|.
-RefExtras alibi_extras(int heads) {
-  RefExtras e;
-  const std::vector<double> slopes = kfa::nn::alibi_slopes(heads);
-  e.mod = [slopes](int, int h, int i, int j, double s, int sq, int sk) {
-    return s - slopes[h] * std::abs(i + sk - sq - j);
-  };
-  return e;
-}
-
 /// The layer's ALiBi option (3 heads: the interpolated slopes; 4 heads over
 /// 2 key/value heads), self- and cross-attention; a pairwise bias View with
 /// its batch or its heads shared; a non-additive modifier with score_grad.
@@ -856,6 +846,8 @@ TYPED_TEST(NnLayers, RecomputeIsBitwiseAndSavesMemory) {
   plain.forward(Space(), xv, y1, c_plain);
   recomputing.forward(Space(), xv, y2, c_re);
   const std::size_t bytes_plain = c_plain.saved_bytes(), bytes_re = c_re.saved_bytes();
+  // The attention's input reference is the caller's x, not the freed h1.
+  EXPECT_EQ(c_re.attention.x.data(), xv.data()) << "block recompute keeps h1";
   plain.backward(Space(), dyv, dx1, c_plain);
   recomputing.backward(Space(), dyv, dx2, c_re);
   Space().fence();

@@ -1,9 +1,9 @@
 // kfa::nn with kfa::bfloat16 and kfa::half: the functional steps round once
 // from fp32 (error within an ulp of the fp64 oracle on the same 16-bit
-// inputs); MultiHeadAttention and TransformerBlock forward and backward
-// against the fp64 oracle under FlashAttention's rule, the baseline being
-// the same oracle rounding every tensor where the layer stores one (the plain
-// implementation in the same precision); fp32 gradients; AdamW with fp32
+// inputs); MultiHeadAttention, TransformerBlock and TransformerDecoderBlock
+// forward and backward against the fp64 oracle under FlashAttention's rule,
+// the baseline being the same oracle rounding every tensor where the layer
+// stores one (the plain implementation in the same precision); fp32 gradients; AdamW with fp32
 // master weights; safetensors files of dtype BF16 and F16; argument errors.
 // On Kokkos 3.4 host builds kfa::half is float: its cases are skipped there.
 
@@ -376,6 +376,126 @@ TYPED_TEST(NnLowPrecision, TransformerBlockFollowsTheErrorRule) {
     }
     expect_mha_grads_rule(what + " self_attn", mha_params(block.attention(), true), base.mg,
                           ref.mg, bound);
+  }
+}
+
+std::vector<kfa::nn::TransformerDecoderBlockOptions> low_decoder_cases() {
+  std::vector<kfa::nn::TransformerDecoderBlockOptions> cases(2);
+  for (auto& o : cases) {
+    o.self_attention.d_model = 48;
+    o.self_attention.heads = 3;
+    o.d_ff = 40;
+  }
+  // cases[0]: torch.nn.TransformerDecoderLayer(norm_first=True), causal,
+  // T gradients. cases[1]: RMSNorm, SwiGLU, no biases, grouped-query rotary
+  // self-attention, a memory of 20 features, fp32 gradients.
+  auto& o = cases[1];
+  o.norm = kfa::nn::Norm::rms_norm;
+  o.activation = kfa::nn::Activation::swiglu;
+  o.bias = false;
+  o.self_attention.heads = 4;
+  o.self_attention.kv_heads = 2;
+  o.self_attention.head_dim = 12;
+  o.self_attention.fused_qkv = false;
+  o.self_attention.rotary = true;
+  o.cross_attention.d_model_kv = 20;
+  o.cross_attention.fused_qkv = false;
+  o.fp32_gradients = true;
+  return cases;
+}
+
+struct DecoderResult {
+  Tensor y, dx, dmemory;
+  std::vector<Tensor> g;
+  MhaParams sg, cg;
+};
+
+DecoderResult run_decoder_oracle(const kfa::nn::TransformerDecoderBlockOptions& o,
+                                 const MhaParams& sp, const MhaParams& cp,
+                                 const std::vector<Tensor>& w, int B, int S, int Skv,
+                                 const Tensor& x, const Tensor& memory, const Tensor& dy,
+                                 Tensor (*store)(Tensor), bool round_grads) {
+  DecoderOracle oracle{o,
+                       MhaOracle{o.self_attention, sp, B, S, {}, {}, {}, {}, {}, {}},
+                       MhaOracle{o.cross_attention, cp, B, S, {}, {}, {}, {}, {}, {}},
+                       w,
+                       Skv};
+  oracle.self_mha.store = store;
+  oracle.cross_mha.store = store;
+  oracle.forward(x, memory);
+  DecoderResult r;
+  r.y = oracle.y;
+  for (const Tensor& t : w) r.g.push_back(zeros_like(t));
+  r.sg = zero_grads(sp);
+  r.cg = zero_grads(cp);
+  oracle.backward(x, memory, dy, r.dx, r.dmemory, r.g, r.sg, r.cg);
+  if (round_grads && store != nullptr) {
+    for (Tensor& t : r.g) t = store(t);
+    for (MhaParams* m : {&r.sg, &r.cg}) {
+      Tensor* g[] = {&m->wq, &m->wk, &m->wv, &m->wo, &m->bq,
+                     &m->bk, &m->bv, &m->bo, &m->qn, &m->kn};
+      for (Tensor* t : g) *t = store(*t);
+    }
+  }
+  return r;
+}
+
+TYPED_TEST(NnLowPrecision, TransformerDecoderBlockFollowsTheErrorRule) {
+  using Space = typename TypeParam::space;
+  using T = typename TypeParam::value_type;
+  using Block = kfa::nn::TransformerDecoderBlock<Space, T>;
+  const int B = 2, S = 29, Skv = 23, d = 48;
+  const char* names[] = {"norm1.weight",   "norm1.bias",   "norm2.weight",  "norm2.bias",
+                         "norm3.weight",   "norm3.bias",   "linear1.weight", "linear1.bias",
+                         "linear2.weight", "linear2.bias"};
+  int index = 0;
+  for (const auto& options : low_decoder_cases()) {
+    const std::string tag = "nn_low_decoder_" + std::to_string(index++);
+    const std::string what = tag + " " + type_name<T>() + " " + Space::name() + " seed " +
+                             std::to_string(test_seed(tag));
+    Block block(options);
+    const int dkv = block.options().cross_attention.d_model_kv;
+    std::mt19937_64 rng(test_seed(tag));
+    randomize_parameters(block.parameters(), rng);
+    const Tensor x = rounded<T>(random_tensor({B * S, d}, rng));
+    const Tensor memory = rounded<T>(random_tensor({B * Skv, dkv}, rng));
+    const Tensor dy = rounded<T>(random_tensor({B * S, d}, rng));
+    auto xv = make_view<DeviceView3<T, Space>>(reshaped(x, {B, S, d}), "x");
+    auto mv = make_view<DeviceView3<T, Space>>(reshaped(memory, {B, Skv, dkv}), "memory");
+    auto dyv = make_view<DeviceView3<T, Space>>(reshaped(dy, {B, S, d}), "dy");
+    DeviceView3<T, Space> yv("y", B, S, d), dxv("dx", B, S, d), dmv("dmemory", B, Skv, dkv);
+    poison(yv);
+    poison(dxv);
+    poison(dmv);
+    typename Block::context_type context;
+    block.forward(Space(), xv, mv, yv, context);
+    block.backward(Space(), dyv, dxv, dmv, context);
+    Space().fence();
+    const MhaParams sp = mha_params(block.self_attention(), false);
+    const MhaParams cp = mha_params(block.cross_attention(), false);
+    const std::vector<Tensor> w = decoder_tensors(block, false);
+    const DecoderResult ref = run_decoder_oracle(block.options(), sp, cp, w, B, S, Skv, x, memory,
+                                                 dy, nullptr, false);
+    const DecoderResult base = run_decoder_oracle(block.options(), sp, cp, w, B, S, Skv, x,
+                                                  memory, dy, &round_to<T>,
+                                                  !options.fp32_gradients);
+    expect_rule<T>(what + " y", reshaped(to_host(yv), {B * S, d}), base.y, ref.y);
+    expect_rule<T>(what + " dx", reshaped(to_host(dxv), {B * S, d}), base.dx, ref.dx);
+    expect_rule<T>(what + " dmemory", reshaped(to_host(dmv), {B * Skv, dkv}), base.dmemory,
+                   ref.dmemory);
+    const auto bound = options.fp32_gradients ? &rule_bound<float> : &rule_bound<T>;
+    const std::vector<Tensor> g = decoder_tensors(block, true);
+    for (int n = 0; n < 10; ++n) {
+      ASSERT_EQ(g[n].data.size(), ref.g[n].data.size()) << what << " d " << names[n];
+      if (ref.g[n].data.empty()) continue;
+      const double err = max_abs_diff(g[n], ref.g[n]), err_base = max_abs_diff(base.g[n], ref.g[n]);
+      EXPECT_LE(err, bound(err_base, ref.g[n]))
+          << what << ": d " << names[n] << " error " << err << ", baseline's " << err_base;
+    }
+    expect_mha_grads_rule(what + " self_attn", mha_params(block.self_attention(), true), base.sg,
+                          ref.sg, bound);
+    expect_mha_grads_rule(what + " multihead_attn", mha_params(block.cross_attention(), true),
+                          base.cg, ref.cg, bound);
   }
 }
 

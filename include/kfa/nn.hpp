@@ -3,9 +3,10 @@
 
 // kfa::nn: transformer layers on Kokkos Views. Stateless forward/backward
 // steps (linear, norms, rotary embeddings, activations, dropout, AdamW) and
-// the layer objects built on them (MultiHeadAttention, TransformerBlock),
-// and their weights in the safetensors format; with MPI, gradient averaging
-// over ranks and the layers' sequence-parallel mode.
+// the layer objects built on them (MultiHeadAttention, TransformerBlock,
+// TransformerDecoderBlock), and their weights in the safetensors format;
+// with MPI, gradient averaging over ranks and the layers' sequence-parallel
+// mode.
 
 #include <kfa/kfa_config.hpp>
 #include <kfa/nn/activation.hpp>
@@ -19,6 +20,7 @@
 #include <kfa/nn/parameter.hpp>
 #include <kfa/nn/rotary.hpp>
 #include <kfa/nn/transformer_block.hpp>
+#include <kfa/nn/transformer_decoder_block.hpp>
 #if KFA_ENABLE_SAFETENSORS
 #include <kfa/nn/safetensors.hpp>
 #endif

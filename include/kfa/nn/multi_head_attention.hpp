@@ -24,6 +24,8 @@ namespace nn {
 
 template <class ExecSpace, class T>
 class TransformerBlock;
+template <class ExecSpace, class T>
+class TransformerDecoderBlock;
 
 /// What MultiHeadAttention::forward saves for its backward, and the
 /// workspaces of both; the caller owns it and passes the same context to the
@@ -411,6 +413,7 @@ class MultiHeadAttention {
 
  private:
   friend class TransformerBlock<ExecSpace, T>;
+  friend class TransformerDecoderBlock<ExecSpace, T>;
   using in2 = Impl::NnIn2<T, memory_space>;
   using out2 = Impl::NnOut2<T, memory_space>;
   using view4 = typename context_type::view4;

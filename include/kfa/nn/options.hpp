@@ -166,6 +166,44 @@ struct TransformerBlockOptions {
   bool fp32_gradients = false;
 };
 
+/// kfa::nn::TransformerDecoderBlock: x + self_attn(norm1(x)), then +
+/// cross_attn(norm2(·), memory), then + mlp(norm3(·)).
+struct TransformerDecoderBlockOptions {
+  /// The self-attention on the target (d_model, heads, kv_heads, head_dim,
+  /// projections, rotary and attention options); its bias is the block's.
+  MultiHeadAttentionOptions self_attention;
+  /// The cross-attention on the memory: d_model and heads 0 take the
+  /// self-attention's (d_model must be the same); d_model_kv is the
+  /// memory's features (0: d_model; another width needs fused_qkv = false).
+  /// Its bias is the block's.
+  MultiHeadAttentionOptions cross_attention;
+  /// Causal self-attention (target token i sees tokens <= i), the usual
+  /// decoder; turns self_attention.attention.causal on. false, with that
+  /// left off, is PyTorch's default (no target mask).
+  bool causal = true;
+  /// Hidden features of the MLP.
+  int d_ff = 0;
+  Norm norm = Norm::layer_norm;
+  NormOptions norm_options;
+  Activation activation = Activation::gelu;
+  /// Biases on every linear layer and, for LayerNorm, the norms' shifts.
+  bool bias = true;
+  /// Dropout where torch.nn.TransformerDecoderLayer has it: on each
+  /// attention's output before its residual, after the MLP's activation,
+  /// and on the MLP output before its residual (attention-weight dropout is
+  /// each attention's attention.dropout_p).
+  double dropout_p = 0;
+  /// Seed of the host generator that initialises the MLP's weights (the
+  /// attentions have their own init_seed).
+  std::uint64_t init_seed = 0;
+  /// Recomputation for the whole block (see TransformerBlockOptions::
+  /// recompute); either attention's recompute means the same.
+  bool recompute = false;
+  /// fp32 parameter gradients for every parameter of the block, its
+  /// attentions' included.
+  bool fp32_gradients = false;
+};
+
 /// kfa::nn::AdamW (PyTorch's torch.optim.AdamW).
 struct AdamWOptions {
   double lr = 1e-3;

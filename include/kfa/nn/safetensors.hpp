@@ -9,6 +9,7 @@
 
 #include <kfa/nn/multi_head_attention.hpp>
 #include <kfa/nn/transformer_block.hpp>
+#include <kfa/nn/transformer_decoder_block.hpp>
 
 #include <kfa/detail/common/compat.hpp>
 #include <kfa/detail/nn/checks.hpp>
@@ -57,9 +58,11 @@ namespace nn {
 
 /// How layer parameters are named in a safetensors file.
 enum class ParameterNames {
-  /// torch.nn.MultiheadAttention / torch.nn.TransformerEncoderLayer: the
-  /// names of the layers' parameters(prefix) (in_proj_weight, out_proj.weight,
-  /// self_attn.in_proj_weight, linear1.weight, norm1.weight, ...).
+  /// torch.nn.MultiheadAttention / torch.nn.TransformerEncoderLayer /
+  /// torch.nn.TransformerDecoderLayer: the names of the layers'
+  /// parameters(prefix) (in_proj_weight, out_proj.weight,
+  /// self_attn.in_proj_weight, multihead_attn.in_proj_weight, linear1.weight,
+  /// norm1.weight, ...).
   pytorch,
   /// The Llama decoder layer of Hugging Face transformers: self_attn.q_proj,
   /// k_proj, v_proj, o_proj; mlp.gate_proj, up_proj, down_proj;
@@ -159,8 +162,9 @@ void write_safetensors(const std::string& path, const std::map<std::string, Host
   Impl::safetensors_write(path, records, metadata);
 }
 
-/// Loads the parameters of `layer` (a MultiHeadAttention or a
-/// TransformerBlock) from the safetensors file at `path`, named as
+/// Loads the parameters of `layer` (a MultiHeadAttention, a
+/// TransformerBlock or a TransformerDecoderBlock, the last with
+/// ParameterNames::pytorch only) from the safetensors file at `path`, named as
 /// options.names says, each name prefixed by options.prefix; other tensors
 /// in the file are ignored. Dtypes F64, F32, F16 and BF16 convert to the
 /// layer's T: exactly where T holds them (its own dtype; F32, F16, BF16 into
@@ -221,10 +225,10 @@ void load_safetensors(const ExecSpace& space, const std::string& path, Layer& la
   space.fence();
 }
 
-/// Saves the parameters of `layer` (a MultiHeadAttention or a
-/// TransformerBlock) to a safetensors file at `path` in the layer's dtype
-/// (F64, F32, F16 or BF16), named as options.names says with options.prefix, and
-/// options.metadata. The copies to the host are enqueued on `space`, which
+/// Saves the parameters of `layer` (a MultiHeadAttention, a
+/// TransformerBlock or a TransformerDecoderBlock) to a safetensors file at
+/// `path` in the layer's dtype (F64, F32, F16 or BF16), named as
+/// options.names says with options.prefix, and options.metadata. The copies to the host are enqueued on `space`, which
 /// is fenced. Throws std::runtime_error if the file cannot be written (no
 /// partial file is left at `path`).
 template <class ExecSpace, class Layer>

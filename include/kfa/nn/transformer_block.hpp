@@ -4,8 +4,7 @@
 #include <kfa/nn/multi_head_attention.hpp>
 #include <kfa/nn/options.hpp>
 
-#include <kfa/detail/nn/elementwise_kernels.hpp>
-#include <kfa/detail/nn/norm_kernels.hpp>
+#include <kfa/detail/nn/block_parts.hpp>
 
 namespace kfa {
 namespace nn {
@@ -95,7 +94,10 @@ class TransformerBlock {
   /// 1/sqrt(fan_in)) from options.init_seed, biases zero, norm weights one;
   /// zero gradients. Throws std::invalid_argument on inconsistent options.
   explicit TransformerBlock(const TransformerBlockOptions& options)
-      : m_options(resolve(options)), m_attention(m_options.attention) {
+      : m_options(resolve(options)),
+        m_parts("kfa::nn::TransformerBlock", m_options.norm, m_options.norm_options,
+                m_options.activation, m_options.d_ff, m_options.bias, m_options.dropout_p),
+        m_attention(m_options.attention) {
     const auto& o = m_options;
     allocate(m_weights, "");
     if (o.fp32_gradients && Impl::nn_is_16bit<T>())
@@ -279,26 +281,15 @@ class TransformerBlock {
   }
   using in2 = Impl::NnIn2<T, memory_space>;
   using out2 = Impl::NnOut2<T, memory_space>;
-  using in1_acc = Impl::NnIn1<accumulator_t<T>, memory_space>;
-  /// Dropout sites: attention weights, attention output, MLP activation, MLP output.
-  enum Site { kAttentionWeights, kAttentionOutput, kActivation, kMlpOutput };
+  using Parts = Impl::NnBlockParts<ExecSpace, T>;
 
   int d_model() const { return m_options.attention.d_model; }
-  int mlp_rows() const {
-    return m_options.activation == Activation::swiglu ? 2 * m_options.d_ff : m_options.d_ff;
-  }
 
   static TransformerBlockOptions resolve(TransformerBlockOptions o) {
     const char* function = "kfa::nn::TransformerBlock";
     o.attention.bias = o.bias;
     o.attention.fp32_gradients = o.fp32_gradients;
-    if (o.d_ff <= 0) {
-      Impl::throw_invalid(function, "options.d_ff must be > 0, got " + std::to_string(o.d_ff));
-    }
-    if (!(o.norm_options.eps >= 0) || !std::isfinite(o.norm_options.eps)) {
-      Impl::throw_invalid(function, "options.norm_options.eps must be finite and >= 0");
-    }
-    Impl::check_dropout_p(function, "options.dropout_p", o.dropout_p);
+    Parts::check_options(function, o.d_ff, o.norm_options, o.dropout_p);
     if (o.attention.d_model_kv != 0 && o.attention.d_model_kv != o.attention.d_model) {
       Impl::throw_invalid(function, "options.attention.d_model_kv must be 0 or d_model: the "
                                     "block's attention is self-attention");
@@ -312,60 +303,16 @@ class TransformerBlock {
 
   template <class V>
   void allocate(Tensors<V>& w, const std::string& prefix) const {
-    using view1 = Kokkos::View<V*, Kokkos::LayoutRight, memory_space>;
-    using view2 = Kokkos::View<V**, Kokkos::LayoutRight, memory_space>;
-    const auto& o = m_options;
-    auto label = [&](const char* name) { return "kfa::nn::TransformerBlock::" + prefix + name; };
-    const bool norm_bias = o.bias && o.norm == Norm::layer_norm;
-    w.norm1_weight = view1(label("norm1_weight"), d_model());
-    w.norm2_weight = view1(label("norm2_weight"), d_model());
-    if (norm_bias) {
-      w.norm1_bias = view1(label("norm1_bias"), d_model());
-      w.norm2_bias = view1(label("norm2_bias"), d_model());
-    }
-    w.w1 = view2(label("w1"), mlp_rows(), d_model());
-    w.w2 = view2(label("w2"), d_model(), o.d_ff);
-    if (o.bias) {
-      w.b1 = view1(label("b1"), mlp_rows());
-      w.b2 = view1(label("b2"), d_model());
-    }
+    m_parts.allocate_norm(w.norm1_weight, w.norm1_bias, prefix + "norm1", d_model());
+    m_parts.allocate_norm(w.norm2_weight, w.norm2_bias, prefix + "norm2", d_model());
+    m_parts.allocate_mlp(w.w1, w.b1, w.w2, w.b2, prefix, d_model());
   }
 
-  nn::DropoutOptions dropout(const context_type& c, Site site) const {
-    return {c.training ? m_options.dropout_p : 0.0, Impl::nn_site_seed(c.dropout_seed, site)};
-  }
-  /// y = residual + dropout(x) with the mask of `site`; the masks are keyed
-  /// by the tokens' places in the whole batch, which the attention's forward
-  /// found out (they differ from the local rows in the sequence-parallel mode).
-  void residual_dropout(const ExecSpace& space, const char* label, const in2& residual,
-                        const in2& x, const out2& y, const context_type& c, Site site) const {
-    const auto& slice = c.attention.slice;
-    Impl::residual_dropout_impl<ExecSpace, T>(space, label, residual, x, y, dropout(c, site),
-                                              {slice.seqlen, slice.seqlen_global, slice.offset});
-  }
-
-  void norm_forward(const ExecSpace& space, const in2& x, const view1& gamma, const view1& beta,
-                    const out2& y, const typename context_type::view1_acc& mean,
-                    const typename context_type::view1_acc& rstd) const {
-    const double eps = m_options.norm_options.eps;
-    if (m_options.norm == Norm::rms_norm)
-      Impl::norm_forward_impl<ExecSpace, T, true>(space, x, gamma, beta, y, mean, rstd, eps);
-    else
-      Impl::norm_forward_impl<ExecSpace, T, false>(space, x, gamma, beta, y, mean, rstd, eps);
-  }
-
-  /// dx += norm backward (dx holds the residual's gradient already).
-  template <class GradView>
-  void norm_backward(const ExecSpace& space, const in2& x, const view1& gamma,
-                     const in1_acc& mean, const in1_acc& rstd, const in2& dy, const out2& dx,
-                     const GradView& dgamma, const GradView& dbeta) const {
-    using G = typename GradView::non_const_value_type;
-    if (m_options.norm == Norm::rms_norm)
-      Impl::norm_backward_impl<ExecSpace, T, true, G>(space, x, gamma, mean, rstd, dy, dx,
-                                                      dgamma, dbeta, true);
-    else
-      Impl::norm_backward_impl<ExecSpace, T, false, G>(space, x, gamma, mean, rstd, dy, dx,
-                                                       dgamma, dbeta, true);
+  /// y = residual + dropout(x) with the mask of `site` (Impl::NnBlockSite).
+  void residual_dropout(const ExecSpace& space, const char* step, const in2& residual,
+                        const in2& x, const out2& y, const context_type& c, int site) const {
+    m_parts.residual_dropout(space, step, residual, x, y,
+                             m_parts.dropout(c.training, c.dropout_seed, site), c.attention.slice);
   }
 
   /// Frees every View the context owns (the recompute mode).
@@ -378,6 +325,9 @@ class TransformerBlock {
     for (auto* m : matrices) *m = typename context_type::view2();
     for (auto* s : statistics) *s = typename context_type::view1_acc();
     Attention::release(c.attention);
+    // The attention's x was h1: keep only its shape (the backward's checks
+    // read it), through the caller's x, which has the same.
+    c.attention.x = c.x;
   }
 
   /// y = block(x); in the recompute mode everything but x is freed after
@@ -393,31 +343,22 @@ class TransformerBlock {
     Impl::nn_ensure(c.a, "kfa::nn::TransformerBlock::a", batch, seqlen, d);
     Impl::nn_ensure(c.x1, "kfa::nn::TransformerBlock::x1", tokens, d);
     Impl::nn_ensure(c.h2, "kfa::nn::TransformerBlock::h2", tokens, d);
-    Impl::nn_ensure(c.u, "kfa::nn::TransformerBlock::u", tokens, mlp_rows());
+    Impl::nn_ensure(c.u, "kfa::nn::TransformerBlock::u", tokens, m_parts.mlp_rows());
     Impl::nn_ensure(c.g, "kfa::nn::TransformerBlock::g", tokens, m_options.d_ff);
     typename context_type::view1_acc* statistics[] = {&c.mean1, &c.rstd1, &c.mean2, &c.rstd2};
     for (auto* s : statistics) Impl::nn_ensure(*s, "kfa::nn::TransformerBlock::norm_statistics", tokens);
     const in2 x2 = Impl::in_matrix(x);
-    const in2 none;
 
-    norm_forward(space, x2, w.norm1_weight, w.norm1_bias, Impl::out_matrix(c.h1), c.mean1,
-                 c.rstd1);
+    m_parts.norm_forward(space, x2, w.norm1_weight, w.norm1_bias, Impl::out_matrix(c.h1), c.mean1,
+                         c.rstd1);
     c.attention.training = c.training;
-    c.attention.dropout_seed = Impl::nn_site_seed(c.dropout_seed, kAttentionWeights);
+    c.attention.dropout_seed = Impl::nn_site_seed(c.dropout_seed, Impl::kSiteAttentionWeights);
     m_attention.forward_impl(space, c.h1, Impl::out_matrix(c.a), c.attention, score_mod);
-    residual_dropout(space, "kfa::nn::TransformerBlock::residual1", x2, Impl::in_matrix(c.a), c.x1,
-                     c, kAttentionOutput);
-    norm_forward(space, c.x1, w.norm2_weight, w.norm2_bias, c.h2, c.mean2, c.rstd2);
-    Impl::linear_forward_impl<ExecSpace, T>(space, c.h2, w.w1, w.b1, c.u, scratch(c));
-    if (m_options.activation == Activation::swiglu)
-      Impl::swiglu_forward_impl<ExecSpace, T>(space, c.u, c.g);
-    else
-      Impl::gelu_forward_impl<ExecSpace, T>(space, c.u, c.g,
-                                            m_options.activation == Activation::gelu_tanh);
-    residual_dropout(space, "kfa::nn::TransformerBlock::mlp_dropout", none, c.g, c.g, c,
-                     kActivation);
-    Impl::linear_forward_impl<ExecSpace, T>(space, c.g, w.w2, w.b2, y, scratch(c));
-    residual_dropout(space, "kfa::nn::TransformerBlock::residual2", c.x1, y, y, c, kMlpOutput);
+    residual_dropout(space, "residual1", x2, Impl::in_matrix(c.a), c.x1, c,
+                     Impl::kSiteAttentionOutput);
+    m_parts.norm_forward(space, c.x1, w.norm2_weight, w.norm2_bias, c.h2, c.mean2, c.rstd2);
+    m_parts.mlp_forward(space, c.h2, w.w1, w.b1, w.w2, w.b2, c.u, c.g, c.x1, y, c.training,
+                        c.dropout_seed, c.attention.slice, scratch(c));
     if (m_options.recompute && !keep) release(c);
   }
 
@@ -452,43 +393,34 @@ class TransformerBlock {
     }
     Impl::nn_ensure(c.dm, "kfa::nn::TransformerBlock::dm", tokens, d);
     Impl::nn_ensure(c.dg, "kfa::nn::TransformerBlock::dg", tokens, m_options.d_ff);
-    Impl::nn_ensure(c.du, "kfa::nn::TransformerBlock::du", tokens, mlp_rows());
+    Impl::nn_ensure(c.du, "kfa::nn::TransformerBlock::du", tokens, m_parts.mlp_rows());
     Impl::nn_ensure(c.dh2, "kfa::nn::TransformerBlock::dh2", tokens, d);
     Impl::nn_ensure(c.dx1, "kfa::nn::TransformerBlock::dx1", tokens, d);
     Impl::nn_ensure(c.da, "kfa::nn::TransformerBlock::da", batch, seqlen, d);
     Impl::nn_ensure(c.dh1, "kfa::nn::TransformerBlock::dh1", batch, seqlen, d);
-    const in2 none;
 
-    // MLP branch: y = x1 + dropout(m), m = g·W2ᵀ + b2.
-    residual_dropout(space, "kfa::nn::TransformerBlock::residual2_backward", none, dy, c.dm, c,
-                     kMlpOutput);
-    Impl::linear_backward_impl<ExecSpace, T, G>(space, c.g, w.w2, c.dm, c.dg, g.w2, g.b2,
-                                                scratch(c));
-    residual_dropout(space, "kfa::nn::TransformerBlock::mlp_dropout_backward", none, c.dg, c.dg,
-                     c, kActivation);
-    if (m_options.activation == Activation::swiglu)
-      Impl::swiglu_backward_impl<ExecSpace, T>(space, c.u, c.dg, c.du);
-    else
-      Impl::gelu_backward_impl<ExecSpace, T>(space, c.u, c.dg, c.du,
-                                             m_options.activation == Activation::gelu_tanh);
-    Impl::linear_backward_impl<ExecSpace, T, G>(space, c.h2, w.w1, c.du, c.dh2, g.w1, g.b1,
-                                                scratch(c));
+    // MLP branch: y = x1 + dropout(mlp(h2)).
+    m_parts.template mlp_backward<G>(space, c.h2, w.w1, w.w2, c.u, c.g, dy, c.dm, c.dg, c.du,
+                                     c.dh2, g.w1, g.b1, g.w2, g.b2, c.training, c.dropout_seed,
+                                     c.attention.slice, scratch(c));
     // dx1 = dy (residual) + norm2's backward.
     Kokkos::deep_copy(space, c.dx1, dy);
-    norm_backward(space, c.x1, w.norm2_weight, c.mean2, c.rstd2, c.dh2, c.dx1, g.norm2_weight,
-                  g.norm2_bias);
+    m_parts.template norm_backward<G>(space, c.x1, w.norm2_weight, c.mean2, c.rstd2, c.dh2, c.dx1,
+                                      g.norm2_weight, g.norm2_bias);
     // Attention branch: x1 = x + dropout(a), a = attention(h1).
-    residual_dropout(space, "kfa::nn::TransformerBlock::residual1_backward", none, c.dx1,
-                     Impl::out_matrix(c.da), c, kAttentionOutput);
+    residual_dropout(space, "residual1_backward", {}, c.dx1, Impl::out_matrix(c.da), c,
+                     Impl::kSiteAttentionOutput);
     m_attention.backward_impl(space, Impl::in_matrix(c.da), Impl::out_matrix(c.dh1), c.attention,
                               score_mod);
     Kokkos::deep_copy(space, dx, in2(c.dx1));
-    norm_backward(space, Impl::in_matrix(c.x), w.norm1_weight, c.mean1, c.rstd1,
-                  Impl::in_matrix(c.dh1), dx, g.norm1_weight, g.norm1_bias);
+    m_parts.template norm_backward<G>(space, Impl::in_matrix(c.x), w.norm1_weight, c.mean1,
+                                      c.rstd1, Impl::in_matrix(c.dh1), dx, g.norm1_weight,
+                                      g.norm1_bias);
     if (m_options.recompute) release(c);
   }
 
   TransformerBlockOptions m_options;
+  Parts m_parts;
   MultiHeadAttention<ExecSpace, T> m_attention;
   Weights m_weights, m_grads;
   Fp32Grads m_grads_fp32;

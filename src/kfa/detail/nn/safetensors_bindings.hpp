@@ -8,6 +8,7 @@
 
 #include <kfa/nn/multi_head_attention.hpp>
 #include <kfa/nn/transformer_block.hpp>
+#include <kfa/nn/transformer_decoder_block.hpp>
 
 #include <cstddef>
 #include <string>
@@ -123,6 +124,34 @@ SafetensorsBindings<T, typename ExecSpace::memory_space> safetensors_bindings(
   safetensors_bind(list, prefix + "input_layernorm.bias", w.norm1_bias);
   safetensors_bind(list, prefix + "post_attention_layernorm.weight", w.norm2_weight);
   safetensors_bind(list, prefix + "post_attention_layernorm.bias", w.norm2_bias);
+  return list;
+}
+
+/// torch.nn.TransformerDecoderLayer's names (the decoder's parameters());
+/// Llama has no cross-attention sublayer to take names from.
+template <class ExecSpace, class T>
+SafetensorsBindings<T, typename ExecSpace::memory_space> safetensors_bindings(
+    const nn::TransformerDecoderBlock<ExecSpace, T>& block, bool llama, const std::string& prefix) {
+  if (llama) {
+    throw_invalid("kfa::nn::TransformerDecoderBlock",
+                  "ParameterNames::llama has no names for a decoder block's cross-attention; "
+                  "use ParameterNames::pytorch (torch.nn.TransformerDecoderLayer's names)");
+  }
+  auto list = safetensors_bindings(block.self_attention(), false, prefix + "self_attn.");
+  const auto cross =
+      safetensors_bindings(block.cross_attention(), false, prefix + "multihead_attn.");
+  list.insert(list.end(), cross.begin(), cross.end());
+  const auto& w = block.weights();
+  safetensors_bind(list, prefix + "linear1.weight", w.w1);
+  safetensors_bind(list, prefix + "linear1.bias", w.b1);
+  safetensors_bind(list, prefix + "linear2.weight", w.w2);
+  safetensors_bind(list, prefix + "linear2.bias", w.b2);
+  safetensors_bind(list, prefix + "norm1.weight", w.norm1_weight);
+  safetensors_bind(list, prefix + "norm1.bias", w.norm1_bias);
+  safetensors_bind(list, prefix + "norm2.weight", w.norm2_weight);
+  safetensors_bind(list, prefix + "norm2.bias", w.norm2_bias);
+  safetensors_bind(list, prefix + "norm3.weight", w.norm3_weight);
+  safetensors_bind(list, prefix + "norm3.bias", w.norm3_bias);
   return list;
 }
 
