@@ -29,7 +29,12 @@ affinity is restored for the child (see bench_host.py).
 
   python3 perf_tests/bench_block.py --bench build/perf_tests/bench_block \\
       [--device cuda|cpu] [--shapes gpt,science] [--causal] [--block encoder|llama] \\
-      [--threads N] [--warmup 3] [--reps 10] [--rounds 1] [--no-compile] [--json FILE]
+      [--threads N] [--warmup 3] [--reps 10] [--rounds 1] [--no-compile] [--json FILE] \\
+      [--baseline OTHER_BUILD/bench_block]
+
+--baseline times a second build of bench_block in the same rounds (an A/B
+of a change beside the same PyTorch numbers): columns "base ms" and
+"base/kfa" (above 1: the change made the block faster).
 """
 import argparse
 import json
@@ -63,6 +68,7 @@ def parse_args():
     p.add_argument("--rounds", type=int, default=1, help="median of this many alternating rounds")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--baseline", help="a second bench_block timed in the same rounds")
     return p.parse_args()
 
 
@@ -77,9 +83,9 @@ def shape_list(text):
     return out
 
 
-def run_kfa(args, device, d, heads, kv_heads, n, b, dtype, causal):
-    """(fwd ms, fwd+bwd ms) from bench_block."""
-    cmd = [args.bench, "--d-model", str(d), "--heads", str(heads), "--seqlen", str(n),
+def run_kfa(args, device, d, heads, kv_heads, n, b, dtype, causal, bench=None):
+    """(fwd ms, fwd+bwd ms) from bench_block (args.bench unless given)."""
+    cmd = [bench or args.bench, "--d-model", str(d), "--heads", str(heads), "--seqlen", str(n),
            "--batch", str(b), "--dtype", dtype, "--warmup", str(args.warmup),
            "--reps", str(args.reps)]
     if args.block == "llama":
@@ -174,7 +180,8 @@ def main():
           f"{torch.__version__}; median of {args.reps} after {args.warmup} warm-up, "
           f"{args.rounds} round(s); ratios = anchor ms / kfa ms (above 1: kfa faster)")
     print(f"{'shape':24s} {'dtype':5s} {'pass':8s} {'eager ms':>10s} {'compile ms':>10s} "
-          f"{'kfa ms':>10s} {'kfa/eager':>9s} {'kfa/compile':>11s}", flush=True)
+          f"{'kfa ms':>10s} {'kfa/eager':>9s} {'kfa/compile':>11s}"
+          + (f" {'base ms':>10s} {'base/kfa':>8s}" if args.baseline else ""), flush=True)
     results = []
     for name, d, heads, n, b, dtype in shapes:
         if dtype not in available:
@@ -195,11 +202,14 @@ def main():
         compiled = None
         if not args.no_compile:
             compiled = torch.compile(module)
-        rounds = {"kfa": [], "eager": [], "compile": []}
+        rounds = {"kfa": [], "eager": [], "compile": [], "base": []}
         for _ in range(args.rounds):
             if device == "cuda":
                 torch.cuda.empty_cache()
             rounds["kfa"].append(run_kfa(args, device, d, heads, kv_heads, n, b, dtype, causal))
+            if args.baseline:
+                rounds["base"].append(run_kfa(args, device, d, heads, kv_heads, n, b, dtype,
+                                              causal, args.baseline))
             rounds["eager"].append(tuple(time_torch(torch, module, forward, x, dy, mask, device,
                                                     args, bwd) for bwd in (False, True)))
             if compiled is not None:
@@ -220,13 +230,14 @@ def main():
             label = f"{d}x{heads}h N{n} B{b}"
             print(f"{label:24s} {dtype:5s} {pas:8s} {cell(med['eager'], 10, '.3f')} "
                   f"{cell(med['compile'], 10, '.3f')} {cell(med['kfa'], 10, '.3f')} "
-                  f"{cell(ratio('eager'), 9, '.2f')} {cell(ratio('compile'), 11, '.2f')}",
-                  flush=True)
+                  f"{cell(ratio('eager'), 9, '.2f')} {cell(ratio('compile'), 11, '.2f')}"
+                  + (f" {cell(med['base'], 10, '.3f')} {cell(ratio('base'), 8, '.2f')}"
+                     if args.baseline else ""), flush=True)
             results.append(dict(shape=name, d_model=d, heads=heads, kv_heads=kv_heads, seqlen=n,
                                 batch=b, dtype=dtype, block=args.block, causal=causal,
                                 device=device, threads=args.threads if device == "cpu" else None,
                                 **{"pass": pas}, eager_ms=med["eager"], compile_ms=med["compile"],
-                                kfa_ms=med["kfa"]))
+                                kfa_ms=med["kfa"], baseline_ms=med["base"]))
         del module, compiled, x, dy
     if args.json:
         with open(args.json, "w") as f:

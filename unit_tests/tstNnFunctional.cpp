@@ -179,13 +179,16 @@ TYPED_TEST(NnFunctional, RotaryBothConventionsAndInverse) {
     }
 }
 
+/// 29 features: one element per thread; 48: 16-byte packs per thread on GPUs.
 TYPED_TEST(NnFunctional, GeluBothForms) {
   using Space = typename TypeParam::space;
   using T = typename TypeParam::value_type;
-  const int tokens = 37, features = 29;
+  const int tokens = 37;
+  for (int features : {29, 48})
   for (auto form : {kfa::nn::GeluApproximation::none, kfa::nn::GeluApproximation::tanh}) {
     const bool tanh_form = form == kfa::nn::GeluApproximation::tanh;
-    const std::string tag = std::string("nn_gelu_") + (tanh_form ? "tanh" : "erf");
+    const std::string tag = std::string("nn_gelu_") + (tanh_form ? "tanh" : "erf") +
+                            (features == 29 ? "" : "_packed");
     std::mt19937_64 rng(test_seed(tag));
     const Tensor x = rounded<T>(random_tensor({tokens, features}, rng, 3.0));
     const Tensor dy = rounded<T>(random_tensor({tokens, features}, rng));

@@ -32,7 +32,8 @@ namespace Impl {
 /// tiles; padded_head_dim: the zero-padded operands of a call whose head
 /// dim has no fused kernel of its own; ring_forward, ring_backward: every buffer of a ring attention
 /// call, carved with WorkspaceParts; staging_send, staging_recv: the pinned
-/// host buffers of a ring exchange staged through the host).
+/// host buffers of a ring exchange staged through the host; nn_column_sums:
+/// the per-chunk partial sums of kfa::nn's column sums).
 enum class WorkspaceSlot {
   delta,
   dq_accum,
@@ -42,7 +43,8 @@ enum class WorkspaceSlot {
   ring_forward,
   ring_backward,
   staging_send,
-  staging_recv
+  staging_recv,
+  nn_column_sums
 };
 
 /// Cached buffers of MemorySpace, one per (key, slot). get() returns the

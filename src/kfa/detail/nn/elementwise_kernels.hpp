@@ -3,7 +3,8 @@
 
 // Elementwise steps on [tokens][features]: GELU (erf and tanh forms), SwiGLU,
 // dropout and residual + dropout, each forward and backward. One thread per
-// element, arithmetic in the accumulator type. Dropout draws its keep mask
+// element, or on GPUs per 16-byte pack of a row where the rows allow it
+// (nn_for_packed), arithmetic in the accumulator type. Dropout draws its keep mask
 // from the attention kernels' counter-based generator keyed by (seed, token,
 // feature), so the backward regenerates it instead of storing it.
 
@@ -51,11 +52,20 @@ template <class ExecSpace, class T>
 struct GeluForward {
   using memory_space = typename ExecSpace::memory_space;
   using acc_t = accumulator_t<T>;
+  static constexpr int pack_width = nn_pack_width<T>();
   NnIn2<T, memory_space> m_x;
   NnOut2<T, memory_space> m_y;
   bool m_tanh;
   KOKKOS_FUNCTION void operator()(const int token, const int j) const {
     m_y(token, j) = from_acc<T>(Gelu<acc_t>::value(to_acc<acc_t>(m_x(token, j)), m_tanh));
+  }
+  bool packable() const { return nn_rows_packable(m_x) && nn_rows_packable(m_y); }
+  KOKKOS_FUNCTION void pack(const int token, const int j0) const {
+    T v[pack_width];
+    nn_load_pack(m_x, token, j0, v);
+    for (int k = 0; k < pack_width; ++k)
+      v[k] = from_acc<T>(Gelu<acc_t>::value(to_acc<acc_t>(v[k]), m_tanh));
+    nn_store_pack(m_y, token, j0, v);
   }
 };
 
@@ -63,12 +73,24 @@ template <class ExecSpace, class T>
 struct GeluBackward {
   using memory_space = typename ExecSpace::memory_space;
   using acc_t = accumulator_t<T>;
+  static constexpr int pack_width = nn_pack_width<T>();
   NnIn2<T, memory_space> m_x, m_dy;
   NnOut2<T, memory_space> m_dx;
   bool m_tanh;
   KOKKOS_FUNCTION void operator()(const int token, const int j) const {
     m_dx(token, j) = from_acc<T>(to_acc<acc_t>(m_dy(token, j)) *
                                  Gelu<acc_t>::derivative(to_acc<acc_t>(m_x(token, j)), m_tanh));
+  }
+  bool packable() const {
+    return nn_rows_packable(m_x) && nn_rows_packable(m_dy) && nn_rows_packable(m_dx);
+  }
+  KOKKOS_FUNCTION void pack(const int token, const int j0) const {
+    T x[pack_width], dy[pack_width];
+    nn_load_pack(m_x, token, j0, x);
+    nn_load_pack(m_dy, token, j0, dy);
+    for (int k = 0; k < pack_width; ++k)
+      x[k] = from_acc<T>(to_acc<acc_t>(dy[k]) * Gelu<acc_t>::derivative(to_acc<acc_t>(x[k]), m_tanh));
+    nn_store_pack(m_dx, token, j0, x);
   }
 };
 
@@ -129,6 +151,7 @@ struct ResidualDropout {
   acc_t m_keep_scale;
   bool m_dropout;
   NnTokenMap m_tokens;
+  static constexpr int pack_width = nn_pack_width<T>();
   KOKKOS_FUNCTION void operator()(const int token, const int j) const {
     acc_t x = to_acc<acc_t>(m_x(token, j));
     if (m_dropout) {
@@ -138,6 +161,22 @@ struct ResidualDropout {
     m_y(token, j) =
         from_acc<T>(m_residual.extent(0) > 0 ? to_acc<acc_t>(m_residual(token, j)) + x : x);
   }
+  bool packable() const {
+    return nn_rows_packable(m_residual) && nn_rows_packable(m_x) && nn_rows_packable(m_y);
+  }
+  KOKKOS_FUNCTION void pack(const int token, const int j0) const {
+    T x[pack_width], r[pack_width];
+    nn_load_pack(m_x, token, j0, x);
+    const bool has_residual = m_residual.extent(0) > 0;
+    if (has_residual) nn_load_pack(m_residual, token, j0, r);
+    const std::uint64_t row = m_dropout ? m_generator.row_key(0, 0, m_tokens.global(token)) : 0;
+    for (int k = 0; k < pack_width; ++k) {
+      acc_t v = to_acc<acc_t>(x[k]);
+      if (m_dropout) v = m_generator.kept(row, j0 + k) ? v * m_keep_scale : acc_t(0);
+      x[k] = from_acc<T>(has_residual ? to_acc<acc_t>(r[k]) + v : v);
+    }
+    nn_store_pack(m_y, token, j0, x);
+  }
 };
 
 
@@ -145,7 +184,8 @@ template <class ExecSpace, class T>
 void gelu_forward_impl(const ExecSpace& space, const NnIn2<T, typename ExecSpace::memory_space>& x,
                        const NnOut2<T, typename ExecSpace::memory_space>& y, bool tanh_form) {
   if (x.size() == 0) return;
-  nn_for("kfa::nn::gelu::forward", space, int(x.extent(0)), int(x.extent(1)), GeluForward<ExecSpace, T>{x, y, tanh_form});
+  nn_for_packed("kfa::nn::gelu::forward", space, int(x.extent(0)), int(x.extent(1)),
+                GeluForward<ExecSpace, T>{x, y, tanh_form});
 }
 
 template <class ExecSpace, class T>
@@ -153,7 +193,8 @@ void gelu_backward_impl(const ExecSpace& space, const NnIn2<T, typename ExecSpac
                         const NnIn2<T, typename ExecSpace::memory_space>& dy,
                         const NnOut2<T, typename ExecSpace::memory_space>& dx, bool tanh_form) {
   if (x.size() == 0) return;
-  nn_for("kfa::nn::gelu::backward", space, int(x.extent(0)), int(x.extent(1)), GeluBackward<ExecSpace, T>{x, dy, dx, tanh_form});
+  nn_for_packed("kfa::nn::gelu::backward", space, int(x.extent(0)), int(x.extent(1)),
+                GeluBackward<ExecSpace, T>{x, dy, dx, tanh_form});
 }
 
 template <class ExecSpace, class T>
@@ -186,7 +227,7 @@ void residual_dropout_impl(const ExecSpace& space, const char* label,
   const bool dropout = options.p > 0;
   // Dropout off, no residual, in place: nothing to do.
   if (!dropout && residual.extent(0) == 0 && x.data() == y.data()) return;
-  nn_for(label, space, int(x.extent(0)), int(x.extent(1)), ResidualDropout<ExecSpace, T>{
+  nn_for_packed(label, space, int(x.extent(0)), int(x.extent(1)), ResidualDropout<ExecSpace, T>{
                            residual, x, y, DropoutGenerator(options.p, options.seed),
                            dropout ? acc_t(1.0 / (1.0 - options.p)) : acc_t(1), dropout, tokens});
 }

@@ -151,7 +151,15 @@ void nn_gemm(const ExecSpace& space, const char* trans_a, const char* trans_b,
     if (beta == T(0)) Kokkos::deep_copy(space, c, T(0));
     return;
   }
-  if (beta == T(0)) {
+#if defined(KOKKOS_ENABLE_CUDA) && defined(KOKKOSKERNELS_ENABLE_TPL_CUBLAS)
+  // Float and double on CUDA go to cuBLAS, which does not read C at beta 0.
+  constexpr bool reads_c_at_beta_zero =
+      !(std::is_same<ExecSpace, Kokkos::Cuda>::value &&
+        (std::is_same<T, float>::value || std::is_same<T, double>::value));
+#else
+  constexpr bool reads_c_at_beta_zero = true;
+#endif
+  if (reads_c_at_beta_zero && beta == T(0)) {
     // BLAS reads C only when beta != 0, but a NaN left in C from earlier
     // work must not leak through 0·NaN in an implementation that does.
     Kokkos::deep_copy(space, c, T(0));
@@ -221,14 +229,16 @@ void nn_product(const ExecSpace& space, const char* trans_a, const char* trans_b
                 NnScratch<ExecSpace, T>& scratch) {
   if (c.extent(0) == 0 || c.extent(1) == 0) return;
 #ifdef KOKKOS_ENABLE_CUDA
-  // Without a bias straight into c, rounded once by cuBLAS; with one the
-  // product goes through the fp32 scratch so that the bias is added before
-  // the only rounding.
+  // Straight into c, rounded once by cuBLAS; a bias is added in fp32 by
+  // cuBLASLt's epilogue before that rounding (else through the fp32 scratch).
   if constexpr (tensor_core_gemm_applies<ExecSpace, NnIn2<T, typename ExecSpace::memory_space>,
                                          NnIn2<T, typename ExecSpace::memory_space>,
                                          NnOut2<T, typename ExecSpace::memory_space>>()) {
     if (bias.extent(0) == 0 &&
         tensor_core_gemm(space, trans_a, trans_b, 1.f, a, b, accumulate ? 1.f : 0.f, c))
+      return;
+    if (bias.extent(0) > 0 &&
+        tensor_core_gemm_bias(space, trans_a, trans_b, a, b, bias, accumulate, c))
       return;
   }
 #endif

@@ -36,6 +36,47 @@ void launch_per_row(const ExecSpace& space, const char* label, const Functor& fu
       functor);
 }
 
+/// The packed form of the per-row norm kernels on GPUs: a team of
+/// kNnNormTeam threads holds a row in registers, kNnNormPacks 16-byte packs
+/// per thread at most, and reads it from memory once (the plain form reads
+/// it once per pass).
+constexpr int kNnNormTeam = 128, kNnNormPacks = 4;
+struct NnNormPacked {};
+
+template <class View1>
+KOKKOS_FORCEINLINE_FUNCTION void nn_load_pack1(const View1& v, int j0,
+                                               typename View1::non_const_value_type* out) {
+  const NnBytes16 bytes = *reinterpret_cast<const NnBytes16*>(&v(j0));
+  memcpy(static_cast<void*>(out), &bytes, 16);
+}
+
+template <class View1>
+bool nn_vector_packable(const View1& v) {
+  using T = typename View1::non_const_value_type;
+  constexpr int w = nn_pack_width<T>();
+  return v.extent(0) == 0 ||
+         (w > 1 && reinterpret_cast<std::uintptr_t>(v.data()) % 16 == 0 && v.extent(0) % w == 0);
+}
+
+/// Launches functor(NnNormPacked, team) on GPUs when `packable`, else the
+/// plain per-row kernel.
+template <class ExecSpace, class Functor>
+void launch_norm_rows(const ExecSpace& space, const char* label, const Functor& functor,
+                      bool packable) {
+  constexpr int w = Functor::pack_width;
+  if constexpr (!nn_host_space<ExecSpace>() && w > 1) {
+    const int features = int(functor.m_x.extent(1));
+    if (packable && features % w == 0 && features / w <= kNnNormTeam * kNnNormPacks) {
+      Kokkos::parallel_for(label,
+                           Kokkos::TeamPolicy<ExecSpace, NnNormPacked>(
+                               space, int(functor.m_x.extent(0)), kNnNormTeam),
+                           functor);
+      return;
+    }
+  }
+  launch_per_row(space, label, functor);
+}
+
 template <class ExecSpace, class T, bool IsRms>
 struct NormForward {
   using memory_space = typename ExecSpace::memory_space;
@@ -69,9 +110,67 @@ struct NormForward {
     });
   }
 
+  static constexpr int pack_width = nn_pack_width<T>();
+  using packed_member = typename Kokkos::TeamPolicy<ExecSpace, NnNormPacked>::member_type;
+
+  KOKKOS_FUNCTION void operator()(NnNormPacked, const packed_member& team) const {
+    constexpr int W = pack_width;
+    const int row = team.league_rank(), features = static_cast<int>(m_x.extent(1));
+    const int packs = features / W;
+    acc_t v[kNnNormPacks][W];
+    acc_t sum = 0;
+    #pragma unroll
+    for (int k = 0; k < kNnNormPacks; ++k) {
+      const int p = team.team_rank() + k * kNnNormTeam;
+      if (p >= packs) break;
+      T t[W];
+      nn_load_pack(m_x, row, p * W, t);
+      #pragma unroll
+      for (int w = 0; w < W; ++w) {
+        v[k][w] = to_acc<acc_t>(t[w]);
+        sum += v[k][w];
+      }
+    }
+    acc_t mean = 0;
+    if (!IsRms) {
+      team.team_reduce(Kokkos::Sum<acc_t>(sum));
+      mean = sum / features;
+    }
+    acc_t square_sum = 0;
+    #pragma unroll
+    for (int k = 0; k < kNnNormPacks; ++k) {
+      if (team.team_rank() + k * kNnNormTeam >= packs) break;
+      #pragma unroll
+      for (int w = 0; w < W; ++w) square_sum += (v[k][w] - mean) * (v[k][w] - mean);
+    }
+    team.team_reduce(Kokkos::Sum<acc_t>(square_sum));
+    const acc_t rstd = acc_t(1) / math::sqrt(square_sum / features + m_eps);
+    const bool has_beta = m_beta.extent(0) > 0;
+    #pragma unroll
+    for (int k = 0; k < kNnNormPacks; ++k) {
+      const int p = team.team_rank() + k * kNnNormTeam;
+      if (p >= packs) break;
+      T gamma[W], beta[W], out[W];
+      nn_load_pack1(m_gamma, p * W, gamma);
+      if (has_beta) nn_load_pack1(m_beta, p * W, beta);
+      #pragma unroll
+      for (int w = 0; w < W; ++w) {
+        const acc_t y = (v[k][w] - mean) * rstd * to_acc<acc_t>(gamma[w]);
+        out[w] = from_acc<T>(has_beta ? y + to_acc<acc_t>(beta[w]) : y);
+      }
+      nn_store_pack(m_y, row, p * W, out);
+    }
+    if (team.team_rank() == 0) {
+      if (!IsRms) m_mean(row) = mean;
+      m_rstd(row) = rstd;
+    }
+  }
+
   void launch(const ExecSpace& space) const {
-    launch_per_row(space, IsRms ? "kfa::nn::rms_norm::forward" : "kfa::nn::layer_norm::forward",
-                   *this);
+    launch_norm_rows(space, IsRms ? "kfa::nn::rms_norm::forward" : "kfa::nn::layer_norm::forward",
+                     *this,
+                     nn_rows_packable(m_x) && nn_rows_packable(m_y) &&
+                         nn_vector_packable(m_gamma) && nn_vector_packable(m_beta));
   }
 };
 
@@ -105,10 +204,57 @@ struct NormBackwardInput {
     });
   }
 
+  static constexpr int pack_width = nn_pack_width<T>();
+  using packed_member = typename Kokkos::TeamPolicy<ExecSpace, NnNormPacked>::member_type;
+
+  KOKKOS_FUNCTION void operator()(NnNormPacked, const packed_member& team) const {
+    constexpr int W = pack_width;
+    const int row = team.league_rank(), features = static_cast<int>(m_x.extent(1));
+    const int packs = features / W;
+    const acc_t mean = IsRms ? acc_t(0) : m_mean(row), rstd = m_rstd(row);
+    // x̂ and g = dy·gamma of the thread's packs.
+    acc_t x_hat[kNnNormPacks][W], g[kNnNormPacks][W];
+    acc_t sum_g = 0, sum_gx = 0;
+    #pragma unroll
+    for (int k = 0; k < kNnNormPacks; ++k) {
+      const int p = team.team_rank() + k * kNnNormTeam;
+      if (p >= packs) break;
+      T x[W], dy[W], gamma[W];
+      nn_load_pack(m_x, row, p * W, x);
+      nn_load_pack(m_dy, row, p * W, dy);
+      nn_load_pack1(m_gamma, p * W, gamma);
+      #pragma unroll
+      for (int w = 0; w < W; ++w) {
+        x_hat[k][w] = (to_acc<acc_t>(x[w]) - mean) * rstd;
+        g[k][w] = to_acc<acc_t>(dy[w]) * to_acc<acc_t>(gamma[w]);
+        sum_g += g[k][w];
+        sum_gx += g[k][w] * x_hat[k][w];
+      }
+    }
+    if (!IsRms) team.team_reduce(Kokkos::Sum<acc_t>(sum_g));
+    team.team_reduce(Kokkos::Sum<acc_t>(sum_gx));
+    const acc_t mean_g = IsRms ? acc_t(0) : sum_g / features, mean_gx = sum_gx / features;
+    #pragma unroll
+    for (int k = 0; k < kNnNormPacks; ++k) {
+      const int p = team.team_rank() + k * kNnNormTeam;
+      if (p >= packs) break;
+      T out[W];
+      if (m_accumulate) nn_load_pack(m_dx, row, p * W, out);
+      #pragma unroll
+      for (int w = 0; w < W; ++w) {
+        const acc_t dx = rstd * (g[k][w] - mean_g - x_hat[k][w] * mean_gx);
+        out[w] = from_acc<T>(m_accumulate ? to_acc<acc_t>(out[w]) + dx : dx);
+      }
+      nn_store_pack(m_dx, row, p * W, out);
+    }
+  }
+
   void launch(const ExecSpace& space) const {
-    launch_per_row(space,
-                   IsRms ? "kfa::nn::rms_norm::backward_dx" : "kfa::nn::layer_norm::backward_dx",
-                   *this);
+    launch_norm_rows(space,
+                     IsRms ? "kfa::nn::rms_norm::backward_dx" : "kfa::nn::layer_norm::backward_dx",
+                     *this,
+                     nn_rows_packable(m_x) && nn_rows_packable(m_dy) && nn_rows_packable(m_dx) &&
+                         nn_vector_packable(m_gamma));
   }
 };
 

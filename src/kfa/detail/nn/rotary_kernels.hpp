@@ -16,6 +16,9 @@
 #include <kfa/detail/nn/policies.hpp>
 #include <kfa/detail/nn/views.hpp>
 
+#include <cstddef>
+#include <cstdint>
+
 namespace kfa {
 namespace Impl {
 
@@ -92,6 +95,46 @@ struct RotaryApply {
   }
 };
 
+/// out(token, out_col0 + c) = in(token, in_col0 + c) for c < cols, one Word
+/// (T, or 16 bytes where both sides are aligned for it) per thread.
+template <class T, class Word>
+struct CopyColumns {
+  const T* m_in;
+  T* m_out;
+  std::size_t m_in_stride, m_out_stride;  // in T
+
+  KOKKOS_FUNCTION void operator()(const int token, const int word) const {
+    reinterpret_cast<Word*>(m_out + token * m_out_stride)[word] =
+        reinterpret_cast<const Word*>(m_in + token * m_in_stride)[word];
+  }
+};
+
+struct alignas(16) NnWord16 {
+  std::uint32_t v[4];
+};
+
+template <class ExecSpace, class T>
+void copy_columns_impl(const ExecSpace& space, const NnIn2<T, typename ExecSpace::memory_space>& in,
+                       int in_col0, const NnOut2<T, typename ExecSpace::memory_space>& out,
+                       int out_col0, int cols) {
+  const int tokens = int(out.extent(0));
+  if (tokens == 0 || cols == 0) return;
+  const T* src = in.data() + in_col0;
+  T* dst = out.data() + out_col0;
+  const std::size_t in_stride = in.extent(1), out_stride = out.extent(1);
+  auto aligned = [](const void* p, std::size_t bytes) {
+    return reinterpret_cast<std::uintptr_t>(p) % 16 == 0 && bytes % 16 == 0;
+  };
+  if (16 % sizeof(T) == 0 && aligned(src, in_stride * sizeof(T)) &&
+      aligned(dst, out_stride * sizeof(T)) && (cols * sizeof(T)) % 16 == 0) {
+    nn_for("kfa::nn::copy_columns", space, tokens, int(cols * sizeof(T) / 16),
+           CopyColumns<T, NnWord16>{src, dst, in_stride, out_stride});
+  } else {
+    nn_for("kfa::nn::copy_columns", space, tokens, cols,
+           CopyColumns<T, T>{src, dst, in_stride, out_stride});
+  }
+}
+
 /// Rotates (sign +1) or rotates back (sign -1) `heads` heads of in's columns
 /// from in_col0 into out's from out_col0; rotary_dim 0 copies. Token t sits
 /// at position positions(t) (< seqlen) when `positions` is not empty, else
@@ -104,6 +147,11 @@ void rotary_apply_impl(const ExecSpace& space, const NnIn2<T, typename ExecSpace
                        const Kokkos::View<const int*, typename ExecSpace::memory_space>&
                            positions = {}) {
   using acc_t = accumulator_t<T>;
+  if (rotary_dim == 0) {
+    if (in.data() + in_col0 != out.data() + out_col0 || in.extent(1) != out.extent(1))
+      copy_columns_impl<ExecSpace, T>(space, in, in_col0, out, out_col0, heads * head_dim);
+    return;
+  }
   const auto table = RotaryTable<ExecSpace, acc_t>::make(space, seqlen, rotary_dim, options);
   RotaryApply<ExecSpace, T>{in,
                             out,

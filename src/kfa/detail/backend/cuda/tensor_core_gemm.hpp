@@ -4,7 +4,9 @@
 // 16-bit dense products on the CUDA backend. Kokkos Kernels' cuBLAS path
 // covers float and double only, and its native GEMM accumulates in C's value
 // type (bf16 sums lose digits after a few hundred terms); cublasGemmEx runs
-// bf16 / fp16 operands on the tensor cores with fp32 accumulation.
+// bf16 / fp16 operands on the tensor cores with fp32 accumulation, and
+// cublasLtMatmul the products with a bias, added in fp32 by its epilogue
+// before the one rounding into C.
 
 #include <Kokkos_Core.hpp>
 
@@ -12,6 +14,7 @@
 
 #include <cublas_v2.h>
 
+#include <algorithm>
 #include <type_traits>
 
 namespace kfa {
@@ -23,6 +26,24 @@ cublasHandle_t cublas_handle();
 
 /// Throws std::runtime_error naming `what` when `status` is not success.
 void check_cublas(cublasStatus_t status, const char* what);
+
+/// One column-major cuBLASLt product D = op(A)·op(B) + beta·D + bias(row),
+/// bias of D's rows (m), fp32 compute; the operands as cuBLAS sees them.
+struct LtBiasProduct {
+  bool trans_a, trans_b;
+  long long m, n, k, lda, ldb, ldd;
+  cudaDataType ab_type, d_type, bias_type;
+  const void* a;
+  const void* b;
+  const void* bias;
+  void* d;
+  float beta;
+  cudaStream_t stream;
+};
+
+/// Runs `p` with a cached plan for its shape; false (nothing enqueued) when
+/// cuBLASLt offers no algorithm for it, so that the caller falls back.
+bool cublaslt_bias_product(const LtBiasProduct& p);
 
 template <class T>
 constexpr bool is_cuda_16bit() {
@@ -79,6 +100,40 @@ bool tensor_core_gemm(const Kokkos::Cuda& space, const char* trans_a, const char
                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                "cublasGemmEx");
   return true;
+}
+
+/// C = op(A)·op(B) + bias(column) (+ C when accumulate) for 16-bit A, B, C
+/// and bias of one type, rounded once (cuBLASLt's bias epilogue). Returns
+/// false, doing nothing, where tensor_core_gemm would, or when cuBLASLt has
+/// no algorithm for the shape.
+template <class AView, class BView, class BiasView, class CView>
+bool tensor_core_gemm_bias(const Kokkos::Cuda& space, const char* trans_a, const char* trans_b,
+                           const AView& a, const BView& b, const BiasView& bias, bool accumulate,
+                           const CView& c) {
+  using TA = typename AView::non_const_value_type;
+  using TC = typename CView::non_const_value_type;
+  static_assert(std::is_same<TA, TC>::value &&
+                    std::is_same<typename BiasView::non_const_value_type, TC>::value,
+                "tensor_core_gemm_bias: A, B, bias and C of one 16-bit type");
+  if (a.stride(1) != 1 || b.stride(1) != 1 || c.stride(1) != 1 || bias.stride(0) != 1)
+    return false;
+  const bool ta = trans_a[0] != 'N' && trans_a[0] != 'n';
+  const bool tb = trans_b[0] != 'N' && trans_b[0] != 'n';
+  const long long m = c.extent(0), n = c.extent(1), k = ta ? a.extent(0) : a.extent(1);
+  if (k == 0 || long(bias.extent(0)) != n) return false;
+  const long long lda = a.extent(0) > 1 ? a.stride(0) : a.extent(1);
+  const long long ldb = b.extent(0) > 1 ? b.stride(0) : b.extent(1);
+  const long long ldc = c.extent(0) > 1 ? c.stride(0) : c.extent(1);
+  const long long limit = 0x7fffffffLL;
+  if (m > limit || n > limit || k > limit || lda > limit || ldb > limit || ldc > limit)
+    return false;
+  // As in tensor_core_gemm: row-major C is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ,
+  // whose rows are C's columns, so the bias runs along cuBLAS' m.
+  return cublaslt_bias_product({tb, ta, n, m, k, std::max<long long>(ldb, 1),
+                                std::max<long long>(lda, 1), std::max<long long>(ldc, 1),
+                                cuda_data_type<TA>(), cuda_data_type<TC>(), cuda_data_type<TC>(),
+                                b.data(), a.data(), bias.data(), c.data(), accumulate ? 1.f : 0.f,
+                                space.cuda_stream()});
 }
 
 }  // namespace Impl

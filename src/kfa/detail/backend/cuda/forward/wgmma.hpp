@@ -442,60 +442,77 @@ class FlashForwardWgmmaKernel : public Fused16Forward,
       // before (a fresh barrier passes parity 1). Q's barriers count tiles.
       auto parity = [](int g) { return std::uint32_t((g / kStages) & 1); };
       // This team's tiles: its league rank, and with Persistent those it
-      // takes from the counter. The producer writes each one's index to
-      // scratch before it arrives on full_q (whose phase tells the
-      // warpgroups that Q and the index are there); m_num_tiles or more
-      // ends the team.
+      // takes from the counter; m_num_tiles or more ends the team. The
+      // producer warp hands tile n's index to the warpgroups in scratch slot
+      // n % 2 and all of them meet at one named barrier per tile: the index
+      // is written before the barrier of its tile and after the barrier of
+      // the tile before, when the slot's last reader has passed it. The
+      // producer issues a tile's Q, K_0, K_1 and V_0 (whose stages the
+      // tile before released) before that tile's barrier, the rest after
+      // it. Every side waits at bar.sync, which racecheck follows (an
+      // mbarrier or a bar.arrive it does not).
       volatile int* const tile_slot = reinterpret_cast<volatile int*>(
           reinterpret_cast<unsigned char*>(sQ) + (bars + 8 * (2 + 4 * kStages) - addr(sQ)));
+      constexpr int kTileBarrier = 1, kTileThreads = 32 + 128 * kWarpGroups;
+      static_assert(kStages >= 2, "kfa: a tile's K_1 and V_0 load before its barrier");
       if (warp >= 4 * kWarpGroups) {
         if constexpr (kRealloc) setmaxnreg_dec<kProducerRegs>();
         // The producer: per tile Q (once the previous tile's is released),
         // then K_0, and per block j K_{j+1} and V_j, the order in which the
-        // warpgroups read them.
-        if (warp == 4 * kWarpGroups && lane == 0) {
+        // warpgroups read them; lane 0 issues the copies.
+        if (warp == 4 * kWarpGroups) {
           constexpr std::uint32_t kv_bytes = sizeof(std::uint16_t) * kTileKV;
           int g = 0;
-          for (int n = 0, tile = team.league_rank();; ++n) {
-            if (n > 0) mbarrier_wait(free_q, std::uint32_t((n - 1) & 1));
-            *tile_slot = tile;
+          int tile = team.league_rank();
+          if (lane == 0) tile_slot[0] = tile;
+          auto load_kv = [&](const TmaMap& map, bool is_v, int j) {
+            const int stage = (g + j) % kStages;
+            const std::uint32_t full = is_v ? full_v(stage) : full_k(stage);
+            if (g + j >= kStages)
+              mbarrier_wait(is_v ? free_v(stage) : free_k(stage), parity(g + j) ^ 1);
+            mbarrier_arrive_expect(full, kv_bytes);
+            const std::uint32_t tile_addr = addr(is_v ? sV(stage) : sK(stage));
+#pragma unroll
+            for (int c = 0; c < kHeadDim / 64; ++c)
+              tma_load_box(tile_addr + c * sw128_block_bytes(kBlockN), map, 64 * c, m_kv.head(h),
+                           sq.k_begin + (first_kv_block + j) * kBlockN, sq.view_b, full);
+          };
+          for (int n = 0;; ++n) {
             if (tile >= m_num_tiles) {
-              mbarrier_arrive(full_q);
+              named_barrier_sync(kTileBarrier, kTileThreads);
               break;
             }
-            set_tile(tile);
-            const int hk = m_kv.head(h);
-            auto load_kv = [&](const TmaMap& map, bool is_v, int j) {
-              const int stage = (g + j) % kStages;
-              const std::uint32_t full = is_v ? full_v(stage) : full_k(stage);
-              if (g + j >= kStages)
-                mbarrier_wait(is_v ? free_v(stage) : free_k(stage), parity(g + j) ^ 1);
-              mbarrier_arrive_expect(full, kv_bytes);
-              const std::uint32_t tile_addr = addr(is_v ? sV(stage) : sK(stage));
+            int next = m_num_tiles;
+            if (lane == 0) {
+              if (n > 0) mbarrier_wait(free_q, std::uint32_t((n - 1) & 1));
+              set_tile(tile);
+              if (rows > 0) {
+                mbarrier_arrive_expect(full_q, sizeof(std::uint16_t) * kTileQ);
 #pragma unroll
-              for (int c = 0; c < kHeadDim / 64; ++c)
-                tma_load_box(tile_addr + c * sw128_block_bytes(kBlockN), map, 64 * c, hk,
-                             sq.k_begin + (first_kv_block + j) * kBlockN, sq.view_b, full);
-            };
-            if (rows > 0) {
-              mbarrier_arrive_expect(full_q, sizeof(std::uint16_t) * kTileQ);
-#pragma unroll
-              for (int c = 0; c < kHeadDim / 64; ++c)
-                tma_load_box(addr(sQ) + c * sw128_block_bytes(kBlockM), this->m_map_q, 64 * c,
-                             h, sq.q_begin + row_begin, sq.view_b, full_q);
-            } else {
-              mbarrier_arrive(full_q);  // a packed batch's empty tile: no Q
+                for (int c = 0; c < kHeadDim / 64; ++c)
+                  tma_load_box(addr(sQ) + c * sw128_block_bytes(kBlockM), this->m_map_q, 64 * c,
+                               h, sq.q_begin + row_begin, sq.view_b, full_q);
+              } else {
+                mbarrier_arrive(full_q);  // a packed batch's empty tile: no Q
+              }
+              // The next tile, fetched while this one's copies are issued.
+              if constexpr (kPersistent) next = int(gridDim.x) + atomicAdd(m_tile_counter, 1);
+              if (num_kv_blocks > 0) {
+                load_kv(this->m_map_k, false, 0);
+                if (num_kv_blocks > 1) load_kv(this->m_map_k, false, 1);
+                load_kv(this->m_map_v, true, 0);
+              }
             }
-            // The next tile, fetched while this one's copies are issued.
-            const int next = kPersistent ? int(gridDim.x) + atomicAdd(m_tile_counter, 1)
-                                         : m_num_tiles;
-            if (num_kv_blocks > 0) load_kv(this->m_map_k, false, 0);
-            for (int j = 0; j < num_kv_blocks; ++j) {
-              if (j + 1 < num_kv_blocks) load_kv(this->m_map_k, false, j + 1);
-              load_kv(this->m_map_v, true, j);
+            named_barrier_sync(kTileBarrier, kTileThreads);
+            if (lane == 0) {
+              tile_slot[(n + 1) & 1] = next;
+              for (int j = 1; j < num_kv_blocks; ++j) {
+                if (j + 1 < num_kv_blocks) load_kv(this->m_map_k, false, j + 1);
+                load_kv(this->m_map_v, true, j);
+              }
+              g += num_kv_blocks;
             }
-            g += num_kv_blocks;
-            tile = next;
+            tile = __shfl_sync(0xffffffffu, next, 0);
           }
         }
         return;
@@ -503,16 +520,14 @@ class FlashForwardWgmmaKernel : public Fused16Forward,
       if constexpr (kRealloc) setmaxnreg_inc<kConsumerRegs>();
       int g = 0;
       for (int n = 0;; ++n) {
-        mbarrier_wait(full_q, std::uint32_t(n & 1));
-        const int tile = *tile_slot;
+        named_barrier_sync(kTileBarrier, kTileThreads);
+        const int tile = tile_slot[n & 1];
         if (tile >= m_num_tiles) break;
+        mbarrier_wait(full_q, std::uint32_t(n & 1));
         set_tile(tile);
         start_rows();
         // Q is released once the last S that reads it is done.
-        if (num_kv_blocks == 0) {
-          __syncwarp();  // every lane has read the tile's index
-          if (lane == 0) mbarrier_arrive(free_q);
-        }
+        if (num_kv_blocks == 0 && lane == 0) mbarrier_arrive(free_q);
         for (int kv_block = 0; kv_block < num_kv_blocks; ++kv_block) {
           const int gj = g + kv_block;
           const int stage = gj % kStages, prev = (gj + kStages - 1) % kStages;
