@@ -426,14 +426,13 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
                            const LseView& lse, const DeltaView& delta, const DQAccView& dq_acc,
                            const DKView& dk, const DVView& dv, float scale, FusedWindow window,
                            const variant_params& variant = variant_params())
-      : Fused16Backward(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, window),
-        variant_params(variant),
-        m_num_kv_blocks((m_p.seqlen_k + kBlockN - 1) / kBlockN) {
+      : Fused16Backward(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, window, kBlockN),
+        variant_params(variant) {
 #if defined(KOKKOS_ENABLE_CUDA)
     // No map of an empty tensor (nothing is launched then).
     if constexpr (kDqTma)
       if (m_p.view_batch > 0 && m_p.heads > 0 && m_p.rows_q > 0)
-        this->m_map_dq = make_tma_map_f32(m_dq_acc, m_p.view_batch, m_p.rows_q, m_p.heads,
+        this->m_map_dq = make_tma_map_f32(m_dq, m_p.view_batch, m_p.rows_q, m_p.heads,
                                           kHeadDim, kBlockM, "kfa::bwd::wgmma_dk_dv", kDqWide);
 #endif
   }
@@ -477,15 +476,13 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
     const int wg = warp / 4;
 
     const int league = team.league_rank();
-    int b, h;
-    const int kv_block = m_p.block_of(league, m_num_kv_blocks, b, h);
-    const int key_begin = kv_block * kBlockN;
+    const FusedKeyTile team_tile = this->key_tile(league, kBlockN, kHeadDim);
     // A packed batch's shorter sequences have fewer blocks than the league.
-    const FusedSeq sq = m_p.sequence(b);
-    if (key_begin >= sq.seqlen_k) return;
-    const long row_stride = long(m_p.heads) * kHeadDim;
-    const long q_offset = m_p.q_offset(sq, h, kHeadDim);
-    const long k_offset = m_p.k_offset(sq, h, kHeadDim);
+    if (team_tile.key_begin >= team_tile.sq.seqlen_k) return;
+    const int b = team_tile.b, h = team_tile.h, key_begin = team_tile.key_begin;
+    const FusedSeq sq = team_tile.sq;
+    const long row_stride = team_tile.row_stride;
+    const long q_offset = team_tile.q_offset, k_offset = team_tile.k_offset;
     // The probe's team events (NoProbe).
     auto probe_team = [&](int event) { this->team_event(league, tid, event); };
     probe_team(1);
@@ -530,10 +527,8 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
     // This thread's keys (rows of Sᵀ): warp = 4·wg + warp in group.
     const int key0 = key_begin + warp * 16 + lane / 4;
     // The query blocks that see these keys: [first_q_block, num_q_blocks).
-    int first_q_block = sq.mask.row_begin(key_begin) / kBlockM;
-    int num_q_blocks = (sq.mask.row_end(key_begin + kBlockN) + kBlockM - 1) / kBlockM;
-    this->trim_query_blocks(sq.mask, b, h, key_begin, imin(key_begin + kBlockN, sq.seqlen_k),
-                            kBlockM, first_q_block, num_q_blocks);
+    int first_q_block, num_q_blocks;
+    team_tile.query_blocks(kBlockN, kBlockM, first_q_block, num_q_blocks, *this);
     // The probe's events of query block q_block (NoProbe).
     auto probe_block = [&](int q_block, int event) {
       this->block_event(league, tid, wg, q_block - first_q_block, event);
@@ -594,7 +589,7 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
                              addr(tile + box * kBlockM * kDqBoxCols));
       } else {
         if (!dq_issuer || dq_row_begin + dq_row >= sq.seqlen_q) return;
-        bulk_reduce_add_f32(m_dq_acc + q_offset + long(dq_row_begin + dq_row) * row_stride,
+        bulk_reduce_add_f32(m_dq + q_offset + long(dq_row_begin + dq_row) * row_stride,
                             addr(tile + dq_row * kDqPitch), kHeadDim * sizeof(float));
       }
       bulk_commit();
@@ -902,8 +897,6 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
 #endif
   }
 
- private:
-  int m_num_kv_blocks;
 };
 
 }  // namespace Impl

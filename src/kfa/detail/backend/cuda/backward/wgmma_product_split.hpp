@@ -70,8 +70,7 @@ class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward {
                               const LseView& lse, const DeltaView& delta,
                               const DQAccView& dq_acc, const DKView& dk, const DVView& dv,
                               float scale, FusedWindow window)
-      : Fused16Backward(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, window),
-        m_num_kv_blocks((m_p.seqlen_k + kBlockN - 1) / kBlockN) {}
+      : Fused16Backward(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, window, kBlockN) {}
 
   /// The GPU gives a team its scratch.
   static bool fits(const ExecSpace& space) {
@@ -110,16 +109,13 @@ class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward {
     const int wg = warp / 4;
     const int wtid = tid % 128;  // thread in its warpgroup
 
-    const int league = team.league_rank();
-    int b, h;
-    const int kv_block = m_p.block_of(league, m_num_kv_blocks, b, h);
-    const int key_begin = kv_block * kBlockN;
+    const FusedKeyTile team_tile = this->key_tile(team.league_rank(), kBlockN, kHeadDim);
     // A packed batch's shorter sequences have fewer blocks than the league.
-    const FusedSeq sq = m_p.sequence(b);
-    if (key_begin >= sq.seqlen_k) return;
-    const long row_stride = long(m_p.heads) * kHeadDim;
-    const long q_offset = m_p.q_offset(sq, h, kHeadDim);
-    const long k_offset = m_p.k_offset(sq, h, kHeadDim);
+    if (team_tile.key_begin >= team_tile.sq.seqlen_k) return;
+    const int h = team_tile.h, key_begin = team_tile.key_begin;
+    const FusedSeq sq = team_tile.sq;
+    const long row_stride = team_tile.row_stride;
+    const long q_offset = team_tile.q_offset, k_offset = team_tile.k_offset;
 
     const std::uint32_t raw_addr = smem_address(raw);
     const std::uint32_t base_addr = (raw_addr + 1023) & ~std::uint32_t(1023);
@@ -161,9 +157,9 @@ class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward {
     // This thread's keys (rows of Sᵀ and dPᵀ), the same in both warpgroups.
     const int key_row0 = (warp % 4) * 16 + lane / 4;
     const int key0 = key_begin + key_row0;
-    const int first_q_block = sq.mask.row_begin(key_begin) / kBlockM;
     // The query blocks that see these keys: [first_q_block, num_q_blocks).
-    const int num_q_blocks = (sq.mask.row_end(key_begin + kBlockN) + kBlockM - 1) / kBlockM;
+    int first_q_block, num_q_blocks;
+    team_tile.query_blocks(kBlockN, kBlockM, first_q_block, num_q_blocks);
     // Sᵀ = K·Qᵀ (warpgroup 0) or dPᵀ = V·dOᵀ (1) of a stage, issued
     // (reduction over head_dim, K-major).
     const std::uint32_t kv_addr = addr(wg == 0 ? sK : sV);
@@ -261,7 +257,7 @@ class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward {
             const int row = 4 * i + lane / 8;
             const float4 v = *reinterpret_cast<const float4*>(chunk_at(row, lane % 8));
             if (row0 + row < sq.seqlen_q)
-              atomicAdd(reinterpret_cast<float4*>(m_dq_acc + q_offset +
+              atomicAdd(reinterpret_cast<float4*>(m_dq + q_offset +
                                                   long(row0 + row) * row_stride + wg * kDqN +
                                                   32 * c + 4 * (lane % 8)),
                         v);
@@ -271,7 +267,7 @@ class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward {
       } else {
         const int r = row_begin + (warp % 4) * 16 + lane / 4;
         float* const g_dq =
-            m_dq_acc + q_offset + long(r) * row_stride + wg * kDqN + (lane % 4) * 2;
+            m_dq + q_offset + long(r) * row_stride + wg * kDqN + (lane % 4) * 2;
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           if (r + 8 * half >= sq.seqlen_q) continue;
@@ -395,8 +391,6 @@ class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward {
 #endif
   }
 
- private:
-  int m_num_kv_blocks;
 };
 
 }  // namespace Impl

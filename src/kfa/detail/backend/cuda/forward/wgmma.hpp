@@ -184,9 +184,8 @@ class FlashForwardWgmmaKernel : public Fused16Forward,
   FlashForwardWgmmaKernel(const QView& q, const KView& k, const VView& v, const OView& o,
                           const LseView& lse, float scale, FusedWindow window,
                           const variant_params& variant = variant_params())
-      : Fused16Forward(q, k, v, o, lse, scale, window),
+      : Fused16Forward(q, k, v, o, lse, scale, window, kBlockM),
         variant_params(variant),
-        m_num_q_blocks((m_p.seqlen_q + kBlockM - 1) / kBlockM),
         m_num_tiles(m_p.league(m_num_q_blocks)) {
 #if defined(KOKKOS_ENABLE_CUDA)
     // No map of an empty tensor (the driver takes no zero extent): without
@@ -369,10 +368,10 @@ class FlashForwardWgmmaKernel : public Fused16Forward,
                            row0, key_begin);
         fwd_variant_dropout(s, *this, b, h, row0, key_begin);
       } else if constexpr (kFoldScale)
-        fwd_softmax_scores_folded(s, row_max, row_sum, alpha, mask, needs_mask, m_scale_log2,
+        fwd_softmax_scores_folded(s, row_max, row_sum, alpha, mask, needs_mask, m_scale,
                                   row0, key_begin);
       else
-        fwd_softmax_scores(s, row_max, row_sum, alpha, mask, needs_mask, m_scale_log2, row0,
+        fwd_softmax_scores(s, row_max, row_sum, alpha, mask, needs_mask, m_scale, row0,
                            key_begin);
     };
     // One block's work once K_j is in scratch: S_j issued, and
@@ -605,7 +604,6 @@ class FlashForwardWgmmaKernel : public Fused16Forward,
   static constexpr int kTilesS = kBlockN / 8;   // n-tiles of S per thread
   static constexpr int kTilesO = kHeadDim / 8;  // n-tiles of O per thread
 
-  int m_num_q_blocks;
   int m_num_tiles;  // query blocks of every (batch, head)
   int* m_tile_counter = nullptr;  // Persistent: tiles handed out past the first wave
 };
