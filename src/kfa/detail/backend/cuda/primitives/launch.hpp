@@ -479,13 +479,6 @@ inline std::size_t cuda_team_scratch_max(const Kokkos::Cuda& space) {
   return space.cuda_device_prop().sharedMemPerBlockOptin;
 }
 
-/// Whether `space`'s GPU gives a team of Kernel, launched by
-/// launch_cuda_team, its scratch.
-template <class Kernel>
-bool cuda_team_fits(const Kokkos::Cuda& space) {
-  return Kernel::scratch_bytes() <= cuda_team_scratch_max(space);
-}
-
 /// Runs `functor.body(team, scratch)` on `league` teams of Functor::kWarps
 /// warps with `scratch_bytes` of shared memory each, on `space`'s stream.
 template <class Functor>
@@ -525,6 +518,13 @@ void launch_cuda_team(const Kokkos::Cuda& space, const std::string& label,
 }
 
 #endif
+
+/// Whether `space`'s GPU gives a team of Kernel, launched by
+/// launch_cuda_team, its scratch.
+template <class Kernel, class ExecSpace>
+bool cuda_team_fits(const ExecSpace& space) {
+  return Kernel::scratch_bytes() <= cuda_team_scratch_max(space);
+}
 
 /// Launches a tensor-core team kernel in its shape: Stages 1 through a
 /// TeamPolicy of Kernel::kWarps warps (scratch checked against Kokkos'
