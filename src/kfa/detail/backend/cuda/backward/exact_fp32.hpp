@@ -47,9 +47,14 @@ namespace Impl {
 template <class ExecSpace, int HeadDim, class QView, class KView, class VView, class DOView,
           class LseView, class DeltaView, class DQView, class DKView, class DVView,
           bool DmmaScores = exact_fp32_dmma_scores(), class VariantT = PlainVariant>
-class FlashBackwardExactFp32Kernel : public FusedBackwardOperands<float>,
-                                     public FusedVariantParams<VariantT, float> {
+class FlashBackwardExactFp32Kernel
+    : public FusedBackwardOperands<float>,
+      public FusedVariantParams<VariantT, float>,
+      public FusedTeamLaunch<FlashBackwardExactFp32Kernel<ExecSpace, HeadDim, QView, KView, VView,
+                                                          DOView, LseView, DeltaView, DQView,
+                                                          DKView, DVView, DmmaScores, VariantT>> {
  public:
+  static constexpr const char* kLabel = "kfa::bwd::exact_fp32_dk_dv";
   using variant_params = FusedVariantParams<VariantT, float>;
   static constexpr bool kVariant = variant_params::kVariant;
   static constexpr int kHeadDim = HeadDim;
@@ -82,15 +87,6 @@ class FlashBackwardExactFp32Kernel : public FusedBackwardOperands<float>,
       : FusedBackwardOperands(q, k, v, d_o, lse, delta, dq, dk, dv, scale, window, kBlockN),
         variant_params(variant) {}
 
-  static bool fits(const ExecSpace& space) {
-    return cuda_team_fits<FlashBackwardExactFp32Kernel>(space);
-  }
-
-  void launch(const ExecSpace& space) const {
-    launch_cuda_team(space, "kfa::bwd::exact_fp32_dk_dv", *this, m_p.league(m_num_kv_blocks),
-                     scratch_bytes());
-  }
-
   /// K, V; per stage Q, dO, lse and D; P and dS.
   KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
     return sizeof(float) * (2 * std::size_t(kBlockN) * kPitch +
@@ -112,8 +108,7 @@ class FlashBackwardExactFp32Kernel : public FusedBackwardOperands<float>,
     const int kv_key = 16 * warp + kRowsKV * (lane / kChunks), kv_col = 4 * (lane % kChunks);
 
     const FusedKeyTile team_tile = this->key_tile(team.league_rank(), kBlockN, kHeadDim);
-    // A packed batch's shorter sequences have fewer blocks than the league.
-    if (team_tile.key_begin >= team_tile.sq.seqlen_k) return;
+    if (team_tile.empty()) return;
     const int b = team_tile.b, h = team_tile.h, key_begin = team_tile.key_begin;
     const FusedSeq sq = team_tile.sq;
     const long row_stride = team_tile.row_stride;

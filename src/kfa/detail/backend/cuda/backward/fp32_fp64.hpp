@@ -103,8 +103,12 @@ template <class ExecSpace, int HeadDim, class Atom, class QView, class KView, cl
           class VariantT = PlainVariant>
 class FlashBackwardFp32Fp64Kernel
     : public FusedBackwardOperands<typename Atom::value_type>,
-      public FusedVariantParams<VariantT, typename Atom::value_type> {
+      public FusedVariantParams<VariantT, typename Atom::value_type>,
+      public FusedTeamLaunch<FlashBackwardFp32Fp64Kernel<ExecSpace, HeadDim, Atom, QView, KView,
+                                                         VView, DOView, LseView, DeltaView, DQView,
+                                                         DKView, DVView, Shape, VariantT>> {
  public:
+  static constexpr const char* kLabel = "kfa::bwd::fp32_fp64_dk_dv";
   using value_type = typename Atom::value_type;
   using operands = FusedBackwardOperands<value_type>;
   using variant_params = FusedVariantParams<VariantT, value_type>;
@@ -137,15 +141,6 @@ class FlashBackwardFp32Fp64Kernel
       : operands(q, k, v, d_o, lse, delta, dq, dk, dv, scale, window, kBlockN),
         variant_params(variant) {}
 
-  static bool fits(const ExecSpace& space) {
-    return cuda_team_fits<FlashBackwardFp32Fp64Kernel>(space);
-  }
-
-  void launch(const ExecSpace& space) const {
-    launch_cuda_team(space, "kfa::bwd::fp32_fp64_dk_dv", *this,
-                     m_p.league(m_num_kv_blocks), scratch_bytes());
-  }
-
   KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
     return sizeof(value_type) *
                (2 * std::size_t(kBlockN) * kPitch + 2 * kStages * std::size_t(kBlockM) * kPitch +
@@ -171,8 +166,7 @@ class FlashBackwardFp32Fp64Kernel
     const int tid = warp * 32 + lane;
 
     const FusedKeyTile team_tile = this->key_tile(team.league_rank(), kBlockN, kHeadDim);
-    // A packed batch's shorter sequences have fewer blocks than the league.
-    if (team_tile.key_begin >= team_tile.sq.seqlen_k) return;
+    if (team_tile.empty()) return;
     const int b = team_tile.b, h = team_tile.h, key_begin = team_tile.key_begin;
     const FusedSeq sq = team_tile.sq;
     const long row_stride = team_tile.row_stride;

@@ -142,8 +142,7 @@ class FlashBackwardMmaKernel : public Fused16Backward {
     const int tid = warp * 32 + lane;
 
     const FusedKeyTile team_tile = this->key_tile(member.league_rank(), kBlockN, kHeadDim);
-    // A packed batch's shorter sequences have fewer blocks than the league.
-    if (team_tile.key_begin >= team_tile.sq.seqlen_k) return;
+    if (team_tile.empty()) return;
     const int h = team_tile.h, key_begin = team_tile.key_begin;
     const FusedSeq sq = team_tile.sq;
     const long row_stride = team_tile.row_stride;

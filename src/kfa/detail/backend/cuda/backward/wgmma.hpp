@@ -477,8 +477,7 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
 
     const int league = team.league_rank();
     const FusedKeyTile team_tile = this->key_tile(league, kBlockN, kHeadDim);
-    // A packed batch's shorter sequences have fewer blocks than the league.
-    if (team_tile.key_begin >= team_tile.sq.seqlen_k) return;
+    if (team_tile.empty()) return;
     const int b = team_tile.b, h = team_tile.h, key_begin = team_tile.key_begin;
     const FusedSeq sq = team_tile.sq;
     const long row_stride = team_tile.row_stride;

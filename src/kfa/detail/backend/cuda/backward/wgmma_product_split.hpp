@@ -110,8 +110,7 @@ class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward {
     const int wtid = tid % 128;  // thread in its warpgroup
 
     const FusedKeyTile team_tile = this->key_tile(team.league_rank(), kBlockN, kHeadDim);
-    // A packed batch's shorter sequences have fewer blocks than the league.
-    if (team_tile.key_begin >= team_tile.sq.seqlen_k) return;
+    if (team_tile.empty()) return;
     const int h = team_tile.h, key_begin = team_tile.key_begin;
     const FusedSeq sq = team_tile.sq;
     const long row_stride = team_tile.row_stride;

@@ -62,9 +62,14 @@ template <class ExecSpace, int HeadDim, class QView, class KView, class VView, c
           class LseView, int BlockN = exact_fp32_block_n<HeadDim>(),
           int MinBlocksPerSM = exact_fp32_teams_per_sm(), bool FastExp = true,
           bool DmmaScores = exact_fp32_dmma_scores(), class VariantT = PlainVariant>
-class FlashForwardExactFp32Kernel : public FusedForwardOperands<float>,
-                                    public FusedVariantParams<VariantT, float> {
+class FlashForwardExactFp32Kernel
+    : public FusedForwardOperands<float>,
+      public FusedVariantParams<VariantT, float>,
+      public FusedTeamLaunch<FlashForwardExactFp32Kernel<ExecSpace, HeadDim, QView, KView, VView,
+                                                         OView, LseView, BlockN, MinBlocksPerSM,
+                                                         FastExp, DmmaScores, VariantT>> {
  public:
+  static constexpr const char* kLabel = "kfa::fwd::exact_fp32_main_loop";
   using variant_params = FusedVariantParams<VariantT, float>;
   static constexpr bool kVariant = variant_params::kVariant;
   static constexpr int kHeadDim = HeadDim;
@@ -90,15 +95,6 @@ class FlashForwardExactFp32Kernel : public FusedForwardOperands<float>,
                               const variant_params& variant = variant_params())
       : FusedForwardOperands(q, k, v, o, lse, scale, window, kBlockM), variant_params(variant) {}
 
-  static bool fits(const ExecSpace& space) {
-    return cuda_team_fits<FlashForwardExactFp32Kernel>(space);
-  }
-
-  void launch(const ExecSpace& space) const {
-    launch_cuda_team(space, "kfa::fwd::exact_fp32_main_loop", *this,
-                     m_p.league(m_num_q_blocks), scratch_bytes());
-  }
-
   /// Q, K and V per stage, Pᵀ and one row of per-row factors.
   KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
     return sizeof(float) * (std::size_t(kBlockM + 2 * kStages * kBlockN) * kPitch +
@@ -120,8 +116,7 @@ class FlashForwardExactFp32Kernel : public FusedForwardOperands<float>,
     const int o_row = 16 * warp + kRowsO * (lane / kChunks), o_col = 4 * (lane % kChunks);
 
     const FusedQueryTile team_tile = this->query_tile(team.league_rank(), kBlockM);
-    // A packed batch's shorter sequences have fewer blocks than the league.
-    if (team_tile.row_begin >= team_tile.sq.seqlen_q) return;
+    if (team_tile.empty()) return;
     const int b = team_tile.b, h = team_tile.h, row_begin = team_tile.row_begin;
     const FusedSeq sq = team_tile.sq;
     const long row_stride = long(m_p.heads) * kHeadDim, kv_stride = m_kv.row_stride(kHeadDim);

@@ -90,8 +90,11 @@ template <class ExecSpace, int HeadDim, class Atom, class QView, class KView, cl
           class VariantT = PlainVariant>
 class FlashForwardFp32Fp64Kernel
     : public FusedForwardOperands<typename Atom::value_type>,
-      public FusedVariantParams<VariantT, typename Atom::value_type> {
+      public FusedVariantParams<VariantT, typename Atom::value_type>,
+      public FusedTeamLaunch<FlashForwardFp32Fp64Kernel<ExecSpace, HeadDim, Atom, QView, KView,
+                                                        VView, OView, LseView, Shape, VariantT>> {
  public:
+  static constexpr const char* kLabel = "kfa::fwd::fp32_fp64_main_loop";
   using value_type = typename Atom::value_type;
   using operands = FusedForwardOperands<value_type>;
   using variant_params = FusedVariantParams<VariantT, value_type>;
@@ -116,16 +119,6 @@ class FlashForwardFp32Fp64Kernel
                  window, kBlockM),
         variant_params(variant) {}
 
-  /// Whether `space`'s GPU gives a team this shape's scratch.
-  static bool fits(const ExecSpace& space) {
-    return cuda_team_fits<FlashForwardFp32Fp64Kernel>(space);
-  }
-
-  void launch(const ExecSpace& space) const {
-    launch_cuda_team(space, "kfa::fwd::fp32_fp64_main_loop", *this,
-                     m_p.league(m_num_q_blocks), scratch_bytes());
-  }
-
   KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
     return std::size_t(kScratchRows) * kPitch * sizeof(value_type) + 16;
   }
@@ -140,8 +133,7 @@ class FlashForwardFp32Fp64Kernel
     const int tid = warp * 32 + lane;
 
     const FusedQueryTile team_tile = this->query_tile(team.league_rank(), kBlockM);
-    // A packed batch's shorter sequences have fewer blocks than the league.
-    if (team_tile.row_begin >= team_tile.sq.seqlen_q) return;
+    if (team_tile.empty()) return;
     const int b = team_tile.b, h = team_tile.h, row_begin = team_tile.row_begin;
     const FusedSeq sq = team_tile.sq;
     const long row_stride = long(m_p.heads) * kHeadDim, kv_stride = m_kv.row_stride(kHeadDim);
@@ -489,11 +481,7 @@ class FlashForwardFp32Fp64Kernel
     using namespace cuda_mma;
     const int lane = threadIdx.x;
     const long row_stride = long(m_p.heads) * kHeadDim;
-    #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      row_sum[r] += shfl_xor(row_sum[r], 1);
-      row_sum[r] += shfl_xor(row_sum[r], 2);
-    }
+    quad_sums(row_sum);
     #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const int mt = r / kHalves, half = r % kHalves;

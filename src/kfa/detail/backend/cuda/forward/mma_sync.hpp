@@ -143,8 +143,7 @@ class FlashForwardMmaKernel : public Fused16Forward, public FusedVariantParams<V
     const int tid = warp * 32 + lane;
 
     const FusedQueryTile team_tile = this->query_tile(team.league_rank(), kBlockM);
-    // A packed batch's shorter sequences have fewer blocks than the league.
-    if (team_tile.row_begin >= team_tile.sq.seqlen_q) return;
+    if (team_tile.empty()) return;
     const int b = team_tile.b, h = team_tile.h, row_begin = team_tile.row_begin;
     const FusedSeq sq = team_tile.sq;
     const std::uint16_t* gQ = m_q + m_p.q_offset(sq, h, kHeadDim);

@@ -264,6 +264,10 @@ struct FusedQueryTile {
   int b, h, row_begin;
   FusedSeq sq;
 
+  /// No rows: a packed batch's shorter sequences have fewer blocks than the
+  /// league.
+  KOKKOS_INLINE_FUNCTION bool empty() const { return row_begin >= sq.seqlen_q; }
+
   /// The key blocks [first, end) of block_n keys that the tile's first
   /// `rows` rows see: those inside the mask's window
   /// (AttentionMask::key_blocks), narrowed by the variant's block predicate.
@@ -282,6 +286,10 @@ struct FusedKeyTile {
   int b, h, key_begin;
   FusedSeq sq;
   long row_stride, q_offset, k_offset;
+
+  /// No keys: a packed batch's shorter sequences have fewer blocks than the
+  /// league.
+  KOKKOS_INLINE_FUNCTION bool empty() const { return key_begin >= sq.seqlen_k; }
 
   /// The query blocks [first, end) of block_m rows that see the tile's
   /// block_n keys under the mask.
@@ -330,6 +338,9 @@ struct FusedForwardOperands {
         m_p(q, k, window),
         m_kv(q, k),
         m_num_q_blocks((m_p.seqlen_q + block_m - 1) / block_m) {}
+
+  /// Teams of the kernel's league.
+  int league_size() const { return m_p.league(m_num_q_blocks); }
 
   /// Team league_rank's tile. The query blocks run in reverse (block_of):
   /// under a causal mask the last ones see the most keys, so they start
@@ -390,6 +401,9 @@ struct FusedBackwardOperands {
         m_p(q, k, window),
         m_kv(q, k),
         m_num_kv_blocks((m_p.seqlen_k + block_n - 1) / block_n) {}
+
+  /// Teams of the kernel's league.
+  int league_size() const { return m_p.league(m_num_kv_blocks); }
 
   /// Team league_rank's tile (block_of), of block_n keys.
   KOKKOS_INLINE_FUNCTION FusedKeyTile key_tile(int league_rank, int block_n, int head_dim) const {
@@ -525,6 +539,25 @@ template <class Kernel, class ExecSpace>
 bool cuda_team_fits(const ExecSpace& space) {
   return Kernel::scratch_bytes() <= cuda_team_scratch_max(space);
 }
+
+/// fits() and launch() of a kernel that always runs through
+/// launch_cuda_team (the fp32/fp64 and exact fp32 kernels): Kernel names
+/// its label (kLabel) and its league (league_size(), of its operands base).
+template <class Kernel>
+struct FusedTeamLaunch {
+  /// Whether `space`'s GPU gives a team the kernel's scratch.
+  template <class ExecSpace>
+  static bool fits(const ExecSpace& space) {
+    return cuda_team_fits<Kernel>(space);
+  }
+
+  template <class ExecSpace>
+  void launch(const ExecSpace& space) const {
+    const Kernel& kernel = static_cast<const Kernel&>(*this);
+    launch_cuda_team(space, Kernel::kLabel, kernel, kernel.league_size(),
+                     Kernel::scratch_bytes());
+  }
+};
 
 /// Launches a tensor-core team kernel in its shape: Stages 1 through a
 /// TeamPolicy of Kernel::kWarps warps (scratch checked against Kokkos'
