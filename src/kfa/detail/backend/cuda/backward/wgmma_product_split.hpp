@@ -113,13 +113,10 @@ class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward {
     if (team_tile.empty()) return;
     const int h = team_tile.h, key_begin = team_tile.key_begin;
     const FusedSeq sq = team_tile.sq;
-    const long row_stride = team_tile.row_stride;
-    const long q_offset = team_tile.q_offset, k_offset = team_tile.k_offset;
+    const long row_stride = team_tile.row_stride, q_offset = team_tile.q_offset;
 
-    const std::uint32_t raw_addr = smem_address(raw);
-    const std::uint32_t base_addr = (raw_addr + 1023) & ~std::uint32_t(1023);
-    std::uint16_t* const sK =
-        reinterpret_cast<std::uint16_t*>(static_cast<unsigned char*>(raw) + (base_addr - raw_addr));
+    const Sw128Scratch scratch(raw);
+    std::uint16_t* const sK = scratch.base<std::uint16_t>();
     std::uint16_t* const sV = sK + kTileKV;
     std::uint16_t* const sQ0 = sV + kTileKV;  // stage s: Q, then dO
     std::uint16_t* const sdS = sQ0 + 2 * kStages * kTileQ;
@@ -127,10 +124,7 @@ class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward {
     float* const s_stats0 = sdP + kTileDS;                         // stage s: lse, D
     auto stage_q = [&](int s) { return sQ0 + 2 * s * kTileQ; };
     auto stage_stats = [&](int s) { return s_stats0 + 2 * s * kBlockM; };
-    auto addr = [&](const void* p) {
-      return base_addr + std::uint32_t(static_cast<const unsigned char*>(p) -
-                                       reinterpret_cast<const unsigned char*>(sK));
-    };
+    auto addr = [&](const void* p) { return scratch.addr(p); };
 
     const WgmmaBwdLoads<kHeadDim, kBlockN, kBlockM, kWarps * 32> loads(*this, tid, sq, h);
     loads.kv(key_begin, addr(sK), addr(sV));
@@ -371,13 +365,9 @@ class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward {
       add_dq(row_begin);
     }
     // dV (warpgroup 0) and dK (1, times the scale) to memory through
-    // scratch (StagedRows; K's and V's tiles and the stages are free once
-    // every product and copy is done: the barrier after the last cp.async
-    // also covers K and V where no query block sees these keys).
-    cp_async_wait<0>();
-    team.team_barrier();
+    // scratch (StagedRows).
     store_dk_dv_staged<kHeadDim, kBlockN, kWarps * 32, kFreeScratchBytes>(
-        *this, sK, key_begin, sq.seqlen_k, k_offset, row_stride, tid, team,
+        *this, team_tile, sK, tid, team,
         [&](auto rows, unsigned char* tile_k, unsigned char* tile_v) {
           using Rows = decltype(rows);
           Rows::template put<Format>(wg == 0 ? tile_v : tile_k, key_row0, lane, acc,

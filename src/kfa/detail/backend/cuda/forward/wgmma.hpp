@@ -261,17 +261,11 @@ class FlashForwardWgmmaKernel : public Fused16Forward,
 
     const long row_stride = long(m_p.heads) * kHeadDim;
 
-    // Tiles at a 1024-aligned shared address.
-    const std::uint32_t raw_addr = smem_address(raw);
-    const std::uint32_t base_addr = (raw_addr + 1023) & ~std::uint32_t(1023);
-    std::uint16_t* const sQ =
-        reinterpret_cast<std::uint16_t*>(static_cast<unsigned char*>(raw) + (base_addr - raw_addr));
+    const Sw128Scratch scratch(raw);
+    std::uint16_t* const sQ = scratch.base<std::uint16_t>();
     auto sK = [&](int stage) { return sQ + kTileQ + 2 * stage * kTileKV; };
     auto sV = [&](int stage) { return sK(stage) + kTileKV; };
-    auto addr = [&](const std::uint16_t* p) {
-      return base_addr + std::uint32_t(reinterpret_cast<const unsigned char*>(p) -
-                                       reinterpret_cast<const unsigned char*>(sQ));
-    };
+    auto addr = [&](const std::uint16_t* p) { return scratch.addr(p); };
 
     // The tile in hand (`tile` of the league, FusedProblem::block_of): its
     // batch, head, first query row and key blocks, and this thread's rows
