@@ -31,19 +31,9 @@
 namespace kfa {
 namespace Impl {
 
-/// Tile shape of the fp32/fp64 tensor-core forward: warps per team, atoms of
-/// query rows per warp, keys per K/V block, teams per multiprocessor; and
-/// kRescaleOAlways: with fp64's lazy rescale, O multiplied by the factor in
-/// every block (true; a shape derived from this one, for the bench) or only
-/// in blocks where the running max moved.
+/// Tile shape of the fp32/fp64 tensor-core forward (always two stages).
 template <int Warps, int MTiles, int BlockN, int MinBlocksPerSM>
-struct Fp32Fp64FwdShape {
-  static constexpr int kWarps = Warps;
-  static constexpr int kMTiles = MTiles;
-  static constexpr int kBlockN = BlockN;
-  static constexpr int kMinBlocksPerSM = MinBlocksPerSM;
-  static constexpr bool kRescaleOAlways = false;
-};
+using Fp32Fp64FwdShape = FusedFwdShape<Warps, MTiles, BlockN, 2, MinBlocksPerSM>;
 
 /// The atom the forward runs for the atom family the dispatch picks: fp64
 /// takes m16n8k8 (Fp64x16Atom), twice m8n8k4's rate on Hopper, in builds

@@ -49,19 +49,9 @@ struct MmaFormat<Kokkos::Cuda, Kokkos::Experimental::bhalf_t> {
 };
 #endif
 
-/// A tile shape of the tensor-core forward: warps per team, m-tiles (16 query
-/// rows) per warp, keys per block, pipeline stages (1: TeamPolicy launch,
-/// Q in registers; 2: opt-in shared memory, Q in scratch, K/V double
-/// buffered), and the launch bound (teams per multiprocessor, which caps the
-/// registers per thread).
+/// A tile shape of the mma.sync forward (m-tiles of 16 query rows).
 template <int Warps, int MTiles, int BlockN, int Stages, int MinBlocksPerSM>
-struct FwdMmaShape {
-  static constexpr int kWarps = Warps;
-  static constexpr int kMTiles = MTiles;
-  static constexpr int kBlockN = BlockN;
-  static constexpr int kStages = Stages;
-  static constexpr int kMinBlocksPerSM = MinBlocksPerSM;
-};
+using FwdMmaShape = FusedFwdShape<Warps, MTiles, BlockN, Stages, MinBlocksPerSM>;
 
 /// The library's shapes: the FlashAttention-2 shape (128 query rows, 64 keys,
 /// double buffered) where the GPU grants the shared memory, else the shape

@@ -258,6 +258,24 @@ struct FusedVariantParams<VariantT, Acc, true> {
   }
 };
 
+/// Tile shape of a tensor-core forward (mma.sync 16-bit, fp32/fp64):
+/// warps per team, m-tiles (one atom of query rows each) per warp, keys per
+/// K/V block, pipeline stages (1: TeamPolicy launch, Q in registers; 2:
+/// opt-in shared memory, Q in scratch, K/V double buffered), and the launch
+/// bound (teams per multiprocessor, which caps the registers per thread).
+/// kRescaleOAlways (fp32/fp64 only): with fp64's lazy rescale, O multiplied
+/// by the factor in every block (true; a shape derived from this one, for
+/// the bench) or only in blocks where the running max moved.
+template <int Warps, int MTiles, int BlockN, int Stages, int MinBlocksPerSM>
+struct FusedFwdShape {
+  static constexpr int kWarps = Warps;
+  static constexpr int kMTiles = MTiles;
+  static constexpr int kBlockN = BlockN;
+  static constexpr int kStages = Stages;
+  static constexpr int kMinBlocksPerSM = MinBlocksPerSM;
+  static constexpr bool kRescaleOAlways = false;
+};
+
 /// A forward team's tile: query rows [row_begin, row_begin + kBlockM) of
 /// sequence b (sq) and head h.
 struct FusedQueryTile {
