@@ -47,12 +47,16 @@ namespace Impl {
 template <class ExecSpace, int HeadDim, class QView, class KView, class VView, class DOView,
           class LseView, class DeltaView, class DQView, class DKView, class DVView,
           bool DmmaScores = exact_fp32_dmma_scores(), class VariantT = PlainVariant>
-class FlashBackwardExactFp32Kernel : public FusedVariantParams<VariantT, float> {
+class FlashBackwardExactFp32Kernel
+    : public FusedBackwardOperands<float>,
+      public FusedVariantParams<VariantT, float>,
+      public FusedTeamLaunch<FlashBackwardExactFp32Kernel<ExecSpace, HeadDim, QView, KView, VView,
+                                                          DOView, LseView, DeltaView, DQView,
+                                                          DKView, DVView, DmmaScores, VariantT>> {
  public:
+  static constexpr const char* kLabel = "kfa::bwd::exact_fp32_dk_dv";
   using variant_params = FusedVariantParams<VariantT, float>;
   static constexpr bool kVariant = variant_params::kVariant;
-  /// Teams per group of (batch, head) pairs in the league (FusedProblem).
-  void set_league_group_teams(int teams) { m_p.group_teams = teams; }
   static constexpr int kHeadDim = HeadDim;
   static constexpr int kWarps = 4;
   static constexpr int kMinBlocksPerSM = 2;
@@ -80,37 +84,8 @@ class FlashBackwardExactFp32Kernel : public FusedVariantParams<VariantT, float> 
                           const LseView& lse, const DeltaView& delta, const DQView& dq,
                           const DKView& dk, const DVView& dv, float scale, FusedWindow window,
                           const variant_params& variant = variant_params())
-      : variant_params(variant),
-        m_q(q.data()),
-        m_k(k.data()),
-        m_v(v.data()),
-        m_do(d_o.data()),
-        m_lse(lse.data()),
-        m_delta(delta.data()),
-        m_dq(dq.data()),
-        m_dk(dk.data()),
-        m_dv(dv.data()),
-        m_scale(scale),
-        m_p(q, k, window),
-        m_kv(q, k),
-        m_num_kv_blocks((m_p.seqlen_k + kBlockN - 1) / kBlockN) {}
-
-  /// Grouped-query heads: dK and dV to buffers of every query head,
-  /// [batch][seqlen_k][heads][head_dim] each, in place of dk and dv (the
-  /// caller sums them per k/v head).
-  void write_grouped(float* dk, float* dv) {
-    m_dk = dk;
-    m_dv = dv;
-  }
-
-  static bool fits(const ExecSpace& space) {
-    return scratch_bytes() <= cuda_team_scratch_max(space);
-  }
-
-  void launch(const ExecSpace& space) const {
-    launch_cuda_team(space, "kfa::bwd::exact_fp32_dk_dv", *this, m_p.league(m_num_kv_blocks),
-                     scratch_bytes());
-  }
+      : FusedBackwardOperands(q, k, v, d_o, lse, delta, dq, dk, dv, scale, window, kBlockN),
+        variant_params(variant) {}
 
   /// K, V; per stage Q, dO, lse and D; P and dS.
   KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
@@ -132,16 +107,12 @@ class FlashBackwardExactFp32Kernel : public FusedVariantParams<VariantT, float> 
     // dK, dV: keys kv_key.., columns kv_col..
     const int kv_key = 16 * warp + kRowsKV * (lane / kChunks), kv_col = 4 * (lane % kChunks);
 
-    const int league = team.league_rank();
-    int b, h;
-    const int kv_block = m_p.block_of(league, m_num_kv_blocks, b, h);
-    const int key_begin = kv_block * kBlockN;
-    // A packed batch's shorter sequences have fewer blocks than the league.
-    const FusedSeq sq = m_p.sequence(b);
-    if (key_begin >= sq.seqlen_k) return;
-    const long row_stride = long(m_p.heads) * kHeadDim;
-    const long q_offset = m_p.q_offset(sq, h, kHeadDim);
-    const long k_offset = m_p.k_offset(sq, h, kHeadDim);
+    const FusedKeyTile team_tile = this->key_tile(team.league_rank(), kBlockN, kHeadDim);
+    if (team_tile.empty()) return;
+    const int b = team_tile.b, h = team_tile.h, key_begin = team_tile.key_begin;
+    const FusedSeq sq = team_tile.sq;
+    const long row_stride = team_tile.row_stride;
+    const long q_offset = team_tile.q_offset, k_offset = team_tile.k_offset;
     const float* g_lse = m_lse + m_p.lse_offset(sq, h);
     const float* g_delta = m_delta + m_p.lse_offset(sq, h);
 
@@ -179,11 +150,9 @@ class FlashBackwardExactFp32Kernel : public FusedVariantParams<VariantT, float> 
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc_dk[i][c] = acc_dv[i][c] = 0.f;
 
-    int first_q_block = sq.mask.row_begin(key_begin) / kBlockM;
     // The query blocks that see these keys: [first_q_block, num_q_blocks).
-    int num_q_blocks = (sq.mask.row_end(key_begin + kBlockN) + kBlockM - 1) / kBlockM;
-    this->trim_query_blocks(sq.mask, b, h, key_begin, imin(key_begin + kBlockN, sq.seqlen_k),
-                            kBlockM, first_q_block, num_q_blocks);
+    int first_q_block, num_q_blocks;
+    team_tile.query_blocks(kBlockN, kBlockM, first_q_block, num_q_blocks, *this);
     // A variant's sequence lengths and dropout key of this head.
     [[maybe_unused]] SequenceInfo seq{};
     [[maybe_unused]] std::uint64_t dropout_head = 0;
@@ -384,21 +353,6 @@ class FlashBackwardExactFp32Kernel : public FusedVariantParams<VariantT, float> 
     (void)raw;
 #endif
   }
-
- private:
-  const float* m_q;
-  const float* m_k;
-  const float* m_v;
-  const float* m_do;
-  const float* m_lse;
-  const float* m_delta;
-  float* m_dq;
-  float* m_dk;
-  float* m_dv;
-  float m_scale;
-  FusedProblem m_p;
-  FusedKvHeads m_kv;
-  int m_num_kv_blocks;
 };
 
 }  // namespace Impl

@@ -102,13 +102,17 @@ template <class ExecSpace, int HeadDim, class Atom, class QView, class KView, cl
           class DVView, class Shape = typename Fp32Fp64BwdDefaultShape<Atom, HeadDim>::type,
           class VariantT = PlainVariant>
 class FlashBackwardFp32Fp64Kernel
-    : public FusedVariantParams<VariantT, typename Atom::value_type> {
+    : public FusedBackwardOperands<typename Atom::value_type>,
+      public FusedVariantParams<VariantT, typename Atom::value_type>,
+      public FusedTeamLaunch<FlashBackwardFp32Fp64Kernel<ExecSpace, HeadDim, Atom, QView, KView,
+                                                         VView, DOView, LseView, DeltaView, DQView,
+                                                         DKView, DVView, Shape, VariantT>> {
  public:
-  using variant_params = FusedVariantParams<VariantT, typename Atom::value_type>;
-  static constexpr bool kVariant = variant_params::kVariant;
-  /// Teams per group of (batch, head) pairs in the league (FusedProblem).
-  void set_league_group_teams(int teams) { m_p.group_teams = teams; }
+  static constexpr const char* kLabel = "kfa::bwd::fp32_fp64_dk_dv";
   using value_type = typename Atom::value_type;
+  using operands = FusedBackwardOperands<value_type>;
+  using variant_params = FusedVariantParams<VariantT, value_type>;
+  static constexpr bool kVariant = variant_params::kVariant;
   static constexpr int kHeadDim = HeadDim;
   static constexpr int kWarps = Shape::kWarps;
   static constexpr int kSplit = Shape::kDimSplit;  // warps per atom of keys
@@ -134,37 +138,8 @@ class FlashBackwardFp32Fp64Kernel
                              const LseView& lse, const DeltaView& delta, const DQView& dq,
                              const DKView& dk, const DVView& dv, value_type scale, FusedWindow window,
                              const variant_params& variant = variant_params())
-      : variant_params(variant),
-        m_q(q.data()),
-        m_k(k.data()),
-        m_v(v.data()),
-        m_do(d_o.data()),
-        m_lse(lse.data()),
-        m_delta(delta.data()),
-        m_dq(dq.data()),
-        m_dk(dk.data()),
-        m_dv(dv.data()),
-        m_scale(scale),
-        m_p(q, k, window),
-        m_kv(q, k),
-        m_num_kv_blocks((m_p.seqlen_k + kBlockN - 1) / kBlockN) {}
-
-  /// Grouped-query heads: dK and dV to buffers of every query head,
-  /// [batch][seqlen_k][heads][head_dim] each, in place of dk and dv (the
-  /// caller sums them per k/v head).
-  void write_grouped(value_type* dk, value_type* dv) {
-    m_dk = dk;
-    m_dv = dv;
-  }
-
-  static bool fits(const ExecSpace& space) {
-    return scratch_bytes() <= cuda_team_scratch_max(space);
-  }
-
-  void launch(const ExecSpace& space) const {
-    launch_cuda_team(space, "kfa::bwd::fp32_fp64_dk_dv", *this,
-                     m_p.league(m_num_kv_blocks), scratch_bytes());
-  }
+      : operands(q, k, v, d_o, lse, delta, dq, dk, dv, scale, window, kBlockN),
+        variant_params(variant) {}
 
   KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
     return sizeof(value_type) *
@@ -190,16 +165,12 @@ class FlashBackwardFp32Fp64Kernel
     const int lane = threadIdx.x, warp = threadIdx.y;
     const int tid = warp * 32 + lane;
 
-    const int league = team.league_rank();
-    int b, h;
-    const int kv_block = m_p.block_of(league, m_num_kv_blocks, b, h);
-    const int key_begin = kv_block * kBlockN;
-    // A packed batch's shorter sequences have fewer blocks than the league.
-    const FusedSeq sq = m_p.sequence(b);
-    if (key_begin >= sq.seqlen_k) return;
-    const long row_stride = long(m_p.heads) * kHeadDim;
-    const long q_offset = m_p.q_offset(sq, h, kHeadDim);
-    const long k_offset = m_p.k_offset(sq, h, kHeadDim);
+    const FusedKeyTile team_tile = this->key_tile(team.league_rank(), kBlockN, kHeadDim);
+    if (team_tile.empty()) return;
+    const int b = team_tile.b, h = team_tile.h, key_begin = team_tile.key_begin;
+    const FusedSeq sq = team_tile.sq;
+    const long row_stride = team_tile.row_stride;
+    const long q_offset = team_tile.q_offset, k_offset = team_tile.k_offset;
     const value_type* g_lse = m_lse + m_p.lse_offset(sq, h);
     const value_type* g_delta = m_delta + m_p.lse_offset(sq, h);
 
@@ -241,11 +212,9 @@ class FlashBackwardFp32Fp64Kernel
     const int group = warp / kSplit, part = warp % kSplit;
     const int warp_key = group * Atom::kRows;  // this warp's first key in the block
     const int d_first = part * kTilesDW;       // this warp's first n-tile of dK, dV
-    int first_q_block = sq.mask.row_begin(key_begin) / kBlockM;
     // The query blocks that see these keys: [first_q_block, num_q_blocks).
-    int num_q_blocks = (sq.mask.row_end(key_begin + kBlockN) + kBlockM - 1) / kBlockM;
-    this->trim_query_blocks(sq.mask, b, h, key_begin, imin(key_begin + kBlockN, sq.seqlen_k),
-                            kBlockM, first_q_block, num_q_blocks);
+    int first_q_block, num_q_blocks;
+    team_tile.query_blocks(kBlockN, kBlockM, first_q_block, num_q_blocks, *this);
     if (first_q_block < num_q_blocks) load_q_block(first_q_block, 0);
     const value_type scale = kBase2 ? m_scale * kLog2e : m_scale;
 
@@ -528,19 +497,10 @@ class FlashBackwardFp32Fp64Kernel
   }
 #endif
 
-  const value_type* m_q;
-  const value_type* m_k;
-  const value_type* m_v;
-  const value_type* m_do;
-  const value_type* m_lse;
-  const value_type* m_delta;
-  value_type* m_dq;
-  value_type* m_dk;
-  value_type* m_dv;
-  value_type m_scale;
-  FusedProblem m_p;
-  FusedKvHeads m_kv;
-  int m_num_kv_blocks;
+  // The operands: a dependent base.
+  using operands::m_q, operands::m_k, operands::m_v, operands::m_do, operands::m_lse,
+      operands::m_delta, operands::m_dq, operands::m_dk, operands::m_dv, operands::m_scale,
+      operands::m_p, operands::m_kv, operands::m_num_kv_blocks;
 };
 
 }  // namespace Impl

@@ -95,8 +95,7 @@ class FlashBackwardMmaKernel : public Fused16Backward {
   FlashBackwardMmaKernel(const QView& q, const KView& k, const VView& v, const DOView& d_o,
                          const LseView& lse, const DeltaView& delta, const DQAccView& dq_acc,
                          const DKView& dk, const DVView& dv, float scale, FusedWindow window)
-      : Fused16Backward(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, window),
-        m_num_kv_blocks((m_p.seqlen_k + kBlockN - 1) / kBlockN) {}
+      : Fused16Backward(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, window, kBlockN) {}
 
   /// Whether `space`'s GPU gives a team this shape's scratch.
   static bool fits(const ExecSpace& space) {
@@ -142,16 +141,12 @@ class FlashBackwardMmaKernel : public Fused16Backward {
     const int lane = threadIdx.x, warp = threadIdx.y;
     const int tid = warp * 32 + lane;
 
-    const int league = member.league_rank();
-    int b, h;
-    const int kv_block = m_p.block_of(league, m_num_kv_blocks, b, h);
-    const int key_begin = kv_block * kBlockN;
-    // A packed batch's shorter sequences have fewer blocks than the league.
-    const FusedSeq sq = m_p.sequence(b);
-    if (key_begin >= sq.seqlen_k) return;
-    const long row_stride = long(m_p.heads) * kHeadDim;
-    const long q_offset = m_p.q_offset(sq, h, kHeadDim);
-    const long k_offset = m_p.k_offset(sq, h, kHeadDim);
+    const FusedKeyTile team_tile = this->key_tile(member.league_rank(), kBlockN, kHeadDim);
+    if (team_tile.empty()) return;
+    const int h = team_tile.h, key_begin = team_tile.key_begin;
+    const FusedSeq sq = team_tile.sq;
+    const long row_stride = team_tile.row_stride;
+    const long q_offset = team_tile.q_offset, k_offset = team_tile.k_offset;
     const float* g_lse = m_lse + m_p.lse_offset(sq, h);
     const float* g_delta = m_delta + m_p.lse_offset(sq, h);
 
@@ -176,7 +171,7 @@ class FlashBackwardMmaKernel : public Fused16Backward {
     const bool dq_issuer = kBulkDq && tid < kBlockM;
     auto add_dq = [&](int dq_row_begin) {
       if (!dq_issuer || dq_row_begin + tid >= sq.seqlen_q) return;
-      bulk_reduce_add_f32(m_dq_acc + q_offset + long(dq_row_begin + tid) * row_stride,
+      bulk_reduce_add_f32(m_dq + q_offset + long(dq_row_begin + tid) * row_stride,
                           smem_address(sdQ + tid * kPitchDQ), kHeadDim * sizeof(float));
       bulk_commit();
     };
@@ -212,9 +207,9 @@ class FlashBackwardMmaKernel : public Fused16Backward {
       for (int e = 0; e < 4; ++e) acc_dk[n][e] = acc_dv[n][e] = 0;
 
     const int key0 = key_begin + group * 16 + lane / 4, key1 = key0 + 8;
-    const int first_q_block = sq.mask.row_begin(key_begin) / kBlockM;
     // The query blocks that see these keys: [first_q_block, num_q_blocks).
-    const int num_q_blocks = (sq.mask.row_end(key_begin + kBlockN) + kBlockM - 1) / kBlockM;
+    int first_q_block, num_q_blocks;
+    team_tile.query_blocks(kBlockN, kBlockM, first_q_block, num_q_blocks);
     // Q, dO, lse and D of a query block into a stage (one commit group).
     auto load_q_block = [&](int q_block, int stage) {
       load_query_block_async<kHeadDim, kPitch, kBlockM>(
@@ -415,7 +410,7 @@ class FlashBackwardMmaKernel : public Fused16Backward {
         for (int half = 0; half < 2; ++half) {
           const int row = row_begin + q0 + lane / 4 + half * 8;
           if (row >= sq.seqlen_q) continue;
-          float* g_dq = m_dq_acc + q_offset + long(row) * row_stride;
+          float* g_dq = m_dq + q_offset + long(row) * row_stride;
           for (int n = 0; n < kTilesDQ; ++n) {
             const int d = (n_first + n) * 8 + (lane % 4) * 2;
             atomicAdd(g_dq + d, acc_dq[n][2 * half] * m_scale);
@@ -451,8 +446,6 @@ class FlashBackwardMmaKernel : public Fused16Backward {
 #endif
   }
 
- private:
-  int m_num_kv_blocks;
 };
 
 }  // namespace Impl

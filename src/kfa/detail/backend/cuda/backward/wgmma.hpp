@@ -331,31 +331,36 @@ struct StagedRows {
   }
 };
 
-/// A wgmma backward's dK and dV for its BlockN keys from key_begin on, to
-/// the kernel's m_dk and m_dv through `tile` (ScratchBytes free bytes of
-/// scratch: dK's rows, then dV's). Each thread puts its values with
+/// A wgmma backward's dK and dV for the BlockN keys of its tile, to the
+/// kernel's m_dk and m_dv through `scratch` (ScratchBytes bytes, free once
+/// every product and copy is done: dK's rows, then dV's). Every thread
+/// calls it after its last product: it waits for the thread's copies and
+/// passes a team barrier (which also covers K and V where no query block
+/// saw these keys), then each thread puts its values with
 /// put(StagedRows<Elem, HeadDim>(), tile_k, tile_v) (Elem: the 16-bit
 /// format's bits, or float for the per-query-head buffers of grouped-query
-/// heads); after a team barrier the Threads threads (this one: tid) store
-/// the rows below seqlen_k. Every thread calls it, after a team barrier
-/// that follows the last product and copy.
+/// heads), and after a second team barrier the Threads threads (this one:
+/// tid) store the rows below seqlen_k.
 template <int HeadDim, int BlockN, int Threads, std::size_t ScratchBytes, class Team, class Put>
-KOKKOS_FORCEINLINE_FUNCTION void store_dk_dv_staged(const Fused16Backward& kernel, void* tile,
-                                                    int key_begin, int seqlen_k, long k_offset,
-                                                    long row_stride, int tid, const Team& team,
-                                                    Put&& put) {
+KOKKOS_FORCEINLINE_FUNCTION void store_dk_dv_staged(const Fused16Backward& kernel,
+                                                    const FusedKeyTile& tile, void* scratch,
+                                                    int tid, const Team& team, Put&& put) {
   static_assert(2 * BlockN * StagedRows<float, HeadDim>::kRowBytes <= ScratchBytes,
                 "kfa: dK and dV fit in the free scratch");
+  cuda_mma::cp_async_wait<0>();
+  team.team_barrier();
   auto staged = [&](auto elem) {
     using Rows = StagedRows<decltype(elem), HeadDim>;
-    unsigned char* const tile_k = static_cast<unsigned char*>(tile);
+    unsigned char* const tile_k = static_cast<unsigned char*>(scratch);
     unsigned char* const tile_v = tile_k + BlockN * Rows::kRowBytes;
     put(Rows(), tile_k, tile_v);
     team.team_barrier();
-    const long offset = k_offset + long(key_begin) * row_stride;
-    const int rows = seqlen_k - key_begin;
-    Rows::template store<BlockN, Threads>(tile_k, kernel.m_dk, offset, row_stride, rows, tid);
-    Rows::template store<BlockN, Threads>(tile_v, kernel.m_dv, offset, row_stride, rows, tid);
+    const long offset = tile.k_offset + long(tile.key_begin) * tile.row_stride;
+    const int rows = tile.sq.seqlen_k - tile.key_begin;
+    Rows::template store<BlockN, Threads>(tile_k, kernel.m_dk, offset, tile.row_stride, rows,
+                                          tid);
+    Rows::template store<BlockN, Threads>(tile_v, kernel.m_dv, offset, tile.row_stride, rows,
+                                          tid);
   };
   if (kernel.m_kv.group > 1)
     staged(float());
@@ -426,14 +431,13 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
                            const LseView& lse, const DeltaView& delta, const DQAccView& dq_acc,
                            const DKView& dk, const DVView& dv, float scale, FusedWindow window,
                            const variant_params& variant = variant_params())
-      : Fused16Backward(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, window),
-        variant_params(variant),
-        m_num_kv_blocks((m_p.seqlen_k + kBlockN - 1) / kBlockN) {
+      : Fused16Backward(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, window, kBlockN),
+        variant_params(variant) {
 #if defined(KOKKOS_ENABLE_CUDA)
     // No map of an empty tensor (nothing is launched then).
     if constexpr (kDqTma)
       if (m_p.view_batch > 0 && m_p.heads > 0 && m_p.rows_q > 0)
-        this->m_map_dq = make_tma_map_f32(m_dq_acc, m_p.view_batch, m_p.rows_q, m_p.heads,
+        this->m_map_dq = make_tma_map_f32(m_dq, m_p.view_batch, m_p.rows_q, m_p.heads,
                                           kHeadDim, kBlockM, "kfa::bwd::wgmma_dk_dv", kDqWide);
 #endif
   }
@@ -477,23 +481,17 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
     const int wg = warp / 4;
 
     const int league = team.league_rank();
-    int b, h;
-    const int kv_block = m_p.block_of(league, m_num_kv_blocks, b, h);
-    const int key_begin = kv_block * kBlockN;
-    // A packed batch's shorter sequences have fewer blocks than the league.
-    const FusedSeq sq = m_p.sequence(b);
-    if (key_begin >= sq.seqlen_k) return;
-    const long row_stride = long(m_p.heads) * kHeadDim;
-    const long q_offset = m_p.q_offset(sq, h, kHeadDim);
-    const long k_offset = m_p.k_offset(sq, h, kHeadDim);
+    const FusedKeyTile team_tile = this->key_tile(league, kBlockN, kHeadDim);
+    if (team_tile.empty()) return;
+    const int b = team_tile.b, h = team_tile.h, key_begin = team_tile.key_begin;
+    const FusedSeq sq = team_tile.sq;
+    const long row_stride = team_tile.row_stride, q_offset = team_tile.q_offset;
     // The probe's team events (NoProbe).
     auto probe_team = [&](int event) { this->team_event(league, tid, event); };
     probe_team(1);
 
-    const std::uint32_t raw_addr = smem_address(raw);
-    const std::uint32_t base_addr = (raw_addr + 1023) & ~std::uint32_t(1023);
-    std::uint16_t* const sK =
-        reinterpret_cast<std::uint16_t*>(static_cast<unsigned char*>(raw) + (base_addr - raw_addr));
+    const Sw128Scratch scratch(raw);
+    std::uint16_t* const sK = scratch.base<std::uint16_t>();
     std::uint16_t* const sV = sK + kTileKV;
     std::uint16_t* const sQ0 = sV + kTileKV;  // stage s: Q, then dO
     std::uint16_t* const sdS = sQ0 + 2 * kStages * kTileQ;
@@ -501,10 +499,7 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
     float* const s_stats0 = sdQ + kTileDQ;  // stage s: lse, D
     auto stage_q = [&](int s) { return sQ0 + 2 * s * kTileQ; };
     auto stage_stats = [&](int s) { return s_stats0 + 2 * s * kBlockM; };
-    auto addr = [&](const void* p) {
-      return base_addr + std::uint32_t(static_cast<const unsigned char*>(p) -
-                                       reinterpret_cast<const unsigned char*>(sK));
-    };
+    auto addr = [&](const void* p) { return scratch.addr(p); };
 
     const WgmmaBwdLoads<kHeadDim, kBlockN, kBlockM, kWarps * 32> loads(*this, tid, sq, h);
     loads.kv(key_begin, addr(sK), addr(sV));
@@ -530,10 +525,8 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
     // This thread's keys (rows of Sᵀ): warp = 4·wg + warp in group.
     const int key0 = key_begin + warp * 16 + lane / 4;
     // The query blocks that see these keys: [first_q_block, num_q_blocks).
-    int first_q_block = sq.mask.row_begin(key_begin) / kBlockM;
-    int num_q_blocks = (sq.mask.row_end(key_begin + kBlockN) + kBlockM - 1) / kBlockM;
-    this->trim_query_blocks(sq.mask, b, h, key_begin, imin(key_begin + kBlockN, sq.seqlen_k),
-                            kBlockM, first_q_block, num_q_blocks);
+    int first_q_block, num_q_blocks;
+    team_tile.query_blocks(kBlockN, kBlockM, first_q_block, num_q_blocks, *this);
     // The probe's events of query block q_block (NoProbe).
     auto probe_block = [&](int q_block, int event) {
       this->block_event(league, tid, wg, q_block - first_q_block, event);
@@ -594,7 +587,7 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
                              addr(tile + box * kBlockM * kDqBoxCols));
       } else {
         if (!dq_issuer || dq_row_begin + dq_row >= sq.seqlen_q) return;
-        bulk_reduce_add_f32(m_dq_acc + q_offset + long(dq_row_begin + dq_row) * row_stride,
+        bulk_reduce_add_f32(m_dq + q_offset + long(dq_row_begin + dq_row) * row_stride,
                             addr(tile + dq_row * kDqPitch), kHeadDim * sizeof(float));
       }
       bulk_commit();
@@ -875,12 +868,9 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
       add_dq(last * kBlockM, sdQ);
     }
     // dK and dV to memory through scratch (StagedRows) while the copy
-    // engine adds the last dQ tile: K's and V's tiles and the stages are
-    // free once every product and copy is done.
-    cp_async_wait<0>();
-    team.team_barrier();
+    // engine adds the last dQ tile.
     store_dk_dv_staged<kHeadDim, kBlockN, kWarps * 32, kFreeScratchBytes>(
-        *this, sK, key_begin, sq.seqlen_k, k_offset, row_stride, tid, team,
+        *this, team_tile, sK, tid, team,
         [&](auto rows, unsigned char* tile_k, unsigned char* tile_v) {
           using Rows = decltype(rows);
           const int row0 = warp * 16 + lane / 4;  // this thread's keys: row0, row0 + 8
@@ -902,8 +892,6 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
 #endif
   }
 
- private:
-  int m_num_kv_blocks;
 };
 
 }  // namespace Impl

@@ -70,8 +70,7 @@ class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward {
                               const LseView& lse, const DeltaView& delta,
                               const DQAccView& dq_acc, const DKView& dk, const DVView& dv,
                               float scale, FusedWindow window)
-      : Fused16Backward(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, window),
-        m_num_kv_blocks((m_p.seqlen_k + kBlockN - 1) / kBlockN) {}
+      : Fused16Backward(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, window, kBlockN) {}
 
   /// The GPU gives a team its scratch.
   static bool fits(const ExecSpace& space) {
@@ -110,21 +109,14 @@ class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward {
     const int wg = warp / 4;
     const int wtid = tid % 128;  // thread in its warpgroup
 
-    const int league = team.league_rank();
-    int b, h;
-    const int kv_block = m_p.block_of(league, m_num_kv_blocks, b, h);
-    const int key_begin = kv_block * kBlockN;
-    // A packed batch's shorter sequences have fewer blocks than the league.
-    const FusedSeq sq = m_p.sequence(b);
-    if (key_begin >= sq.seqlen_k) return;
-    const long row_stride = long(m_p.heads) * kHeadDim;
-    const long q_offset = m_p.q_offset(sq, h, kHeadDim);
-    const long k_offset = m_p.k_offset(sq, h, kHeadDim);
+    const FusedKeyTile team_tile = this->key_tile(team.league_rank(), kBlockN, kHeadDim);
+    if (team_tile.empty()) return;
+    const int h = team_tile.h, key_begin = team_tile.key_begin;
+    const FusedSeq sq = team_tile.sq;
+    const long row_stride = team_tile.row_stride, q_offset = team_tile.q_offset;
 
-    const std::uint32_t raw_addr = smem_address(raw);
-    const std::uint32_t base_addr = (raw_addr + 1023) & ~std::uint32_t(1023);
-    std::uint16_t* const sK =
-        reinterpret_cast<std::uint16_t*>(static_cast<unsigned char*>(raw) + (base_addr - raw_addr));
+    const Sw128Scratch scratch(raw);
+    std::uint16_t* const sK = scratch.base<std::uint16_t>();
     std::uint16_t* const sV = sK + kTileKV;
     std::uint16_t* const sQ0 = sV + kTileKV;  // stage s: Q, then dO
     std::uint16_t* const sdS = sQ0 + 2 * kStages * kTileQ;
@@ -132,10 +124,7 @@ class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward {
     float* const s_stats0 = sdP + kTileDS;                         // stage s: lse, D
     auto stage_q = [&](int s) { return sQ0 + 2 * s * kTileQ; };
     auto stage_stats = [&](int s) { return s_stats0 + 2 * s * kBlockM; };
-    auto addr = [&](const void* p) {
-      return base_addr + std::uint32_t(static_cast<const unsigned char*>(p) -
-                                       reinterpret_cast<const unsigned char*>(sK));
-    };
+    auto addr = [&](const void* p) { return scratch.addr(p); };
 
     const WgmmaBwdLoads<kHeadDim, kBlockN, kBlockM, kWarps * 32> loads(*this, tid, sq, h);
     loads.kv(key_begin, addr(sK), addr(sV));
@@ -161,9 +150,9 @@ class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward {
     // This thread's keys (rows of Sᵀ and dPᵀ), the same in both warpgroups.
     const int key_row0 = (warp % 4) * 16 + lane / 4;
     const int key0 = key_begin + key_row0;
-    const int first_q_block = sq.mask.row_begin(key_begin) / kBlockM;
     // The query blocks that see these keys: [first_q_block, num_q_blocks).
-    const int num_q_blocks = (sq.mask.row_end(key_begin + kBlockN) + kBlockM - 1) / kBlockM;
+    int first_q_block, num_q_blocks;
+    team_tile.query_blocks(kBlockN, kBlockM, first_q_block, num_q_blocks);
     // Sᵀ = K·Qᵀ (warpgroup 0) or dPᵀ = V·dOᵀ (1) of a stage, issued
     // (reduction over head_dim, K-major).
     const std::uint32_t kv_addr = addr(wg == 0 ? sK : sV);
@@ -261,7 +250,7 @@ class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward {
             const int row = 4 * i + lane / 8;
             const float4 v = *reinterpret_cast<const float4*>(chunk_at(row, lane % 8));
             if (row0 + row < sq.seqlen_q)
-              atomicAdd(reinterpret_cast<float4*>(m_dq_acc + q_offset +
+              atomicAdd(reinterpret_cast<float4*>(m_dq + q_offset +
                                                   long(row0 + row) * row_stride + wg * kDqN +
                                                   32 * c + 4 * (lane % 8)),
                         v);
@@ -271,7 +260,7 @@ class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward {
       } else {
         const int r = row_begin + (warp % 4) * 16 + lane / 4;
         float* const g_dq =
-            m_dq_acc + q_offset + long(r) * row_stride + wg * kDqN + (lane % 4) * 2;
+            m_dq + q_offset + long(r) * row_stride + wg * kDqN + (lane % 4) * 2;
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           if (r + 8 * half >= sq.seqlen_q) continue;
@@ -376,13 +365,9 @@ class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward {
       add_dq(row_begin);
     }
     // dV (warpgroup 0) and dK (1, times the scale) to memory through
-    // scratch (StagedRows; K's and V's tiles and the stages are free once
-    // every product and copy is done: the barrier after the last cp.async
-    // also covers K and V where no query block sees these keys).
-    cp_async_wait<0>();
-    team.team_barrier();
+    // scratch (StagedRows).
     store_dk_dv_staged<kHeadDim, kBlockN, kWarps * 32, kFreeScratchBytes>(
-        *this, sK, key_begin, sq.seqlen_k, k_offset, row_stride, tid, team,
+        *this, team_tile, sK, tid, team,
         [&](auto rows, unsigned char* tile_k, unsigned char* tile_v) {
           using Rows = decltype(rows);
           Rows::template put<Format>(wg == 0 ? tile_v : tile_k, key_row0, lane, acc,
@@ -395,8 +380,6 @@ class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward {
 #endif
   }
 
- private:
-  int m_num_kv_blocks;
 };
 
 }  // namespace Impl

@@ -62,12 +62,16 @@ template <class ExecSpace, int HeadDim, class QView, class KView, class VView, c
           class LseView, int BlockN = exact_fp32_block_n<HeadDim>(),
           int MinBlocksPerSM = exact_fp32_teams_per_sm(), bool FastExp = true,
           bool DmmaScores = exact_fp32_dmma_scores(), class VariantT = PlainVariant>
-class FlashForwardExactFp32Kernel : public FusedVariantParams<VariantT, float> {
+class FlashForwardExactFp32Kernel
+    : public FusedForwardOperands<float>,
+      public FusedVariantParams<VariantT, float>,
+      public FusedTeamLaunch<FlashForwardExactFp32Kernel<ExecSpace, HeadDim, QView, KView, VView,
+                                                         OView, LseView, BlockN, MinBlocksPerSM,
+                                                         FastExp, DmmaScores, VariantT>> {
  public:
+  static constexpr const char* kLabel = "kfa::fwd::exact_fp32_main_loop";
   using variant_params = FusedVariantParams<VariantT, float>;
   static constexpr bool kVariant = variant_params::kVariant;
-  /// Teams per group of (batch, head) pairs in the league (FusedProblem).
-  void set_league_group_teams(int teams) { m_p.group_teams = teams; }
   static constexpr int kHeadDim = HeadDim;
   static constexpr int kWarps = 4;
   static constexpr int kMinBlocksPerSM = MinBlocksPerSM;
@@ -89,25 +93,7 @@ class FlashForwardExactFp32Kernel : public FusedVariantParams<VariantT, float> {
   FlashForwardExactFp32Kernel(const QView& q, const KView& k, const VView& v, const OView& o,
                               const LseView& lse, float scale, FusedWindow window,
                               const variant_params& variant = variant_params())
-      : variant_params(variant),
-        m_q(q.data()),
-        m_k(k.data()),
-        m_v(v.data()),
-        m_o(o.data()),
-        m_lse(lse.data()),
-        m_scale(scale),
-        m_p(q, k, window),
-        m_kv(q, k),
-        m_num_q_blocks((m_p.seqlen_q + kBlockM - 1) / kBlockM) {}
-
-  static bool fits(const ExecSpace& space) {
-    return scratch_bytes() <= cuda_team_scratch_max(space);
-  }
-
-  void launch(const ExecSpace& space) const {
-    launch_cuda_team(space, "kfa::fwd::exact_fp32_main_loop", *this,
-                     m_p.league(m_num_q_blocks), scratch_bytes());
-  }
+      : FusedForwardOperands(q, k, v, o, lse, scale, window, kBlockM), variant_params(variant) {}
 
   /// Q, K and V per stage, Pᵀ and one row of per-row factors.
   KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
@@ -129,14 +115,10 @@ class FlashForwardExactFp32Kernel : public FusedVariantParams<VariantT, float> {
     // P·V: rows o_row.., columns o_col..
     const int o_row = 16 * warp + kRowsO * (lane / kChunks), o_col = 4 * (lane % kChunks);
 
-    const int league = team.league_rank();
-    int b, h;
-    // Longest rows first under a causal mask.
-    const int q_block = m_num_q_blocks - 1 - m_p.block_of(league, m_num_q_blocks, b, h);
-    const int row_begin = q_block * kBlockM;
-    // A packed batch's shorter sequences have fewer blocks than the league.
-    const FusedSeq sq = m_p.sequence(b);
-    if (row_begin >= sq.seqlen_q) return;
+    const FusedQueryTile team_tile = this->query_tile(team.league_rank(), kBlockM);
+    if (team_tile.empty()) return;
+    const int b = team_tile.b, h = team_tile.h, row_begin = team_tile.row_begin;
+    const FusedSeq sq = team_tile.sq;
     const long row_stride = long(m_p.heads) * kHeadDim, kv_stride = m_kv.row_stride(kHeadDim);
     const float* gQ = m_q + m_p.q_offset(sq, h, kHeadDim);
     const float* gK = m_k + m_kv.offset(m_p, sq, h, kHeadDim);
@@ -161,9 +143,7 @@ class FlashForwardExactFp32Kernel : public FusedVariantParams<VariantT, float> {
     const int rows = imin(kBlockM, sq.seqlen_q - row_begin);
     // The key blocks inside the mask's window (AttentionMask::key_blocks).
     int first_kv_block, end_kv_block;
-    sq.mask.key_blocks(row_begin, row_begin + rows, kBlockN, first_kv_block, end_kv_block);
-    this->trim_key_blocks(sq.mask, b, h, row_begin, row_begin + rows, kBlockN, first_kv_block,
-                          end_kv_block);
+    team_tile.key_blocks(rows, kBlockN, first_kv_block, end_kv_block, *this);
     // A variant's sequence lengths and dropout key of this head.
     [[maybe_unused]] SequenceInfo seq{};
     [[maybe_unused]] std::uint64_t dropout_head = 0;
@@ -372,16 +352,6 @@ class FlashForwardExactFp32Kernel : public FusedVariantParams<VariantT, float> {
     return FastExp ? cuda_mma::exp2_fast(x * kLog2e) : expf(x);
   }
 #endif
-
-  const float* m_q;
-  const float* m_k;
-  const float* m_v;
-  float* m_o;
-  float* m_lse;
-  float m_scale;
-  FusedProblem m_p;
-  FusedKvHeads m_kv;
-  int m_num_q_blocks;
 };
 
 }  // namespace Impl

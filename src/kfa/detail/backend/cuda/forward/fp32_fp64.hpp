@@ -31,19 +31,9 @@
 namespace kfa {
 namespace Impl {
 
-/// Tile shape of the fp32/fp64 tensor-core forward: warps per team, atoms of
-/// query rows per warp, keys per K/V block, teams per multiprocessor; and
-/// kRescaleOAlways: with fp64's lazy rescale, O multiplied by the factor in
-/// every block (true; a shape derived from this one, for the bench) or only
-/// in blocks where the running max moved.
+/// Tile shape of the fp32/fp64 tensor-core forward (always two stages).
 template <int Warps, int MTiles, int BlockN, int MinBlocksPerSM>
-struct Fp32Fp64FwdShape {
-  static constexpr int kWarps = Warps;
-  static constexpr int kMTiles = MTiles;
-  static constexpr int kBlockN = BlockN;
-  static constexpr int kMinBlocksPerSM = MinBlocksPerSM;
-  static constexpr bool kRescaleOAlways = false;
-};
+using Fp32Fp64FwdShape = FusedFwdShape<Warps, MTiles, BlockN, 2, MinBlocksPerSM>;
 
 /// The atom the forward runs for the atom family the dispatch picks: fp64
 /// takes m16n8k8 (Fp64x16Atom), twice m8n8k4's rate on Hopper, in builds
@@ -89,13 +79,16 @@ template <class ExecSpace, int HeadDim, class Atom, class QView, class KView, cl
           class Shape = typename Fp32Fp64FwdDefaultShape<Atom, HeadDim>::type,
           class VariantT = PlainVariant>
 class FlashForwardFp32Fp64Kernel
-    : public FusedVariantParams<VariantT, typename Atom::value_type> {
+    : public FusedForwardOperands<typename Atom::value_type>,
+      public FusedVariantParams<VariantT, typename Atom::value_type>,
+      public FusedTeamLaunch<FlashForwardFp32Fp64Kernel<ExecSpace, HeadDim, Atom, QView, KView,
+                                                        VView, OView, LseView, Shape, VariantT>> {
  public:
-  using variant_params = FusedVariantParams<VariantT, typename Atom::value_type>;
-  static constexpr bool kVariant = variant_params::kVariant;
-  /// Teams per group of (batch, head) pairs in the league (FusedProblem).
-  void set_league_group_teams(int teams) { m_p.group_teams = teams; }
+  static constexpr const char* kLabel = "kfa::fwd::fp32_fp64_main_loop";
   using value_type = typename Atom::value_type;
+  using operands = FusedForwardOperands<value_type>;
+  using variant_params = FusedVariantParams<VariantT, value_type>;
+  static constexpr bool kVariant = variant_params::kVariant;
   static constexpr int kHeadDim = HeadDim;
   static constexpr int kWarps = Shape::kWarps;
   static constexpr int kMTiles = Shape::kMTiles;
@@ -112,26 +105,9 @@ class FlashForwardFp32Fp64Kernel
   FlashForwardFp32Fp64Kernel(const QView& q, const KView& k, const VView& v, const OView& o,
                             const LseView& lse, value_type scale, FusedWindow window,
                             const variant_params& variant = variant_params())
-      : variant_params(variant),
-        m_q(q.data()),
-        m_k(k.data()),
-        m_v(v.data()),
-        m_o(o.data()),
-        m_lse(lse.data()),
-        m_scale(kBase2 ? scale * value_type(1.4426950408889634) : scale),
-        m_p(q, k, window),
-        m_kv(q, k),
-        m_num_q_blocks((m_p.seqlen_q + kBlockM - 1) / kBlockM) {}
-
-  /// Whether `space`'s GPU gives a team this shape's scratch.
-  static bool fits(const ExecSpace& space) {
-    return scratch_bytes() <= cuda_team_scratch_max(space);
-  }
-
-  void launch(const ExecSpace& space) const {
-    launch_cuda_team(space, "kfa::fwd::fp32_fp64_main_loop", *this,
-                     m_p.league(m_num_q_blocks), scratch_bytes());
-  }
+      : operands(q, k, v, o, lse, kBase2 ? scale * value_type(1.4426950408889634) : scale,
+                 window, kBlockM),
+        variant_params(variant) {}
 
   KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
     return std::size_t(kScratchRows) * kPitch * sizeof(value_type) + 16;
@@ -146,15 +122,10 @@ class FlashForwardFp32Fp64Kernel
     const int lane = threadIdx.x, warp = threadIdx.y;
     const int tid = warp * 32 + lane;
 
-    const int league = team.league_rank();
-    int b, h;
-    // Longest rows first: under a causal mask the last query blocks see the
-    // most keys, so they start first and the short ones fill the tail.
-    const int q_block = m_num_q_blocks - 1 - m_p.block_of(league, m_num_q_blocks, b, h);
-    const int row_begin = q_block * kBlockM;
-    // A packed batch's shorter sequences have fewer blocks than the league.
-    const FusedSeq sq = m_p.sequence(b);
-    if (row_begin >= sq.seqlen_q) return;
+    const FusedQueryTile team_tile = this->query_tile(team.league_rank(), kBlockM);
+    if (team_tile.empty()) return;
+    const int b = team_tile.b, h = team_tile.h, row_begin = team_tile.row_begin;
+    const FusedSeq sq = team_tile.sq;
     const long row_stride = long(m_p.heads) * kHeadDim, kv_stride = m_kv.row_stride(kHeadDim);
     const value_type* gQ = m_q + m_p.q_offset(sq, h, kHeadDim);
     const value_type* gK = m_k + m_kv.offset(m_p, sq, h, kHeadDim);
@@ -179,9 +150,7 @@ class FlashForwardFp32Fp64Kernel
     const int rows = imin(kBlockM, sq.seqlen_q - row_begin);
     // The key blocks inside the mask's window (AttentionMask::key_blocks).
     int first_kv_block, end_kv_block;
-    sq.mask.key_blocks(row_begin, row_begin + rows, kBlockN, first_kv_block, end_kv_block);
-    this->trim_key_blocks(sq.mask, b, h, row_begin, row_begin + rows, kBlockN, first_kv_block,
-                          end_kv_block);
+    team_tile.key_blocks(rows, kBlockN, first_kv_block, end_kv_block, *this);
     // Rows of accumulator element (mt, j): row0 + mt·kRows + (j / 2)·8.
     const int row0 = row_begin + warp * kWarpRows + lane / 4;
 
@@ -502,11 +471,7 @@ class FlashForwardFp32Fp64Kernel
     using namespace cuda_mma;
     const int lane = threadIdx.x;
     const long row_stride = long(m_p.heads) * kHeadDim;
-    #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      row_sum[r] += shfl_xor(row_sum[r], 1);
-      row_sum[r] += shfl_xor(row_sum[r], 2);
-    }
+    quad_sums(row_sum);
     #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const int mt = r / kHalves, half = r % kHalves;
@@ -532,15 +497,10 @@ class FlashForwardFp32Fp64Kernel
   }
 #endif
 
-  const value_type* m_q;
-  const value_type* m_k;
-  const value_type* m_v;
-  value_type* m_o;
-  value_type* m_lse;
-  value_type m_scale;  // softmax scale, times log2(e) in base 2
-  FusedProblem m_p;
-  FusedKvHeads m_kv;
-  int m_num_q_blocks;
+  // The operands (a dependent base); m_scale is the softmax scale, times
+  // log2(e) in base 2.
+  using operands::m_q, operands::m_k, operands::m_v, operands::m_o, operands::m_lse,
+      operands::m_scale, operands::m_p, operands::m_kv, operands::m_num_q_blocks;
 };
 
 }  // namespace Impl

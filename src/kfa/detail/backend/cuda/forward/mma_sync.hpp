@@ -49,19 +49,9 @@ struct MmaFormat<Kokkos::Cuda, Kokkos::Experimental::bhalf_t> {
 };
 #endif
 
-/// A tile shape of the tensor-core forward: warps per team, m-tiles (16 query
-/// rows) per warp, keys per block, pipeline stages (1: TeamPolicy launch,
-/// Q in registers; 2: opt-in shared memory, Q in scratch, K/V double
-/// buffered), and the launch bound (teams per multiprocessor, which caps the
-/// registers per thread).
+/// A tile shape of the mma.sync forward (m-tiles of 16 query rows).
 template <int Warps, int MTiles, int BlockN, int Stages, int MinBlocksPerSM>
-struct FwdMmaShape {
-  static constexpr int kWarps = Warps;
-  static constexpr int kMTiles = MTiles;
-  static constexpr int kBlockN = BlockN;
-  static constexpr int kStages = Stages;
-  static constexpr int kMinBlocksPerSM = MinBlocksPerSM;
-};
+using FwdMmaShape = FusedFwdShape<Warps, MTiles, BlockN, Stages, MinBlocksPerSM>;
 
 /// The library's shapes: the FlashAttention-2 shape (128 query rows, 64 keys,
 /// double buffered) where the GPU grants the shared memory, else the shape
@@ -114,9 +104,7 @@ class FlashForwardMmaKernel : public Fused16Forward, public FusedVariantParams<V
   FlashForwardMmaKernel(const QView& q, const KView& k, const VView& v, const OView& o,
                         const LseView& lse, float scale, FusedWindow window,
                         const variant_params& variant = variant_params())
-      : Fused16Forward(q, k, v, o, lse, scale, window),
-        variant_params(variant),
-        m_num_q_blocks((m_p.seqlen_q + kBlockM - 1) / kBlockM) {}
+      : Fused16Forward(q, k, v, o, lse, scale, window, kBlockM), variant_params(variant) {}
 
   /// Whether `space`'s GPU gives a team this shape's scratch.
   static bool fits(const ExecSpace& space) {
@@ -144,13 +132,10 @@ class FlashForwardMmaKernel : public Fused16Forward, public FusedVariantParams<V
     const int lane = threadIdx.x, warp = threadIdx.y;
     const int tid = warp * 32 + lane;
 
-    const int league = team.league_rank();
-    int b, h;
-    const int q_block = m_num_q_blocks - 1 - m_p.block_of(league, m_num_q_blocks, b, h);
-    const int row_begin = q_block * kBlockM;
-    // A packed batch's shorter sequences have fewer blocks than the league.
-    const FusedSeq sq = m_p.sequence(b);
-    if (row_begin >= sq.seqlen_q) return;
+    const FusedQueryTile team_tile = this->query_tile(team.league_rank(), kBlockM);
+    if (team_tile.empty()) return;
+    const int b = team_tile.b, h = team_tile.h, row_begin = team_tile.row_begin;
+    const FusedSeq sq = team_tile.sq;
     const std::uint16_t* gQ = m_q + m_p.q_offset(sq, h, kHeadDim);
     const long kv_offset =
         Grouped ? m_kv.offset(m_p, sq, h, kHeadDim) : m_p.k_offset(sq, h, kHeadDim);
@@ -171,9 +156,7 @@ class FlashForwardMmaKernel : public Fused16Forward, public FusedVariantParams<V
     const int rows = imin(kBlockM, sq.seqlen_q - row_begin);
     // The key blocks inside the mask's window (AttentionMask::key_blocks).
     int first_kv_block, end_kv_block;
-    sq.mask.key_blocks(row_begin, row_begin + rows, kBlockN, first_kv_block, end_kv_block);
-    this->trim_key_blocks(sq.mask, b, h, row_begin, row_begin + rows, kBlockN, first_kv_block,
-                          end_kv_block);
+    team_tile.key_blocks(rows, kBlockN, first_kv_block, end_kv_block, *this);
     // Rows of accumulator element (mt, e): row0 + mt * 16 + (e / 2) * 8.
     const int row0 = row_begin + warp * kWarpRows + lane / 4;
 
@@ -323,7 +306,7 @@ class FlashForwardMmaKernel : public Fused16Forward, public FusedVariantParams<V
       // The mask inside the loop over the scores at head_dim 128 and up
       // (fwd_softmax_scores' MaskPerScore).
       fwd_softmax_update<(kHeadDim >= 128)>(s, acc_o, row_max, row_sum, mask, needs_mask,
-                                            m_scale_log2, row0, key_begin);
+                                            m_scale, row0, key_begin);
     }
   }
 
@@ -364,8 +347,6 @@ class FlashForwardMmaKernel : public Fused16Forward, public FusedVariantParams<V
                              m_lse + m_p.lse_offset(sq, h));
   }
 #endif
-
-  int m_num_q_blocks;
 };
 
 }  // namespace Impl

@@ -305,11 +305,7 @@ KOKKOS_FORCEINLINE_FUNCTION void fwd_write_output(const float (&acc_o)[MTiles][T
   using namespace cuda_mma;
   constexpr int kRows = 2 * MTiles;
   const int lane = lane_id();
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    row_sum[r] += shfl_xor(row_sum[r], 1);
-    row_sum[r] += shfl_xor(row_sum[r], 2);
-  }
+  quad_sums(row_sum);
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     const int mt = r / 2, half = r % 2;

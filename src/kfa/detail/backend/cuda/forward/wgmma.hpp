@@ -184,9 +184,8 @@ class FlashForwardWgmmaKernel : public Fused16Forward,
   FlashForwardWgmmaKernel(const QView& q, const KView& k, const VView& v, const OView& o,
                           const LseView& lse, float scale, FusedWindow window,
                           const variant_params& variant = variant_params())
-      : Fused16Forward(q, k, v, o, lse, scale, window),
+      : Fused16Forward(q, k, v, o, lse, scale, window, kBlockM),
         variant_params(variant),
-        m_num_q_blocks((m_p.seqlen_q + kBlockM - 1) / kBlockM),
         m_num_tiles(m_p.league(m_num_q_blocks)) {
 #if defined(KOKKOS_ENABLE_CUDA)
     // No map of an empty tensor (the driver takes no zero extent): without
@@ -262,17 +261,11 @@ class FlashForwardWgmmaKernel : public Fused16Forward,
 
     const long row_stride = long(m_p.heads) * kHeadDim;
 
-    // Tiles at a 1024-aligned shared address.
-    const std::uint32_t raw_addr = smem_address(raw);
-    const std::uint32_t base_addr = (raw_addr + 1023) & ~std::uint32_t(1023);
-    std::uint16_t* const sQ =
-        reinterpret_cast<std::uint16_t*>(static_cast<unsigned char*>(raw) + (base_addr - raw_addr));
+    const Sw128Scratch scratch(raw);
+    std::uint16_t* const sQ = scratch.base<std::uint16_t>();
     auto sK = [&](int stage) { return sQ + kTileQ + 2 * stage * kTileKV; };
     auto sV = [&](int stage) { return sK(stage) + kTileKV; };
-    auto addr = [&](const std::uint16_t* p) {
-      return base_addr + std::uint32_t(reinterpret_cast<const unsigned char*>(p) -
-                                       reinterpret_cast<const unsigned char*>(sQ));
-    };
+    auto addr = [&](const std::uint16_t* p) { return scratch.addr(p); };
 
     // The tile in hand (`tile` of the league, FusedProblem::block_of): its
     // batch, head, first query row and key blocks, and this thread's rows
@@ -369,10 +362,10 @@ class FlashForwardWgmmaKernel : public Fused16Forward,
                            row0, key_begin);
         fwd_variant_dropout(s, *this, b, h, row0, key_begin);
       } else if constexpr (kFoldScale)
-        fwd_softmax_scores_folded(s, row_max, row_sum, alpha, mask, needs_mask, m_scale_log2,
+        fwd_softmax_scores_folded(s, row_max, row_sum, alpha, mask, needs_mask, m_scale,
                                   row0, key_begin);
       else
-        fwd_softmax_scores(s, row_max, row_sum, alpha, mask, needs_mask, m_scale_log2, row0,
+        fwd_softmax_scores(s, row_max, row_sum, alpha, mask, needs_mask, m_scale, row0,
                            key_begin);
     };
     // One block's work once K_j is in scratch: S_j issued, and
@@ -620,7 +613,6 @@ class FlashForwardWgmmaKernel : public Fused16Forward,
   static constexpr int kTilesS = kBlockN / 8;   // n-tiles of S per thread
   static constexpr int kTilesO = kHeadDim / 8;  // n-tiles of O per thread
 
-  int m_num_q_blocks;
   int m_num_tiles;  // query blocks of every (batch, head)
   int* m_tile_counter = nullptr;  // Persistent: tiles handed out past the first wave
 };

@@ -73,8 +73,7 @@ struct FusedSeq {
 /// batch the views [1][total] and the sequences in them; each sequence's
 /// rows and offsets in those tensors (FusedSeq); and which (sequence,
 /// head, block) a team of a league that runs the blocks of every (sequence,
-/// head) owns. (k and v with fewer heads: FusedKvHeads, in the 16-bit
-/// kernels only.)
+/// head) owns. (k and v with fewer heads: FusedKvHeads.)
 struct FusedProblem {
   /// Sequences, and their (longest) lengths.
   int batch, seqlen_q, heads, seqlen_k;
@@ -154,10 +153,8 @@ struct FusedProblem {
   }
 };
 
-/// Grouped-query heads of the 16-bit kernels: k and v [batch][seqlen_k]
-/// [heads_kv][head_dim], query head h reading k/v head h / group. (Not in
-/// FusedProblem: the fp32/fp64 kernels, which take no grouped heads, keep
-/// their kernel parameters small.)
+/// Grouped-query heads of the fused kernels: k and v [batch][seqlen_k]
+/// [heads_kv][head_dim], query head h reading k/v head h / group.
 struct FusedKvHeads {
   int heads_kv, group;
   // h / group as (umulhi(h, magic) + h) >> shift (Granlund and Montgomery's
@@ -261,59 +258,195 @@ struct FusedVariantParams<VariantT, Acc, true> {
   }
 };
 
-/// The operands of a fused 16-bit forward (q, k, v, o as raw 16-bit values,
-/// lse), its scale in base 2 and its problem: what the mma.sync and the
-/// wgmma forward kernels hold alike (their base).
-struct Fused16Forward {
-  const std::uint16_t* m_q;
-  const std::uint16_t* m_k;
-  const std::uint16_t* m_v;
-  std::uint16_t* m_o;
-  float* m_lse;
-  float m_scale_log2;
+/// Tile shape of a tensor-core forward (mma.sync 16-bit, fp32/fp64):
+/// warps per team, m-tiles (one atom of query rows each) per warp, keys per
+/// K/V block, pipeline stages (1: TeamPolicy launch, Q in registers; 2:
+/// opt-in shared memory, Q in scratch, K/V double buffered), and the launch
+/// bound (teams per multiprocessor, which caps the registers per thread).
+/// kRescaleOAlways (fp32/fp64 only): with fp64's lazy rescale, O multiplied
+/// by the factor in every block (true; a shape derived from this one, for
+/// the bench) or only in blocks where the running max moved.
+template <int Warps, int MTiles, int BlockN, int Stages, int MinBlocksPerSM>
+struct FusedFwdShape {
+  static constexpr int kWarps = Warps;
+  static constexpr int kMTiles = MTiles;
+  static constexpr int kBlockN = BlockN;
+  static constexpr int kStages = Stages;
+  static constexpr int kMinBlocksPerSM = MinBlocksPerSM;
+  static constexpr bool kRescaleOAlways = false;
+};
+
+/// A forward team's tile: query rows [row_begin, row_begin + kBlockM) of
+/// sequence b (sq) and head h.
+struct FusedQueryTile {
+  int b, h, row_begin;
+  FusedSeq sq;
+
+  /// No rows: a packed batch's shorter sequences have fewer blocks than the
+  /// league.
+  KOKKOS_INLINE_FUNCTION bool empty() const { return row_begin >= sq.seqlen_q; }
+
+  /// The key blocks [first, end) of block_n keys that the tile's first
+  /// `rows` rows see: those inside the mask's window
+  /// (AttentionMask::key_blocks), narrowed by the variant's block predicate.
+  template <class Variant>
+  KOKKOS_INLINE_FUNCTION void key_blocks(int rows, int block_n, int& first, int& end,
+                                         const Variant& variant) const {
+    sq.mask.key_blocks(row_begin, row_begin + rows, block_n, first, end);
+    variant.trim_key_blocks(sq.mask, b, h, row_begin, row_begin + rows, block_n, first, end);
+  }
+};
+
+/// A backward team's tile: keys [key_begin, key_begin + block_n) of
+/// sequence b (sq) and head h, and the offsets of its rows in q, dO, dQ
+/// (q_offset) and in dK, dV (k_offset), rows row_stride apart.
+struct FusedKeyTile {
+  int b, h, key_begin;
+  FusedSeq sq;
+  long row_stride, q_offset, k_offset;
+
+  /// No keys: a packed batch's shorter sequences have fewer blocks than the
+  /// league.
+  KOKKOS_INLINE_FUNCTION bool empty() const { return key_begin >= sq.seqlen_k; }
+
+  /// The query blocks [first, end) of block_m rows that see the tile's
+  /// block_n keys under the mask.
+  KOKKOS_INLINE_FUNCTION void query_blocks(int block_n, int block_m, int& first, int& end) const {
+    first = sq.mask.row_begin(key_begin) / block_m;
+    end = (sq.mask.row_end(key_begin + block_n) + block_m - 1) / block_m;
+  }
+  /// The same, narrowed by the variant's block predicate.
+  template <class Variant>
+  KOKKOS_INLINE_FUNCTION void query_blocks(int block_n, int block_m, int& first, int& end,
+                                           const Variant& variant) const {
+    query_blocks(block_n, block_m, first, end);
+    variant.trim_query_blocks(sq.mask, b, h, key_begin, imin(key_begin + block_n, sq.seqlen_k),
+                              block_m, first, end);
+  }
+};
+
+/// The operands of a fused forward: q, k, v and o (elements T: fp32, fp64,
+/// or raw 16-bit values), lse and the scale in the accumulator type Acc, the
+/// problem, and the query blocks per (sequence, head) that size the league.
+/// The base of every fused CUDA forward kernel.
+template <class T, class Acc = T>
+struct FusedForwardOperands {
+  const T* m_q;
+  const T* m_k;
+  const T* m_v;
+  T* m_o;
+  Acc* m_lse;
+  Acc m_scale;  // as the kernel's softmax takes it (in base 2 where it runs in base 2)
   FusedProblem m_p;
   FusedKvHeads m_kv;
+  int m_num_q_blocks;
 
+  /// Teams per group of (batch, head) pairs in the league (FusedProblem).
   void set_league_group_teams(int teams) { m_p.group_teams = teams; }
 
   template <class Q, class K, class V, class O, class Lse>
-  Fused16Forward(const Q& q, const K& k, const V& v, const O& o, const Lse& lse, float scale,
-                 FusedWindow window)
-      : m_q(reinterpret_cast<const std::uint16_t*>(q.data())),
-        m_k(reinterpret_cast<const std::uint16_t*>(k.data())),
-        m_v(reinterpret_cast<const std::uint16_t*>(v.data())),
-        m_o(reinterpret_cast<std::uint16_t*>(o.data())),
+  FusedForwardOperands(const Q& q, const K& k, const V& v, const O& o, const Lse& lse, Acc scale,
+                       FusedWindow window, int block_m)
+      : m_q(reinterpret_cast<const T*>(q.data())),
+        m_k(reinterpret_cast<const T*>(k.data())),
+        m_v(reinterpret_cast<const T*>(v.data())),
+        m_o(reinterpret_cast<T*>(o.data())),
         m_lse(lse.data()),
-        m_scale_log2(scale * 1.4426950408889634f),
+        m_scale(scale),
         m_p(q, k, window),
-        m_kv(q, k) {}
+        m_kv(q, k),
+        m_num_q_blocks((m_p.seqlen_q + block_m - 1) / block_m) {}
+
+  /// Teams of the kernel's league.
+  int league_size() const { return m_p.league(m_num_q_blocks); }
+
+  /// Team league_rank's tile. The query blocks run in reverse (block_of):
+  /// under a causal mask the last ones see the most keys, so they start
+  /// first and the short ones fill the tail.
+  KOKKOS_INLINE_FUNCTION FusedQueryTile query_tile(int league_rank, int block_m) const {
+    int b, h;
+    const int q_block = m_num_q_blocks - 1 - m_p.block_of(league_rank, m_num_q_blocks, b, h);
+    return {b, h, q_block * block_m, m_p.sequence(b)};
+  }
 };
 
-/// The operands of a fused 16-bit backward (q, k, v, dO, lse, D, the fp32 dQ
-/// accumulator, dK, dV), its scale and its problem: the base of the
-/// mma.sync and the wgmma backward kernels.
-struct Fused16Backward {
-  const std::uint16_t* m_q;
-  const std::uint16_t* m_k;
-  const std::uint16_t* m_v;
-  const std::uint16_t* m_do;
-  const float* m_lse;
-  const float* m_delta;
-  float* m_dq_acc;
-  std::uint16_t* m_dk;
-  std::uint16_t* m_dv;
-  float m_scale;
+/// The operands of a fused backward: q, k, v, dO (elements T), lse, D, the
+/// dQ accumulator (zeroed by the caller) and the scale in the accumulator
+/// type Acc, dK and dV, the problem, and the key blocks per (sequence, head)
+/// that size the league. The base of every fused CUDA backward kernel.
+template <class T, class Acc = T>
+struct FusedBackwardOperands {
+  const T* m_q;
+  const T* m_k;
+  const T* m_v;
+  const T* m_do;
+  const Acc* m_lse;
+  const Acc* m_delta;
+  Acc* m_dq;
+  T* m_dk;
+  T* m_dv;
+  Acc m_scale;
   FusedProblem m_p;
   FusedKvHeads m_kv;
+  int m_num_kv_blocks;
+
+  /// Teams per group of (batch, head) pairs in the league (FusedProblem).
   void set_league_group_teams(int teams) { m_p.group_teams = teams; }
-  /// dK and dV to fp32 buffers of every query head, [batch][seqlen_k][heads]
-  /// [head_dim] each, in place of dk and dv (grouped-query attention: the
-  /// caller sums them per k/v head); store_dk_dv tells them apart by
-  /// m_kv.group.
-  void write_grouped(float* dk, float* dv) {
-    m_dk = reinterpret_cast<std::uint16_t*>(dk);
-    m_dv = reinterpret_cast<std::uint16_t*>(dv);
+  /// Grouped-query heads: dK and dV to Acc buffers of every query head,
+  /// [batch][seqlen_k][heads][head_dim] each, in place of dk and dv (the
+  /// caller sums them per k/v head; the 16-bit kernels tell them apart by
+  /// m_kv.group, Fused16Backward::store_dk_dv).
+  void write_grouped(Acc* dk, Acc* dv) {
+    m_dk = reinterpret_cast<T*>(dk);
+    m_dv = reinterpret_cast<T*>(dv);
   }
+
+  template <class Q, class K, class V, class DO, class Lse, class Delta, class DQ, class DK,
+            class DV>
+  FusedBackwardOperands(const Q& q, const K& k, const V& v, const DO& d_o, const Lse& lse,
+                        const Delta& delta, const DQ& dq, const DK& dk, const DV& dv, Acc scale,
+                        FusedWindow window, int block_n)
+      : m_q(reinterpret_cast<const T*>(q.data())),
+        m_k(reinterpret_cast<const T*>(k.data())),
+        m_v(reinterpret_cast<const T*>(v.data())),
+        m_do(reinterpret_cast<const T*>(d_o.data())),
+        m_lse(lse.data()),
+        m_delta(delta.data()),
+        m_dq(dq.data()),
+        m_dk(reinterpret_cast<T*>(dk.data())),
+        m_dv(reinterpret_cast<T*>(dv.data())),
+        m_scale(scale),
+        m_p(q, k, window),
+        m_kv(q, k),
+        m_num_kv_blocks((m_p.seqlen_k + block_n - 1) / block_n) {}
+
+  /// Teams of the kernel's league.
+  int league_size() const { return m_p.league(m_num_kv_blocks); }
+
+  /// Team league_rank's tile (block_of), of block_n keys.
+  KOKKOS_INLINE_FUNCTION FusedKeyTile key_tile(int league_rank, int block_n, int head_dim) const {
+    int b, h;
+    const int kv_block = m_p.block_of(league_rank, m_num_kv_blocks, b, h);
+    const FusedSeq sq = m_p.sequence(b);
+    return {b, h, kv_block * block_n, sq, long(m_p.heads) * head_dim,
+            m_p.q_offset(sq, h, head_dim), m_p.k_offset(sq, h, head_dim)};
+  }
+};
+
+/// The base of the mma.sync and the wgmma forward kernels: 16-bit operands,
+/// fp32 lse, the scale in base 2.
+struct Fused16Forward : FusedForwardOperands<std::uint16_t, float> {
+  template <class Q, class K, class V, class O, class Lse>
+  Fused16Forward(const Q& q, const K& k, const V& v, const O& o, const Lse& lse, float scale,
+                 FusedWindow window, int block_m)
+      : FusedForwardOperands(q, k, v, o, lse, scale * 1.4426950408889634f, window, block_m) {}
+};
+
+/// The base of the mma.sync and the wgmma backward kernels: 16-bit operands
+/// and dK, dV (fp32 with grouped-query heads), fp32 lse, D and dQ
+/// accumulator.
+struct Fused16Backward : FusedBackwardOperands<std::uint16_t, float> {
+  using FusedBackwardOperands::FusedBackwardOperands;
 
   /// Two adjacent values at offset `at` of dst (m_dk or m_dv), a [batch]
   /// [seqlen_k][heads][head_dim] tensor: fp32 per query head with
@@ -337,24 +470,6 @@ struct Fused16Backward {
     store_pair<Format>(m_dk, at, dk0, dk1);
     store_pair<Format>(m_dv, at, dv0, dv1);
   }
-
-  template <class Q, class K, class V, class DO, class Lse, class Delta, class DQAcc, class DK,
-            class DV>
-  Fused16Backward(const Q& q, const K& k, const V& v, const DO& d_o, const Lse& lse,
-                  const Delta& delta, const DQAcc& dq_acc, const DK& dk, const DV& dv,
-                  float scale, FusedWindow window)
-      : m_q(reinterpret_cast<const std::uint16_t*>(q.data())),
-        m_k(reinterpret_cast<const std::uint16_t*>(k.data())),
-        m_v(reinterpret_cast<const std::uint16_t*>(v.data())),
-        m_do(reinterpret_cast<const std::uint16_t*>(d_o.data())),
-        m_lse(lse.data()),
-        m_delta(delta.data()),
-        m_dq_acc(dq_acc.data()),
-        m_dk(reinterpret_cast<std::uint16_t*>(dk.data())),
-        m_dv(reinterpret_cast<std::uint16_t*>(dv.data())),
-        m_scale(scale),
-        m_p(q, k, window),
-        m_kv(q, k) {}
 };
 
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
@@ -436,6 +551,32 @@ void launch_cuda_team(const Kokkos::Cuda& space, const std::string& label,
 
 #endif
 
+/// Whether `space`'s GPU gives a team of Kernel, launched by
+/// launch_cuda_team, its scratch.
+template <class Kernel, class ExecSpace>
+bool cuda_team_fits(const ExecSpace& space) {
+  return Kernel::scratch_bytes() <= cuda_team_scratch_max(space);
+}
+
+/// fits() and launch() of a kernel that always runs through
+/// launch_cuda_team (the fp32/fp64 and exact fp32 kernels): Kernel names
+/// its label (kLabel) and its league (league_size(), of its operands base).
+template <class Kernel>
+struct FusedTeamLaunch {
+  /// Whether `space`'s GPU gives a team the kernel's scratch.
+  template <class ExecSpace>
+  static bool fits(const ExecSpace& space) {
+    return cuda_team_fits<Kernel>(space);
+  }
+
+  template <class ExecSpace>
+  void launch(const ExecSpace& space) const {
+    const Kernel& kernel = static_cast<const Kernel&>(*this);
+    launch_cuda_team(space, Kernel::kLabel, kernel, kernel.league_size(),
+                     Kernel::scratch_bytes());
+  }
+};
+
 /// Launches a tensor-core team kernel in its shape: Stages 1 through a
 /// TeamPolicy of Kernel::kWarps warps (scratch checked against Kokkos'
 /// limit), Stages 2 through launch_cuda_team with opt-in shared memory.
@@ -462,7 +603,7 @@ bool mma_kernel_fits(const ExecSpace& space) {
   if constexpr (Kernel::kStages == 1) {
     return true;
   } else {
-    return Kernel::scratch_bytes() <= cuda_team_scratch_max(space);
+    return cuda_team_fits<Kernel>(space);
   }
 }
 

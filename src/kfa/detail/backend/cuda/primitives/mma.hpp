@@ -469,6 +469,17 @@ KOKKOS_FORCEINLINE_FUNCTION float shfl_xor(float v, int mask) {
 #endif
 }
 
+/// Each x[r] summed over the 4 lanes of its quad, which hold one
+/// accumulator row of an m16n8 tile.
+template <class T, int N>
+KOKKOS_FORCEINLINE_FUNCTION void quad_sums(T (&x)[N]) {
+#pragma unroll
+  for (int r = 0; r < N; ++r) {
+    x[r] += shfl_xor(x[r], 1);
+    x[r] += shfl_xor(x[r], 2);
+  }
+}
+
 KOKKOS_FORCEINLINE_FUNCTION void block_sync() {
 #if KFA_CUDA_MMA_DEVICE
   __syncthreads();

@@ -123,6 +123,30 @@ class Sw128TileLoader {
   std::uint32_t m_offset;
 };
 
+/// A team's scratch from its first 1024-byte boundary on, where the
+/// 128-byte-swizzled tiles must start (the swizzle repeats every 8 rows of
+/// 128 bytes), and the shared-memory address of a pointer into it, which
+/// the wgmma descriptors and the bulk copies take.
+class Sw128Scratch {
+ public:
+  KOKKOS_FORCEINLINE_FUNCTION explicit Sw128Scratch(void* raw)
+      : m_raw_addr(smem_address(raw)),
+        m_base_addr((m_raw_addr + 1023) & ~std::uint32_t(1023)),
+        m_base(static_cast<unsigned char*>(raw) + (m_base_addr - m_raw_addr)) {}
+  /// The aligned start, as T*.
+  template <class T>
+  KOKKOS_FORCEINLINE_FUNCTION T* base() const {
+    return reinterpret_cast<T*>(m_base);
+  }
+  KOKKOS_FORCEINLINE_FUNCTION std::uint32_t addr(const void* p) const {
+    return m_base_addr + std::uint32_t(static_cast<const unsigned char*>(p) - m_base);
+  }
+
+ private:
+  std::uint32_t m_raw_addr, m_base_addr;
+  unsigned char* m_base;
+};
+
 #if KFA_CUDA_WGMMA_DEVICE
 
 /// Orders this warpgroup's register accesses before the wgmma that follow.
