@@ -8,6 +8,8 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <utility>
+
 #ifdef KOKKOS_ENABLE_CUDA
 
 #include <kfa/detail/backend/cuda/tensor_core_gemm.hpp>
@@ -38,6 +40,20 @@ void expect_gemm_close(const std::string& what, const Tensor& got, const Tensor&
                         << ", reference " << ref.data[worst_at];
 }
 
+/// Σ_l op(A)_il·op(B)_lj and Σ_l |op(A)_il·op(B)_lj| in long double, of
+/// stored A [m][k] or [k][m] (ta) and B [k][n] or [n][k] (tb).
+std::pair<long double, long double> product_sums(const Tensor& a, const Tensor& b, bool ta,
+                                                 bool tb, int i, int j, int k) {
+  long double s = 0, sa = 0;
+  for (int l = 0; l < k; ++l) {
+    const double x = ta ? at2(a, l, i) : at2(a, i, l);
+    const double y = tb ? at2(b, j, l) : at2(b, l, j);
+    s += (long double)x * y;
+    sa += std::abs((long double)x * y);
+  }
+  return {s, sa};
+}
+
 template <class T, class TC>
 void check_gemm16(bool ta, bool tb, bool strided) {
   using Space = Kokkos::Cuda;
@@ -52,13 +68,7 @@ void check_gemm16(bool ta, bool tb, bool strided) {
   Tensor ref({m, n}), abs_ref({m, n});
   for (int i = 0; i < m; ++i)
     for (int j = 0; j < n; ++j) {
-      long double s = 0, sa = 0;
-      for (int l = 0; l < k; ++l) {
-        const double x = ta ? at2(a, l, i) : at2(a, i, l);
-        const double y = tb ? at2(b, j, l) : at2(b, l, j);
-        s += (long double)x * y;
-        sa += std::abs((long double)x * y);
-      }
+      const auto [s, sa] = product_sums(a, b, ta, tb, i, j, k);
       at2(ref, i, j) = double(alpha * s + beta * at2(c0, i, j));
       at2(abs_ref, i, j) = double(alpha * sa + std::abs(beta * at2(c0, i, j)));
     }
@@ -111,13 +121,7 @@ void check_gemm16_bias(bool ta, bool tb, bool strided, bool accumulate, int bias
   Tensor ref({m, n}), abs_ref({m, n});
   for (int i = 0; i < m; ++i)
     for (int j = 0; j < n; ++j) {
-      long double s = 0, sa = 0;
-      for (int l = 0; l < k; ++l) {
-        const double x = ta ? at2(a, l, i) : at2(a, i, l);
-        const double y = tb ? at2(b, j, l) : at2(b, l, j);
-        s += (long double)x * y;
-        sa += std::abs((long double)x * y);
-      }
+      const auto [s, sa] = product_sums(a, b, ta, tb, i, j, k);
       const double add = bias.data[j + bias_offset] + (accumulate ? at2(c0, i, j) : 0.0);
       at2(ref, i, j) = double(s + add);
       at2(abs_ref, i, j) = double(sa + std::abs(add));

@@ -69,35 +69,58 @@ constexpr bool tensor_core_gemm_applies() {
          std::is_same<TA, TB>::value && (std::is_same<TC, TA>::value || std::is_same<TC, float>::value);
 }
 
+/// A row-major product C = op(A)·op(B) as cuBLAS' column-major
+/// Cᵀ = op(B)ᵀ·op(A)ᵀ (a row-major matrix is its own transpose read
+/// column-major): sizes and leading dimensions, and whether cuBLAS takes
+/// them (rows contiguous, 32-bit sizes).
+struct ColumnMajorProduct {
+  bool ok = false, trans_first = false, trans_second = false;
+  long long m = 0, n = 0, k = 0, ld_first = 1, ld_second = 1, ldc = 1;
+};
+
+template <class AView, class BView, class CView>
+ColumnMajorProduct column_major_product(const char* trans_a, const char* trans_b, const AView& a,
+                                        const BView& b, const CView& c) {
+  ColumnMajorProduct p;
+  if (a.stride(1) != 1 || b.stride(1) != 1 || c.stride(1) != 1) return p;
+  const bool ta = trans_a[0] != 'N' && trans_a[0] != 'n';
+  const bool tb = trans_b[0] != 'N' && trans_b[0] != 'n';
+  auto ld = [](const auto& v) {
+    return std::max<long long>(v.extent(0) > 1 ? v.stride(0) : v.extent(1), 1);
+  };
+  p.trans_first = tb;
+  p.trans_second = ta;
+  p.m = c.extent(1);
+  p.n = c.extent(0);
+  p.k = ta ? a.extent(0) : a.extent(1);
+  p.ld_first = ld(b);
+  p.ld_second = ld(a);
+  p.ldc = ld(c);
+  // cuBLAS takes 32-bit sizes; larger products go elsewhere.
+  const long long limit = 0x7fffffffLL;
+  p.ok = p.m <= limit && p.n <= limit && p.k <= limit && p.ld_first <= limit &&
+         p.ld_second <= limit && p.ldc <= limit;
+  return p;
+}
+
 /// C = alpha·op(A)·op(B) + beta·C on Views whose rows are contiguous (stride 1
 /// along extent 1; any row stride). Returns false, doing nothing, for other
 /// strides: the caller falls back to Kokkos Kernels.
 template <class AView, class BView, class CView>
 bool tensor_core_gemm(const Kokkos::Cuda& space, const char* trans_a, const char* trans_b,
                       float alpha, const AView& a, const BView& b, float beta, const CView& c) {
-  if (a.stride(1) != 1 || b.stride(1) != 1 || c.stride(1) != 1) return false;
-  const bool ta = trans_a[0] != 'N' && trans_a[0] != 'n';
-  const bool tb = trans_b[0] != 'N' && trans_b[0] != 'n';
-  const long long m = c.extent(0), n = c.extent(1), k = ta ? a.extent(0) : a.extent(1);
-  const long long lda = a.extent(0) > 1 ? a.stride(0) : a.extent(1);
-  const long long ldb = b.extent(0) > 1 ? b.stride(0) : b.extent(1);
-  const long long ldc = c.extent(0) > 1 ? c.stride(0) : c.extent(1);
-  // cuBLAS takes 32-bit sizes here; larger products go to Kokkos Kernels.
-  const long long limit = 0x7fffffffLL;
-  if (m > limit || n > limit || k > limit || lda > limit || ldb > limit || ldc > limit)
-    return false;
+  const ColumnMajorProduct p = column_major_product(trans_a, trans_b, a, b, c);
+  if (!p.ok) return false;
   using TA = typename AView::non_const_value_type;
   using TC = typename CView::non_const_value_type;
-  // Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ, and a
-  // row-major matrix is its own transpose read column-major.
   cublasHandle_t handle = cublas_handle();
   check_cublas(cublasSetStream(handle, space.cuda_stream()), "cublasSetStream");
-  check_cublas(cublasGemmEx(handle, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
-                            int(n), int(m), int(k), &alpha, b.data(), cuda_data_type<TA>(),
-                            int(std::max<long long>(ldb, 1)), a.data(), cuda_data_type<TA>(),
-                            int(std::max<long long>(lda, 1)), &beta, c.data(),
-                            cuda_data_type<TC>(), int(std::max<long long>(ldc, 1)),
-                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+  check_cublas(cublasGemmEx(handle, p.trans_first ? CUBLAS_OP_T : CUBLAS_OP_N,
+                            p.trans_second ? CUBLAS_OP_T : CUBLAS_OP_N, int(p.m), int(p.n),
+                            int(p.k), &alpha, b.data(), cuda_data_type<TA>(), int(p.ld_first),
+                            a.data(), cuda_data_type<TA>(), int(p.ld_second), &beta, c.data(),
+                            cuda_data_type<TC>(), int(p.ldc), CUBLAS_COMPUTE_32F,
+                            CUBLAS_GEMM_DEFAULT),
                "cublasGemmEx");
   return true;
 }
@@ -115,25 +138,13 @@ bool tensor_core_gemm_bias(const Kokkos::Cuda& space, const char* trans_a, const
   static_assert(std::is_same<TA, TC>::value &&
                     std::is_same<typename BiasView::non_const_value_type, TC>::value,
                 "tensor_core_gemm_bias: A, B, bias and C of one 16-bit type");
-  if (a.stride(1) != 1 || b.stride(1) != 1 || c.stride(1) != 1 || bias.stride(0) != 1)
-    return false;
-  const bool ta = trans_a[0] != 'N' && trans_a[0] != 'n';
-  const bool tb = trans_b[0] != 'N' && trans_b[0] != 'n';
-  const long long m = c.extent(0), n = c.extent(1), k = ta ? a.extent(0) : a.extent(1);
-  if (k == 0 || long(bias.extent(0)) != n) return false;
-  const long long lda = a.extent(0) > 1 ? a.stride(0) : a.extent(1);
-  const long long ldb = b.extent(0) > 1 ? b.stride(0) : b.extent(1);
-  const long long ldc = c.extent(0) > 1 ? c.stride(0) : c.extent(1);
-  const long long limit = 0x7fffffffLL;
-  if (m > limit || n > limit || k > limit || lda > limit || ldb > limit || ldc > limit)
-    return false;
-  // As in tensor_core_gemm: row-major C is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ,
-  // whose rows are C's columns, so the bias runs along cuBLAS' m.
-  return cublaslt_bias_product({tb, ta, n, m, k, std::max<long long>(ldb, 1),
-                                std::max<long long>(lda, 1), std::max<long long>(ldc, 1),
-                                cuda_data_type<TA>(), cuda_data_type<TC>(), cuda_data_type<TC>(),
-                                b.data(), a.data(), bias.data(), c.data(), accumulate ? 1.f : 0.f,
-                                space.cuda_stream()});
+  const ColumnMajorProduct p = column_major_product(trans_a, trans_b, a, b, c);
+  // The bias runs along cuBLAS' m (C's columns).
+  if (!p.ok || p.k == 0 || bias.stride(0) != 1 || (long long)bias.extent(0) != p.m) return false;
+  return cublaslt_bias_product({p.trans_first, p.trans_second, p.m, p.n, p.k, p.ld_first,
+                                p.ld_second, p.ldc, cuda_data_type<TA>(), cuda_data_type<TC>(),
+                                cuda_data_type<TC>(), b.data(), a.data(), bias.data(), c.data(),
+                                accumulate ? 1.f : 0.f, space.cuda_stream()});
 }
 
 }  // namespace Impl
