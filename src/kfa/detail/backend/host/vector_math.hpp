@@ -44,6 +44,66 @@ constexpr int vector_lanes() {
   return kVectorBytes / int(sizeof(T));
 }
 
+// Forced inlining of the register-block loops: a call boundary would put
+// the accumulators back in memory.
+#if defined(__GNUC__)
+#define KFA_HOST_INLINE inline __attribute__((always_inline))
+#else
+#define KFA_HOST_INLINE inline
+#endif
+
+/// One vector register of T. GCC and Clang (and the compilers that take
+/// their extensions) get a vector type, which stays in a register where an
+/// array of T indexed in a loop would not; elsewhere an array whose loops
+/// the compiler vectorises. Only what the micro kernel needs: zero, load,
+/// store, and acc += scalar · vector.
+#if defined(__GNUC__)
+template <class T>
+struct VectorRegister {
+  typedef T type __attribute__((vector_size(kVectorBytes)));
+};
+template <class T>
+using Vec = typename VectorRegister<T>::type;
+
+template <class T>
+KFA_HOST_INLINE Vec<T> vec_zero() {
+  return Vec<T>{};
+}
+template <class T>
+KFA_HOST_INLINE void vec_fma(Vec<T>& acc, T a, const Vec<T>& b) {
+  acc += a * b;
+}
+#else
+template <class T>
+struct Vec {
+  T lane[vector_lanes<T>()];
+};
+
+template <class T>
+KFA_HOST_INLINE Vec<T> vec_zero() {
+  Vec<T> v;
+  for (int l = 0; l < vector_lanes<T>(); ++l) v.lane[l] = T(0);
+  return v;
+}
+template <class T>
+KFA_HOST_INLINE void vec_fma(Vec<T>& acc, T a, const Vec<T>& b) {
+  KFA_HOST_SIMD
+  for (int l = 0; l < vector_lanes<T>(); ++l) acc.lane[l] += a * b.lane[l];
+}
+#endif
+
+/// Unaligned load and store of vector_lanes<T>() elements.
+template <class T>
+KFA_HOST_INLINE Vec<T> vec_load(const T* p) {
+  Vec<T> v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+template <class T>
+KFA_HOST_INLINE void vec_store(T* p, const Vec<T>& v) {
+  std::memcpy(p, &v, sizeof(v));
+}
+
 template <class T>
 struct ExpConstants;
 template <>
