@@ -24,14 +24,17 @@ kfa::AttentionOptions causal_options(bool causal) {
 }
 
 // Head dims off the register blocks (1, 13, 59, 96, 160, 256), sequences of
-// one row or key, lengths off the tiles, and causal rows that see no key
-// (seqlen_q > seqlen_k).
+// one row or key, lengths off the tiles, causal rows that see no key
+// (seqlen_q > seqlen_k), and causal diagonals that start inside a query
+// block at several offsets (300 x 330: the forward leaves out the rows
+// before them in whole register blocks).
 TYPED_TEST(HostKernels, OddShapes) {
   if (skip_config<TypeParam>()) GTEST_SKIP() << "host backends only";
   const PinTeamSize host_kernels(0);
   const Shape shapes[] = {{1, 7, 9, 2, 1},     {2, 97, 97, 2, 13},  {1, 113, 203, 2, 59},
                           {1, 70, 65, 1, 96},  {1, 50, 70, 2, 160}, {1, 33, 40, 1, 256},
-                          {2, 1, 1, 2, 64},    {1, 1, 97, 2, 32},   {1, 203, 113, 2, 64}};
+                          {2, 1, 1, 2, 64},    {1, 1, 97, 2, 32},   {1, 203, 113, 2, 64},
+                          {1, 300, 330, 1, 48}};
   for (const Shape& s : shapes)
     for (const bool causal : {false, true}) check_variant<TypeParam>(s, causal_options(causal), "host");
 }

@@ -11,6 +11,13 @@ namespace {
 
 using HostSpace = Kokkos::DefaultHostExecutionSpace;
 
+// The host kernels' per-thread tiles at the small head dims below, which
+// Kokkos allocates as team scratch: constant in seqlen, so allowed beside
+// the O(N) bounds.
+std::int64_t host_tile_bytes() {
+  return std::int64_t(HostSpace().concurrency()) * 256 * 1024;
+}
+
 TEST(Memory, FlashForwardAllocatesNoSeqlenSquaredMemory) {
   kfa::Experimental::MemoryTracker tracker;
   kfa::AttentionOptions opt;
@@ -28,8 +35,9 @@ TEST(Memory, FlashForwardAllocatesNoSeqlenSquaredMemory) {
     kfa::flash_attention_forward(HostSpace(), q, k, v, o, lse, opt);
     HostSpace().fence();
     const std::int64_t flash_peak = tracker.peak();
-    // O(N) at most; the kernel in fact allocates nothing beyond team scratch.
-    EXPECT_LE(flash_peak, std::int64_t(64) * n) << "seqlen " << n;
+    // O(N) at most; the kernel in fact allocates nothing beyond team scratch
+    // (on host backends each thread's tiles, which do not grow with seqlen).
+    EXPECT_LE(flash_peak, std::int64_t(64) * n + host_tile_bytes()) << "seqlen " << n;
     // All keys equal: every output element is exactly v = 1.
     const Tensor oh = to_host(o);
     double worst = 0;
@@ -69,11 +77,11 @@ TEST(Memory, BackwardTemporariesAreLinearInSeqlen) {
   // accumulator per chunk.
   const int chunks = kfa::Impl::Host::key_chunks(
       Kokkos::DefaultHostExecutionSpace().concurrency(), 2,
-      (n + kfa::Impl::Host::TileTraits<float>::kBlockN - 1) /
-          kfa::Impl::Host::TileTraits<float>::kBlockN);
+      (n + kfa::Impl::Host::BackwardTileTraits<float>::kBlockN - 1) /
+          kfa::Impl::Host::BackwardTileTraits<float>::kBlockN);
   const std::int64_t dq_chunks =
       chunks > 1 ? std::int64_t(chunks) * std::int64_t(dq.size() * sizeof(float)) : 0;
-  EXPECT_LE(tracker.peak(), std::int64_t(2) * n * 8 + dq_chunks);
+  EXPECT_LE(tracker.peak(), std::int64_t(2) * n * 8 + dq_chunks + host_tile_bytes());
 }
 
 }  // namespace

@@ -204,8 +204,18 @@ TYPED_TEST(ScoreMod, BlockPredicateSkipsTiles) {
   using Acc = kfa::accumulator_t<T>;
   if (is_duplicate_config<TypeParam>()) GTEST_SKIP() << "half is float here";
   const Shape s{1, 256, 256, 1, 64};
+  kfa::AttentionOptions opt;
+  opt.team_size = test_team_size<Space>();
+  // The tiles of the kernel that runs: the host kernels' where a host space
+  // gets no team size, else the portable kernels' (KernelTraits) on GPUs;
+  // the fused kernels test the predicate on their own tiles (ScoreModCuda).
+  opt.kernel_policy.opt_in_shared_memory = false;
   using traits = kfa::Impl::KernelTraits<Space, T, kfa::Impl::head_dim_bucket(64)>;
-  const int bm = traits::kBlockM, bn = traits::kBlockN;
+  using host_traits = kfa::Impl::Host::ForwardTileTraits<Acc>;
+  const bool host_kernels = kfa::Impl::host_kernel(opt) == kfa::Impl::KernelFamily::host_tiled &&
+                            kfa::Impl::is_host_tiled_space<Space>();
+  const int bm = host_kernels ? host_traits::kBlockM : traits::kBlockM;
+  const int bn = host_kernels ? host_traits::kBlockN : traits::kBlockN;
   ModSetup<Space> setup(Mod<Space>::kDocument | Mod<Space>::kCountCalls |
                             Mod<Space>::kRecordTiles,
                         s, test_seed("skip"));
@@ -215,11 +225,6 @@ TYPED_TEST(ScoreMod, BlockPredicateSkipsTiles) {
   auto v = to_device<T, Space>(c.v, "v");
   DeviceView4<T, Space> o("o", s.batch, s.seqlen_q, s.heads, s.head_dim);
   DeviceView3<Acc, Space> lse("lse", s.batch, s.heads, s.seqlen_q);
-  kfa::AttentionOptions opt;
-  opt.team_size = test_team_size<Space>();
-  // The portable kernels' tiles (KernelTraits) on GPUs; the fused kernels
-  // test the predicate on their own tiles (ScoreModCuda).
-  opt.kernel_policy.opt_in_shared_memory = false;
   kfa::flash_attention_forward(Space(), q, k, v, o, lse, opt, setup.mod);
   auto calls = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), setup.calls);
   auto tiles = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), setup.tiles);

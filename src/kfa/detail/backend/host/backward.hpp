@@ -49,7 +49,7 @@ class BackwardKernel {
  public:
   using value_type = typename QView::non_const_value_type;
   using acc_t = typename DeltaView::non_const_value_type;
-  using traits = TileTraits<acc_t>;
+  using traits = BackwardTileTraits<acc_t>;
   using member_t = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   using params_t = KernelParams<acc_t, typename QView::memory_space>;
   using pipeline_t = ScorePipeline<VariantT, acc_t>;
@@ -190,10 +190,10 @@ class BackwardKernel {
       t.s_lse[i] = lse == math::neg_inf<acc_t>() ? std::numeric_limits<acc_t>::infinity() : lse;
       t.s_delta[i] = row_ok ? acc_t(m_delta(vb, h, r)) : acc_t(0);
     }
-    tile_product<ALayout::row_major>(rows_pad, kBlockN, m_head_dim, gQ.ptr, gQ.ld, t.sKt,
-                                     kBlockN, t.sS, kBlockN, false);
-    tile_product<ALayout::row_major>(rows_pad, kBlockN, m_head_dim, gdO.ptr, gdO.ld, t.sVt,
-                                     kBlockN, t.sdS, kBlockN, false);
+    tile_product<ALayout::row_major, false>(rows_pad, kBlockN, m_head_dim, gQ.ptr, gQ.ld, t.sKt,
+                                            kBlockN, t.sS, kBlockN);
+    tile_product<ALayout::row_major, false>(rows_pad, kBlockN, m_head_dim, gdO.ptr, gdO.ld, t.sVt,
+                                            kBlockN, t.sdS, kBlockN);
 
     const bool needs_mask =
         VariantT::kScoreMod ||
@@ -230,12 +230,12 @@ class BackwardKernel {
         }
       }
     }
-    tile_product<ALayout::transposed>(cols_pad, dpad, rows, t.sS, kBlockN, gdO.ptr, gdO.ld,
-                                      t.acc_dv, dpad, true);
-    tile_product<ALayout::transposed>(cols_pad, dpad, rows, t.sdS, kBlockN, gQ.ptr, gQ.ld,
-                                      t.acc_dk, dpad, true);
-    tile_product<ALayout::row_major>(rows_pad, dpad, cols, t.sdS, kBlockN, t.gK.ptr, t.gK.ld,
-                                     t.acc_dq, dpad, false);
+    tile_product<ALayout::transposed, true>(cols_pad, dpad, rows, t.sS, kBlockN, gdO.ptr, gdO.ld,
+                                            t.acc_dv, dpad);
+    tile_product<ALayout::transposed, true>(cols_pad, dpad, rows, t.sdS, kBlockN, gQ.ptr, gQ.ld,
+                                            t.acc_dk, dpad);
+    tile_product<ALayout::row_major, false>(rows_pad, dpad, cols, t.sdS, kBlockN, t.gK.ptr, t.gK.ld,
+                                            t.acc_dq, dpad);
     const int slot = chunk * m_view_batch + vb;
     const bool unit_stride = m_dq_acc.stride(3) == 1;
     for (int i = 0; i < rows; ++i) {
@@ -277,7 +277,7 @@ void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const 
   using acc_t = typename Delta::non_const_value_type;
   using value_type = typename DQ::non_const_value_type;
   using memory_space = typename ExecSpace::memory_space;
-  constexpr int kBlockN = TileTraits<acc_t>::kBlockN;
+  constexpr int kBlockN = BackwardTileTraits<acc_t>::kBlockN;
   const int kv_blocks = (params.seq.max_seqlen_k + kBlockN - 1) / kBlockN;
   const int chunks =
       key_chunks(space.concurrency(), params.seq.batch * params.heads_kv, kv_blocks);

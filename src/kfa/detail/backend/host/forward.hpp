@@ -46,7 +46,7 @@ class ForwardKernel {
  public:
   using value_type = typename QView::non_const_value_type;
   using acc_t = typename LseView::non_const_value_type;
-  using traits = TileTraits<acc_t>;
+  using traits = ForwardTileTraits<acc_t>;
   using member_t = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   using softmax = OnlineSoftmax<acc_t>;
   using params_t = KernelParams<acc_t, typename QView::memory_space>;
@@ -129,11 +129,16 @@ class ForwardKernel {
       const int cols_pad = traits::round_up(cols, traits::kRows);
       if (!m_pipeline.visible(b, h, row_begin, row_begin + rows, key_begin, key_begin + cols))
         continue;
+      // Query rows before `skip` (whole register blocks) see no key of this
+      // block, on a causal or windowed diagonal: the products leave them
+      // out and the mask below sets their scores to -inf.
+      const int skip = imax(mask.row_begin(key_begin) - row_begin, 0) / traits::kCols *
+                       traits::kCols;
       // Sᵀ [keys][query rows] = K·Qᵀ; keys past the sequence are never read below.
       const RowTile<acc_t> gK = row_tile(m_k, vb, k0 + key_begin, h_kv, cols, cols_pad,
                                          m_head_dim, m_head_dim, sK, dpad);
-      tile_product<ALayout::row_major>(cols_pad, kBlockM, m_head_dim, gK.ptr, gK.ld, sQt,
-                                       kBlockM, sSt, kBlockM, false);
+      tile_product<ALayout::row_major, false>(cols_pad, kBlockM - skip, m_head_dim, gK.ptr, gK.ld,
+                                              sQt + skip, kBlockM, sSt + skip, kBlockM);
 
       const bool needs_mask =
           VariantT::kScoreMod ||
@@ -158,8 +163,9 @@ class ForwardKernel {
       // O += P·V, P read from Sᵀ as a transposed operand.
       const RowTile<acc_t> gV =
           row_tile(m_v, vb, k0 + key_begin, h_kv, cols, cols, m_head_dim, dpad, sV, dpad);
-      tile_product<ALayout::transposed>(rows_pad, dpad, cols, sSt, kBlockM, gV.ptr, gV.ld, acc_o,
-                                        dpad, true);
+      tile_product<ALayout::transposed, true>(rows_pad - skip, dpad, cols, sSt + skip, kBlockM,
+                                              gV.ptr, gV.ld, acc_o + std::size_t(skip) * dpad,
+                                              dpad);
     }
 
     for (int i = 0; i < rows; ++i) {

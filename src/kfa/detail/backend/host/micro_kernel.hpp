@@ -17,19 +17,25 @@ namespace kfa {
 namespace Impl {
 namespace Host {
 
-/// Compile-time tile choices of the host kernels for accumulator type Acc.
+/// The register block of the products for accumulator type Acc: kRows x
+/// kCols accumulators in 2·kRows vector registers, leaving room for the
+/// broadcasts and B's loads: 16 of AVX-512's 32 registers, 8 of the 16
+/// elsewhere.
 template <class Acc>
-struct TileTraits {
-  /// Register block: kRows x kCols accumulators in 2·kRows vector
-  /// registers, leaving room for the broadcasts and B's loads: 16 of
-  /// AVX-512's 32 registers, 8 of the 16 elsewhere.
+struct RegisterBlock {
   static constexpr int kRows = kVectorBytes == 64 ? 8 : 4;
   static constexpr int kCols = 2 * vector_lanes<Acc>();
-  /// Query rows and keys per tile. Multiples of the register block; at
-  /// head_dim 128 a key block of K and V is 64 KiB in fp32, which stays in
-  /// L2 (and largely in L1) while every row group of the query block uses it.
-  static constexpr int kBlockM = 64;
-  static constexpr int kBlockN = 64;
+};
+
+/// Compile-time tile choices of one host kernel for accumulator type Acc:
+/// BlockM query rows by BlockN keys per tile, multiples of the register
+/// block, and tile rows indexed by head dimension padded to whole blocks.
+template <class Acc, int BlockM, int BlockN>
+struct TileTraits : RegisterBlock<Acc> {
+  using RegisterBlock<Acc>::kRows;
+  using RegisterBlock<Acc>::kCols;
+  static constexpr int kBlockM = BlockM;
+  static constexpr int kBlockN = BlockN;
   static_assert(kBlockM % kRows == 0 && kBlockN % kCols == 0 && kBlockM % kCols == 0,
                 "kfa::Host::TileTraits: blocks must be whole register blocks");
 
@@ -38,47 +44,63 @@ struct TileTraits {
   static constexpr int padded_head_dim(int head_dim) { return round_up(head_dim, kCols); }
 };
 
+/// The forward's tiles. A query block of 128 rows reads each K and V block
+/// (64 keys, read in place from the View) half as often as 64 rows would:
+/// with many heads the rows of one head are a page apart and share few
+/// cache sets, so these blocks come from beyond L2 each time.
+template <class Acc>
+using ForwardTileTraits = TileTraits<Acc, 128, 64>;
+
+/// The backward's tiles. For each key block it streams every query row's
+/// Q, dO and dQ accumulator: 128 keys a block halve that traffic, which
+/// dominates at long sequences, while its S, dP, Q and dO tiles stay at 64
+/// query rows.
+template <class Acc>
+using BackwardTileTraits = TileTraits<Acc, 64, 128>;
+
 /// How a product reads its left operand A [m][k]: element (r, p) at
 /// a[r * lda + p] (row_major), or at a[p * lda + r] (transposed: the tile
 /// holds Aᵀ, as a Pᵀ or dSᵀ tile whose rows are keys does). Either way the
 /// register block broadcasts one element per row and reduction step.
 enum class ALayout { row_major, transposed };
 
-/// C[Rows][Cols] (+)= A[Rows][k] · B[k][Cols]; strides in elements.
-template <int Rows, int Cols, ALayout Layout, class T>
-inline void micro_product(int k, const T* __restrict a, std::ptrdiff_t lda,
-                          const T* __restrict b, std::ptrdiff_t ldb, T* __restrict c,
-                          std::ptrdiff_t ldc, bool accumulate) {
-  T acc[Rows][Cols];
-  for (int r = 0; r < Rows; ++r) {
-    KFA_HOST_SIMD
-    for (int j = 0; j < Cols; ++j) acc[r][j] = accumulate ? c[r * ldc + j] : T(0);
-  }
+/// C[Rows][Vecs vectors] (+)= A[Rows][k] · B[k][Vecs vectors]; strides in
+/// elements. The accumulators are vector registers from the first load of
+/// C to the last store.
+template <int Rows, int Vecs, ALayout Layout, bool Accumulate, class T>
+KFA_HOST_INLINE void micro_product(int k, const T* __restrict a, std::ptrdiff_t lda,
+                                   const T* __restrict b, std::ptrdiff_t ldb, T* __restrict c,
+                                   std::ptrdiff_t ldc) {
+  constexpr int lanes = vector_lanes<T>();
+  Vec<T> acc[Rows][Vecs];
+  for (int r = 0; r < Rows; ++r)
+    for (int v = 0; v < Vecs; ++v)
+      acc[r][v] = Accumulate ? vec_load(c + r * ldc + v * lanes) : vec_zero<T>();
   for (int p = 0; p < k; ++p) {
-    const T* bp = b + p * ldb;
+    Vec<T> bp[Vecs];
+    for (int v = 0; v < Vecs; ++v) bp[v] = vec_load(b + p * ldb + v * lanes);
     for (int r = 0; r < Rows; ++r) {
       const T ar = Layout == ALayout::row_major ? a[r * lda + p] : a[p * lda + r];
-      KFA_HOST_SIMD
-      for (int j = 0; j < Cols; ++j) acc[r][j] += ar * bp[j];
+      for (int v = 0; v < Vecs; ++v) vec_fma(acc[r][v], ar, bp[v]);
     }
   }
-  for (int r = 0; r < Rows; ++r) {
-    KFA_HOST_SIMD
-    for (int j = 0; j < Cols; ++j) c[r * ldc + j] = acc[r][j];
-  }
+  for (int r = 0; r < Rows; ++r)
+    for (int v = 0; v < Vecs; ++v) vec_store(c + r * ldc + v * lanes, acc[r][v]);
 }
 
 /// C[m][n] (+)= A[m][k] · B[k][n] with m a multiple of kRows and n of kCols
-/// (the tiles are padded to whole register blocks); A read as Layout says.
-template <ALayout Layout, class T>
-inline void tile_product(int m, int n, int k, const T* a, std::ptrdiff_t lda, const T* b,
-                         std::ptrdiff_t ldb, T* c, std::ptrdiff_t ldc, bool accumulate) {
-  using traits = TileTraits<T>;
+/// (the tiles are padded to whole register blocks); A read as Layout says,
+/// C overwritten or added to as Accumulate says.
+template <ALayout Layout, bool Accumulate, class T>
+void tile_product(int m, int n, int k, const T* a, std::ptrdiff_t lda, const T* b,
+                  std::ptrdiff_t ldb, T* c, std::ptrdiff_t ldc) {
+  using traits = RegisterBlock<T>;
+  constexpr int vecs = traits::kCols / vector_lanes<T>();
   for (int i = 0; i < m; i += traits::kRows) {
     const T* a_rows = Layout == ALayout::row_major ? a + i * lda : a + i;
     for (int j = 0; j < n; j += traits::kCols)
-      micro_product<traits::kRows, traits::kCols, Layout>(k, a_rows, lda, b + j, ldb,
-                                                          c + i * ldc + j, ldc, accumulate);
+      micro_product<traits::kRows, vecs, Layout, Accumulate>(k, a_rows, lda, b + j, ldb,
+                                                             c + i * ldc + j, ldc);
   }
 }
 
