@@ -9,7 +9,9 @@
 
 #include "nn_layer_oracles.hpp"
 
+#include <array>
 #include <cstring>
+#include <functional>
 
 namespace {
 
@@ -1026,6 +1028,263 @@ TYPED_TEST(NnLayers, BadShapesThrowAndWriteNothing) {
   }, "options.qk_norm_options.eps must be finite and >= 0");
   auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y);
   for (std::size_t n = 0; n < host.size(); ++n) ASSERT_EQ(host.data()[n], T(3)) << "y written";
+}
+
+// ---------------------------------------------------------------------------
+// Axial rotary embeddings as a layer option (options.axial_rotary).
+
+kfa::nn::AxialRotaryOptions grid_rope(int axes, std::array<int, 3> extent,
+                                      kfa::nn::RotaryStyle style, int rotary_dim,
+                                      std::array<int, 3> offset = {0, 0, 0},
+                                      std::array<double, 3> scale = {1, 1, 1}) {
+  kfa::nn::AxialRotaryOptions o;
+  o.axes = axes;
+  o.style = style;
+  o.rotary_dim = rotary_dim;
+  for (int a = 0; a < 3; ++a) {
+    o.extent[a] = extent[a];
+    o.offset[a] = offset[a];
+    o.scale[a] = scale[a];
+  }
+  return o;
+}
+
+/// Self-attention on 2D, 3D and 1D grids (both pair conventions, partial
+/// rotary, offsets and scales, qk-norm, grouped-query heads, the recompute
+/// mode), cross-attention between two fields on one grid, the Llama block,
+/// and a packed batch of grids (with an empty sequence), each forward, input
+/// gradient and every parameter gradient against the fp64 oracle.
+TYPED_TEST(NnLayers, AxialRotaryThroughTheLayersMatchesOracle) {
+  using Space = typename TypeParam::space;
+  using T = typename TypeParam::value_type;
+  using kfa::nn::RotaryStyle;
+  const int B = 2, d = 48;
+  std::vector<kfa::nn::MultiHeadAttentionOptions> cases(3);
+  for (auto& o : cases) {
+    o.d_model = d;
+    o.axial_rotary = true;
+  }
+  // 5 x 7, fused, grouped-query, causal, half-split over all 12 features.
+  cases[0].heads = 4;
+  cases[0].kv_heads = 2;
+  cases[0].head_dim = 12;
+  cases[0].attention.causal = true;
+  cases[0].axial_rotary_options = grid_rope(2, {5, 7, 1}, RotaryStyle::half_split, 0, {2, -3, 0},
+                                            {1, 0.5, 1});
+  // 3 x 2 x 5, separate projections without bias, qk-norm, interleaved
+  // partial rotary (12 of 16 features, 4 per axis).
+  cases[1].heads = 3;
+  cases[1].fused_qkv = false;
+  cases[1].bias = false;
+  cases[1].qk_norm = true;
+  cases[1].axial_rotary_options = grid_rope(3, {3, 2, 5}, RotaryStyle::interleaved, 12);
+  // One axis of 29 points in the recompute mode, a window.
+  cases[2].heads = 3;
+  cases[2].recompute = true;
+  cases[2].attention.window_left = 6;
+  cases[2].attention.window_right = 4;
+  cases[2].axial_rotary_options = grid_rope(1, {29, 1, 1}, RotaryStyle::interleaved, 8, {40, 0, 0});
+  for (int index = 0; index < int(cases.size()); ++index) {
+    const auto& options = cases[index];
+    int S = 1;
+    for (int a = 0; a < options.axial_rotary_options.axes; ++a)
+      S *= options.axial_rotary_options.extent[a];
+    const std::string tag = "nn_axial_mha_" + std::to_string(index);
+    const std::string what = tag + " " + type_name<T>() + " " + Space::name() + " seed " +
+                             std::to_string(test_seed(tag));
+    kfa::nn::MultiHeadAttention<Space, T> mha(options);
+    LayerRun<Space, T, decltype(mha)> run(mha, tag, B, S, d);
+    const MhaParams p = mha_params(mha, false);
+    MhaOracle oracle{mha.options(), p, B, S, {}, {}, {}, {}, {}, {}};
+    oracle.forward(run.x);
+    Tensor dx_ref;
+    MhaParams g_ref = zero_grads(p);
+    oracle.backward(run.x, run.dy, dx_ref, g_ref);
+    const double factor = 16.0 * (d + S);
+    expect_close_rel<T>(what + " y", run.y, oracle.y, factor);
+    expect_close_rel<T>(what + " dx", run.dx, dx_ref, factor);
+    expect_mha_grads<T>(what, mha_params(mha, true), g_ref, factor * 4);
+  }
+  {
+    // Cross-attention: queries and memory are two fields on one 4 x 6 grid.
+    kfa::nn::MultiHeadAttentionOptions options;
+    options.d_model = d;
+    options.heads = 3;
+    options.axial_rotary = true;
+    options.axial_rotary_options = grid_rope(2, {4, 6, 1}, RotaryStyle::half_split, 8);
+    const int S = 24;
+    const std::string tag = "nn_axial_cross";
+    const std::string what = tag + " " + type_name<T>() + " " + Space::name() + " seed " +
+                             std::to_string(test_seed(tag));
+    kfa::nn::MultiHeadAttention<Space, T> mha(options);
+    std::mt19937_64 rng(test_seed(tag));
+    randomize_parameters(mha.parameters(), rng);
+    const Tensor x = rounded<T>(random_tensor({B * S, d}, rng));
+    const Tensor memory = rounded<T>(random_tensor({B * S, d}, rng));
+    const Tensor dy = rounded<T>(random_tensor({B * S, d}, rng));
+    auto xv = make_view<DeviceView3<T, Space>>(reshaped(x, {B, S, d}), "x");
+    auto mv = make_view<DeviceView3<T, Space>>(reshaped(memory, {B, S, d}), "memory");
+    auto dyv = make_view<DeviceView3<T, Space>>(reshaped(dy, {B, S, d}), "dy");
+    DeviceView3<T, Space> yv("y", B, S, d), dxv("dx", B, S, d), dmv("dmemory", B, S, d);
+    poison(yv);
+    poison(dxv);
+    poison(dmv);
+    typename kfa::nn::MultiHeadAttention<Space, T>::context_type context;
+    mha.forward(Space(), xv, mv, yv, context);
+    mha.backward(Space(), dyv, dxv, dmv, context);
+    Space().fence();
+    const MhaParams p = mha_params(mha, false);
+    MhaOracle oracle{mha.options(), p, B, S, {}, {}, {}, {}, {}, {}};
+    oracle.forward(x, memory, S);
+    Tensor dx_ref, dm_ref;
+    MhaParams g_ref = zero_grads(p);
+    oracle.backward(x, memory, dy, dx_ref, dm_ref, g_ref);
+    const double factor = 16.0 * (d + 2 * S);
+    expect_close_rel<T>(what + " y", reshaped(to_host(yv), {B * S, d}), oracle.y, factor);
+    expect_close_rel<T>(what + " dx", reshaped(to_host(dxv), {B * S, d}), dx_ref, factor);
+    expect_close_rel<T>(what + " dmemory", reshaped(to_host(dmv), {B * S, d}), dm_ref, factor);
+    expect_mha_grads<T>(what, mha_params(mha, true), g_ref, factor * 4);
+  }
+  {
+    // The Llama block on a 5 x 7 grid: RMSNorm, SwiGLU, separate
+    // projections, grouped-query heads, interleaved axial rotary, causal.
+    kfa::nn::TransformerBlockOptions options;
+    options.attention.d_model = d;
+    options.attention.heads = 4;
+    options.attention.kv_heads = 2;
+    options.attention.head_dim = 12;
+    options.attention.fused_qkv = false;
+    options.attention.attention.causal = true;
+    options.attention.axial_rotary = true;
+    options.attention.axial_rotary_options =
+        grid_rope(2, {5, 7, 1}, RotaryStyle::interleaved, 8, {0, 3, 0});
+    options.norm = kfa::nn::Norm::rms_norm;
+    options.activation = kfa::nn::Activation::swiglu;
+    options.bias = false;
+    options.d_ff = 40;
+    const int S = 35;
+    const std::string tag = "nn_axial_block";
+    const std::string what = tag + " " + type_name<T>() + " " + Space::name() + " seed " +
+                             std::to_string(test_seed(tag));
+    kfa::nn::TransformerBlock<Space, T> block(options);
+    LayerRun<Space, T, decltype(block)> run(block, tag, B, S, d);
+    expect_block_matches_oracle<T>(what, block, run.x, run.dy, run.y, run.dx, B, S);
+  }
+  {
+    // A packed batch of three 3 x 4 grids, the second empty: every grid
+    // starts at its own first point.
+    using memory_space = typename Space::memory_space;
+    const std::vector<int> offsets = {0, 12, 12, 24};
+    const int total = 24;
+    Kokkos::View<int*, memory_space> cu("cu_seqlens", offsets.size());
+    Kokkos::deep_copy(cu, Kokkos::View<const int*, Kokkos::HostSpace,
+                                       Kokkos::MemoryTraits<Kokkos::Unmanaged>>(offsets.data(),
+                                                                                offsets.size()));
+    kfa::nn::MultiHeadAttentionOptions options;
+    options.d_model = d;
+    options.heads = 3;
+    options.qk_norm = true;
+    options.attention.causal = true;
+    options.axial_rotary = true;
+    options.axial_rotary_options = grid_rope(2, {3, 4, 1}, RotaryStyle::half_split, 0, {1, 0, 0});
+    const std::string tag = "nn_axial_packed";
+    const std::string what = tag + " " + type_name<T>() + " " + Space::name() + " seed " +
+                             std::to_string(test_seed(tag));
+    kfa::nn::MultiHeadAttention<Space, T> mha(options);
+    const RandomIo<DeviceView2<T, Space>> io(mha, tag, {total, d});
+    typename kfa::nn::MultiHeadAttention<Space, T>::context_type context;
+    mha.forward(Space(), io.xv, cu, 17, io.yv, context);
+    mha.backward(Space(), io.dyv, io.dxv, context);
+    Space().fence();
+    // The two grids as a batch of 2 equal sequences: the same oracle.
+    const MhaParams p = mha_params(mha, false);
+    MhaOracle oracle{mha.options(), p, 2, 12, {}, {}, {}, {}, {}, {}};
+    oracle.forward(io.x);
+    Tensor dx_ref;
+    MhaParams g_ref = zero_grads(p);
+    oracle.backward(io.x, io.dy, dx_ref, g_ref);
+    const double factor = 16.0 * (d + 12);
+    expect_close_rel<T>(what + " y", to_host(io.yv), oracle.y, factor);
+    expect_close_rel<T>(what + " dx", to_host(io.dxv), dx_ref, factor);
+    expect_mha_grads<T>(what, mha_params(mha, true), g_ref, factor * 4);
+  }
+}
+
+/// Bad axial options at construction, and sequences that are not the grid
+/// (x, a cross-attention memory, a packed sequence, the block's x): named
+/// std::invalid_argument, outputs untouched.
+TYPED_TEST(NnLayers, AxialRotaryErrorsThrowAndWriteNothing) {
+  using Space = typename TypeParam::space;
+  using T = typename TypeParam::value_type;
+  using Layer = kfa::nn::MultiHeadAttention<Space, T>;
+  using kfa::nn::RotaryStyle;
+  kfa::nn::MultiHeadAttentionOptions options;
+  options.d_model = 16;
+  options.heads = 2;
+  options.axial_rotary = true;
+  options.axial_rotary_options = grid_rope(2, {5, 7, 1}, RotaryStyle::half_split, 0);
+  const auto refused = [&](const std::function<void(kfa::nn::MultiHeadAttentionOptions&)>& edit,
+                           const std::string& message) {
+    auto o = options;
+    edit(o);
+    expect_invalid_argument([&] { Layer layer(o); }, message);
+  };
+  refused([](auto& o) { o.rotary = true; },
+          "kfa::nn::MultiHeadAttention: options.axial_rotary replaces options.rotary and "
+          "options.alibi");
+  refused([](auto& o) { o.alibi = true; }, "options.axial_rotary replaces options.rotary");
+  refused([](auto& o) { o.axial_rotary_options.axes = 4; },
+          "options.axial_rotary_options.axes must be 1, 2 or 3, got 4");
+  refused([](auto& o) { o.axial_rotary_options.extent[1] = 0; },
+          "options.axial_rotary_options.extent[1] must be >= 1, got extent = [5][0]");
+  refused([](auto& o) { o.axial_rotary_options.rotary_dim = 6; },
+          "options.axial_rotary_options.rotary_dim (0: head_dim) must be in 0..head_dim = 8 and "
+          "a multiple of 2·axes = 4 (an even share per axis), got 6");
+  refused([](auto& o) { o.axial_rotary_options.axes = 3; },
+          "a multiple of 2·axes = 6 (an even share per axis), got 8");
+  refused([](auto& o) { o.axial_rotary_options.scale[0] = NAN; },
+          "options.axial_rotary_options.base must be finite and > 0 and its scale finite");
+
+  const Layer layer(options);
+  typename Layer::context_type context;
+  DeviceView3<T, Space> x("x", 2, 36, 16), y("y", 2, 36, 16), x35("x35", 2, 35, 16),
+      y35("y35", 2, 35, 16), memory("memory", 2, 30, 16);
+  Kokkos::deep_copy(y, T(7));
+  Kokkos::deep_copy(y35, T(7));
+  expect_invalid_argument([&] { layer.forward(Space(), x, y, context); },
+                          "kfa::nn::MultiHeadAttention::forward: x must be [batch][35][16]: "
+                          "options.axial_rotary_options.extent = [5][7] holds 35 grid points, "
+                          "but seqlen is 36");
+  expect_invalid_argument([&] { layer.forward(Space(), x35, memory, y35, context); },
+                          "kfa::nn::MultiHeadAttention::forward: memory must be [batch][35][16]: "
+                          "options.axial_rotary_options.extent = [5][7] holds 35 grid points, "
+                          "but seqlen_kv is 30");
+  {
+    using memory_space = typename Space::memory_space;
+    const std::vector<int> offsets = {0, 35, 55};
+    Kokkos::View<int*, memory_space> cu("cu_seqlens", offsets.size());
+    Kokkos::deep_copy(cu, Kokkos::View<const int*, Kokkos::HostSpace,
+                                       Kokkos::MemoryTraits<Kokkos::Unmanaged>>(offsets.data(),
+                                                                                offsets.size()));
+    DeviceView2<T, Space> xp("xp", 55, 16), yp("yp", 55, 16);
+    Kokkos::deep_copy(yp, T(7));
+    expect_invalid_argument([&] { layer.forward(Space(), xp, cu, 35, yp, context); },
+                            "kfa::nn::MultiHeadAttention::forward: "
+                            "options.axial_rotary_options.extent holds 35 grid points: every "
+                            "sequence of a packed batch must be the grid (or empty), got "
+                            "sequence 1 of length 20");
+    for (double v : to_host(yp).data) ASSERT_EQ(v, 7.0) << "packed y written";
+  }
+  kfa::nn::TransformerBlockOptions block_options;
+  block_options.attention = options;
+  block_options.d_ff = 8;
+  kfa::nn::TransformerBlock<Space, T> block(block_options);
+  typename kfa::nn::TransformerBlock<Space, T>::context_type block_context;
+  expect_invalid_argument([&] { block.forward(Space(), x, y, block_context); },
+                          "x must be [batch][35][16]: options.axial_rotary_options.extent = "
+                          "[5][7] holds 35 grid points, but seqlen is 36");
+  for (double v : to_host(y).data) ASSERT_EQ(v, 7.0) << "y written";
+  for (double v : to_host(y35).data) ASSERT_EQ(v, 7.0) << "cross-attention y written";
 }
 
 }  // namespace

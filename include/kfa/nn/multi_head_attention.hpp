@@ -2,10 +2,12 @@
 #define KFA_NN_MULTI_HEAD_ATTENTION_HPP
 
 #include <kfa/flash_attention.hpp>
+#include <kfa/nn/grid.hpp>
 #include <kfa/nn/options.hpp>
 #include <kfa/nn/parameter.hpp>
 #include <kfa/nn/score_mods.hpp>
 
+#include <kfa/detail/nn/axial_rotary_kernels.hpp>
 #include <kfa/detail/nn/checks.hpp>
 #include <kfa/detail/nn/layer_support.hpp>
 #include <kfa/detail/nn/linear_impl.hpp>
@@ -15,6 +17,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -97,7 +100,8 @@ struct MultiHeadAttentionContext {
 /// Llama attention with separate projections): y = out_proj(attention(
 /// rotary(norm_q(x·W_qᵀ + b_q)), rotary(norm_k(m·W_kᵀ + b_k)), m·W_vᵀ + b_v)),
 /// m = x (self-attention) or a second input, the memory (cross-attention),
-/// the norms per head only with options.qk_norm, the attention
+/// the norms per head only with options.qk_norm, the rotary embeddings
+/// 1D (options.rotary) or axial over a grid (options.axial_rotary), the attention
 /// through kfa::flash_attention_forward/backward with the options'
 /// AttentionOptions. Grouped-query heads when kv_heads < heads.
 ///
@@ -493,6 +497,7 @@ class MultiHeadAttention {
       Impl::throw_invalid(function, "options.rotary_options: rotary_dim must be even and in "
                                     "0..head_dim, base > 0, position_offset >= 0");
     }
+    if (o.axial_rotary) resolve_axial(function, o);
     if (!(o.qk_norm_options.eps >= 0) || !std::isfinite(o.qk_norm_options.eps)) {
       Impl::throw_invalid(function, "options.qk_norm_options.eps must be finite and >= 0");
     }
@@ -507,6 +512,79 @@ class MultiHeadAttention {
     Impl::check_options(function, o.attention);
     Impl::nn_check_sequence_parallel(function, o.sequence_parallel, o.attention);
     return o;
+  }
+
+  /// The axial rotary option: a grid of 1..3 axes, rotary features that
+  /// split into an even share per axis, a finite base and scales.
+  static void resolve_axial(const char* function, MultiHeadAttentionOptions& o) {
+    auto& a = o.axial_rotary_options;
+    if (o.rotary || o.alibi) {
+      Impl::throw_invalid(function, "options.axial_rotary replaces options.rotary and "
+                                    "options.alibi (one kind of position information); turn "
+                                    "them off");
+    }
+    if (a.axes < 1 || a.axes > 3) {
+      Impl::throw_invalid(function, "options.axial_rotary_options.axes must be 1, 2 or 3, got " +
+                                        std::to_string(a.axes));
+    }
+    std::int64_t points = 1;
+    for (int axis = 0; axis < a.axes; ++axis) {
+      if (a.extent[axis] < 1) {
+        Impl::throw_invalid(function, "options.axial_rotary_options.extent[" +
+                                          std::to_string(axis) + "] must be >= 1, got extent = " +
+                                          Impl::grid_string(a.axes, a.extent));
+      }
+      points *= a.extent[axis];
+      if (points > std::numeric_limits<int>::max()) {
+        Impl::throw_invalid(function, "options.axial_rotary_options.extent = " +
+                                          Impl::grid_string(a.axes, a.extent) +
+                                          " holds more than 2^31 - 1 points");
+      }
+    }
+    if (a.rotary_dim == 0) a.rotary_dim = o.head_dim;
+    if (a.rotary_dim < 0 || a.rotary_dim > o.head_dim || a.rotary_dim % (2 * a.axes) != 0) {
+      Impl::throw_invalid(function, "options.axial_rotary_options.rotary_dim (0: head_dim) must "
+                                    "be in 0..head_dim = " + std::to_string(o.head_dim) +
+                                        " and a multiple of 2·axes = " +
+                                        std::to_string(2 * a.axes) +
+                                        " (an even share per axis), got " +
+                                        std::to_string(a.rotary_dim));
+    }
+    bool finite = a.base > 0 && std::isfinite(a.base);
+    for (int axis = 0; axis < a.axes; ++axis) finite = finite && std::isfinite(a.scale[axis]);
+    if (!finite) {
+      Impl::throw_invalid(function, "options.axial_rotary_options.base must be finite and > 0 "
+                                    "and its scale finite");
+    }
+  }
+
+  /// The grid's points under options.axial_rotary, else 0.
+  int axial_points() const {
+    if (!m_options.axial_rotary) return 0;
+    const auto& a = m_options.axial_rotary_options;
+    int points = 1;
+    for (int axis = 0; axis < a.axes; ++axis) points *= a.extent[axis];
+    return points;
+  }
+
+  /// Under options.axial_rotary the query and key sequences must be the
+  /// grid (the whole sequence in the sequence-parallel mode).
+  void check_axial_lengths(const char* function, int seqlen, int seqlen_kv, bool cross) const {
+    const int points = axial_points();
+    if (points == 0 || (seqlen == points && seqlen_kv == points)) return;
+    const auto& a = m_options.axial_rotary_options;
+    const bool memory_bad = cross && seqlen == points;
+    const bool ranks = m_options.sequence_parallel.comm != nullptr;
+    const std::string shape =
+        "[batch][" + std::to_string(points) + "][" +
+        std::to_string(memory_bad ? m_options.d_model_kv : m_options.d_model) + "]";
+    Impl::throw_invalid(
+        function, std::string(memory_bad ? "memory" : "x") +
+                      (ranks ? " of all ranks together must be " : " must be ") + shape +
+                      ": options.axial_rotary_options.extent = " +
+                      Impl::grid_string(a.axes, a.extent) + " holds " + std::to_string(points) +
+                      " grid points, but " + (memory_bad ? "seqlen_kv" : "seqlen") + " is " +
+                      std::to_string(memory_bad ? seqlen_kv : seqlen));
   }
 
   template <class A, class B>
@@ -579,13 +657,13 @@ class MultiHeadAttention {
                                       "padding)");
       }
       Impl::check_disjoint(function, "y", y, "x", x);
-      pack(function, cu_seqlens, max_seqlen, x.extent(0), c);
+      pack(function, cu_seqlens, max_seqlen, x.extent(0), c, axial_points());
     }
   }
 
   template <class Cu>
   static void pack(const char* function, const Cu& cu_seqlens, int max_seqlen, std::size_t total,
-                   context_type& c) {
+                   context_type& c, int axial_points) {
     static_assert(Kokkos::is_view<Cu>::value && Cu::rank == 1 &&
                       std::is_same<typename Cu::non_const_value_type, int>::value &&
                       std::is_same<typename Cu::memory_space, memory_space>::value,
@@ -608,6 +686,19 @@ class MultiHeadAttention {
                                           " and hold lengths <= max_seqlen = " +
                                           std::to_string(max_seqlen) + "; got cu_seqlens[" +
                                           std::to_string(b) + "] = " + std::to_string(host(b)));
+      }
+    }
+    // Axial rotary embeddings: every sequence is the grid (token t of the
+    // packed batch is then grid point t % points).
+    for (std::size_t b = 0; axial_points > 0 && b + 1 < n; ++b) {
+      const int length = host(b + 1) - host(b);
+      if (length != 0 && length != axial_points) {
+        Impl::throw_invalid(function, "options.axial_rotary_options.extent holds " +
+                                          std::to_string(axial_points) +
+                                          " grid points: every sequence of a packed batch must "
+                                          "be the grid (or empty), got sequence " +
+                                          std::to_string(b) + " of length " +
+                                          std::to_string(length));
       }
     }
     // Rotary positions restart at every sequence.
@@ -796,6 +887,19 @@ class MultiHeadAttention {
                                           sign, positions);
   }
 
+  /// Axial rotary embedding of q or k (sign -1: the inverse, on dq or dk) in
+  /// place. A packed batch's sequences are all the grid, so token t is grid
+  /// point t % points; in the sequence-parallel mode this rank's tokens start
+  /// at grid point slice.offset.
+  void rotate_axial(const ExecSpace& space, const view4& t, bool packed,
+                    const Impl::NnSequenceSlice& slice, int heads, int sign) const {
+    const out2 rows = Impl::out_tokens(t);
+    const auto& a = m_options.axial_rotary_options;
+    Impl::axial_rotary_impl<ExecSpace, T>(space, rows, rows, packed ? axial_points() : slice.seqlen,
+                                          heads, m_options.head_dim, a.rotary_dim, a, sign,
+                                          packed ? 0 : slice.offset);
+  }
+
   /// RMSNorm over head_dim of every (token, head) row of `in` into `out`.
   void qk_norm_forward(const ExecSpace& space, const view4& in, const view1& weight,
                        const view4& out, const view1_acc& rstd) const {
@@ -910,14 +1014,21 @@ class MultiHeadAttention {
     const int batch = int(x.extent(0)), seqlen = int(x.extent(1)), tokens = batch * seqlen;
     const int seqlen_kv = int(mem.extent(1)), tokens_kv = batch * seqlen_kv;
     const int hd = o.head_dim, q_cols = o.heads * hd, kv_cols = o.kv_heads * hd;
+    // A packed batch's sequences were checked against the grid with its offsets.
+    const Impl::NnSequenceSlice slice =
+        c.packed ? Impl::NnSequenceSlice{0, c.max_seqlen, c.max_seqlen}
+                 : Impl::nn_sequence_slice(o.sequence_parallel, seqlen);
+    if (!c.packed) {
+      check_axial_lengths("kfa::nn::MultiHeadAttention::forward", slice.seqlen_global,
+                          cross ? seqlen_kv : slice.seqlen_global, cross);
+    }
     c.x = x;
     c.cross = cross;
     c.has_forward = true;
     c.memory = cross ? typename context_type::const_view3(mem) : typename context_type::const_view3();
     // A packed batch's rotary table has a row per position of its longest
     // sequence; the tokens' own positions come from c.positions.
-    c.slice = c.packed ? Impl::NnSequenceSlice{0, c.max_seqlen, c.max_seqlen}
-                       : Impl::nn_sequence_slice(o.sequence_parallel, seqlen);
+    c.slice = slice;
     // Keys count their positions from the start of the memory.
     c.slice_kv = cross ? Impl::NnSequenceSlice{0, seqlen_kv, seqlen_kv} : c.slice;
     const Kokkos::View<const int*, memory_space> pos =
@@ -975,6 +1086,10 @@ class MultiHeadAttention {
     if (o.rotary && !k_in_split) {
       const out2 k_att = Impl::out_tokens(c.k);
       rotate(space, k_att, 0, k_att, 0, c.slice_kv, o.kv_heads, true, 1, pos);
+    }
+    if (o.axial_rotary) {
+      rotate_axial(space, c.q, c.packed, c.slice, o.heads, 1);
+      rotate_axial(space, c.k, c.packed, c.slice_kv, o.kv_heads, 1);
     }
     c.attention = o.attention;
     c.attention.dropout_seed = c.dropout_seed;
@@ -1045,6 +1160,10 @@ class MultiHeadAttention {
     if (o.rotary && !k_in_split) {
       const out2 dk_att = Impl::out_tokens(c.dk);
       rotate(space, dk_att, 0, dk_att, 0, c.slice_kv, o.kv_heads, true, -1, pos);
+    }
+    if (o.axial_rotary) {
+      rotate_axial(space, c.dq, c.packed, c.slice, o.heads, -1);
+      rotate_axial(space, c.dk, c.packed, c.slice_kv, o.kv_heads, -1);
     }
     if (o.qk_norm) {
       Impl::nn_ensure(c.dq_pre, "kfa::nn::MultiHeadAttention::dq_pre", batch, seqlen, o.heads, hd);
