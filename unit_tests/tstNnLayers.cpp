@@ -1272,7 +1272,7 @@ TYPED_TEST(NnLayers, AxialRotaryErrorsThrowAndWriteNothing) {
                             "kfa::nn::MultiHeadAttention::forward: "
                             "options.axial_rotary_options.extent holds 35 grid points: every "
                             "sequence of a packed batch must be the grid (or empty), got "
-                            "sequence 1 of length 20");
+                            "cu_seqlens sequence 1 of length 20");
     for (double v : to_host(yp).data) ASSERT_EQ(v, 7.0) << "packed y written";
   }
   kfa::nn::TransformerBlockOptions block_options;
@@ -1285,6 +1285,184 @@ TYPED_TEST(NnLayers, AxialRotaryErrorsThrowAndWriteNothing) {
                           "[5][7] holds 35 grid points, but seqlen is 36");
   for (double v : to_host(y).data) ASSERT_EQ(v, 7.0) << "y written";
   for (double v : to_host(y35).data) ASSERT_EQ(v, 7.0) << "cross-attention y written";
+}
+
+// ---------------------------------------------------------------------------
+// Packed cross-attention: queries and memory with their own cu_seqlens.
+
+/// A device View of int offsets.
+template <class Space>
+Kokkos::View<int*, typename Space::memory_space> device_offsets(std::vector<int> v) {
+  Kokkos::View<int*, typename Space::memory_space> cu("cu", v.size());
+  Kokkos::deep_copy(cu, Kokkos::View<const int*, Kokkos::HostSpace,
+                                     Kokkos::MemoryTraits<Kokkos::Unmanaged>>(v.data(), v.size()));
+  return cu;
+}
+
+/// Sequences of query lengths 13, 0, 29, 7, 5 over memories of 20, 9, 11, 6
+/// and 0 tokens (an empty query run beside a memory, a query run without
+/// memory): y, dx, dmemory and every parameter gradient against the oracle
+/// run one sequence at a time. A sequence without memory has attention output
+/// 0 (y = out_proj's bias, dx = 0, only out_proj.bias gets its dy); a memory
+/// without queries gets dmemory = 0.
+TYPED_TEST(NnLayers, PackedCrossAttentionMatchesOracle) {
+  using Space = typename TypeParam::space;
+  using T = typename TypeParam::value_type;
+  const std::vector<int> lengths = {13, 0, 29, 7, 5}, lengths_kv = {20, 9, 11, 6, 0};
+  std::vector<int> offsets{0}, offsets_kv{0};
+  for (std::size_t b = 0; b < lengths.size(); ++b) {
+    offsets.push_back(offsets.back() + lengths[b]);
+    offsets_kv.push_back(offsets_kv.back() + lengths_kv[b]);
+  }
+  const int total = offsets.back(), total_kv = offsets_kv.back(), d = 48;
+  const int max_seqlen = 29, max_seqlen_kv = 23;
+  const auto cu = device_offsets<Space>(offsets), cu_kv = device_offsets<Space>(offsets_kv);
+  std::vector<kfa::nn::MultiHeadAttentionOptions> cases(3);
+  for (auto& o : cases) o.d_model = d;
+  cases[0].heads = 3;  // fused q | k,v, qk-norm, half-split rotary, causal
+  cases[0].qk_norm = true;
+  cases[0].rotary = true;
+  cases[0].attention.causal = true;
+  cases[1].heads = 4;  // separate, memory of 20 features, grouped-query, ALiBi, a window
+  cases[1].kv_heads = 2;
+  cases[1].head_dim = 12;
+  cases[1].d_model_kv = 20;
+  cases[1].fused_qkv = false;
+  cases[1].alibi = true;
+  cases[1].attention.window_left = 4;
+  cases[1].attention.window_right = 2;
+  cases[2].heads = 3;  // fused, interleaved partial rotary with an offset, recompute
+  cases[2].rotary = true;
+  cases[2].rotary_options.style = kfa::nn::RotaryStyle::interleaved;
+  cases[2].rotary_options.rotary_dim = 10;
+  cases[2].rotary_options.position_offset = 3;
+  cases[2].recompute = true;
+  for (int index = 0; index < int(cases.size()); ++index) {
+    const auto& options = cases[index];
+    const int dkv = options.d_model_kv > 0 ? options.d_model_kv : d;
+    const std::string tag = "nn_packed_cross_" + std::to_string(index);
+    const std::string what = tag + " " + type_name<T>() + " " + Space::name() + " seed " +
+                             std::to_string(test_seed(tag));
+    kfa::nn::MultiHeadAttention<Space, T> mha(options);
+    std::mt19937_64 rng(test_seed(tag));
+    randomize_parameters(mha.parameters(), rng);
+    const Tensor x = rounded<T>(random_tensor({total, d}, rng));
+    const Tensor memory = rounded<T>(random_tensor({total_kv, dkv}, rng));
+    const Tensor dy = rounded<T>(random_tensor({total, d}, rng));
+    auto xv = make_view<DeviceView2<T, Space>>(x, "x");
+    auto mv = make_view<DeviceView2<T, Space>>(memory, "memory");
+    auto dyv = make_view<DeviceView2<T, Space>>(dy, "dy");
+    DeviceView2<T, Space> yv("y", total, d), dxv("dx", total, d), dmv("dmemory", total_kv, dkv);
+    poison(yv);
+    poison(dxv);
+    poison(dmv);
+    typename kfa::nn::MultiHeadAttention<Space, T>::context_type context;
+    mha.forward(Space(), xv, cu, max_seqlen, mv, cu_kv, max_seqlen_kv, yv, context);
+    mha.backward(Space(), dyv, dxv, dmv, context);
+    Space().fence();
+
+    const MhaParams p = mha_params(mha, false);
+    Tensor y_ref({total, d}), dx_ref({total, d}), dm_ref({total_kv, dkv});
+    MhaParams g_ref = zero_grads(p);
+    for (std::size_t b = 0; b < lengths.size(); ++b) {
+      const Tensor x_b = row_range(x, offsets[b], offsets[b + 1]);
+      const Tensor dy_b = row_range(dy, offsets[b], offsets[b + 1]);
+      Tensor y_b({lengths[b], d}), dx_b({lengths[b], d}), dm_b({lengths_kv[b], dkv});
+      if (lengths[b] > 0 && lengths_kv[b] > 0) {
+        MhaOracle oracle{mha.options(), p, 1, lengths[b], {}, {}, {}, {}, {}, {}};
+        if (options.alibi) oracle.extras = alibi_extras(options.heads);
+        const Tensor m_b = row_range(memory, offsets_kv[b], offsets_kv[b + 1]);
+        oracle.forward(x_b, m_b, lengths_kv[b]);
+        oracle.backward(x_b, m_b, dy_b, dx_b, dm_b, g_ref);
+        y_b = oracle.y;
+      } else if (lengths[b] > 0) {
+        for (int i = 0; i < lengths[b]; ++i)
+          for (int c = 0; c < d; ++c) {
+            at2(y_b, i, c) = p.bo.data.empty() ? 0 : p.bo.data[c];
+            if (!g_ref.bo.data.empty()) g_ref.bo.data[c] += at2(dy_b, i, c);
+          }
+      }
+      std::copy(y_b.data.begin(), y_b.data.end(), y_ref.data.begin() + std::size_t(offsets[b]) * d);
+      std::copy(dx_b.data.begin(), dx_b.data.end(),
+                dx_ref.data.begin() + std::size_t(offsets[b]) * d);
+      std::copy(dm_b.data.begin(), dm_b.data.end(),
+                dm_ref.data.begin() + std::size_t(offsets_kv[b]) * dkv);
+    }
+    const double factor = 16.0 * (d + max_seqlen + max_seqlen_kv);
+    expect_close_rel<T>(what + " y", to_host(yv), y_ref, factor);
+    expect_close_rel<T>(what + " dx", to_host(dxv), dx_ref, factor);
+    expect_close_rel<T>(what + " dmemory", to_host(dmv), dm_ref, factor);
+    expect_mha_grads<T>(what, mha_params(mha, true), g_ref, factor * 4);
+  }
+}
+
+/// Offsets of another batch or total, memory of another width, overlapping
+/// outputs, the wrong backward for the context: named std::invalid_argument,
+/// outputs untouched.
+TYPED_TEST(NnLayers, PackedCrossAttentionErrorsThrowAndWriteNothing) {
+  using Space = typename TypeParam::space;
+  using T = typename TypeParam::value_type;
+  kfa::nn::MultiHeadAttentionOptions options;
+  options.d_model = 16;
+  options.heads = 2;
+  options.d_model_kv = 12;
+  options.fused_qkv = false;
+  kfa::nn::MultiHeadAttention<Space, T> mha(options);
+  typename kfa::nn::MultiHeadAttention<Space, T>::context_type context, self;
+  const auto cu = device_offsets<Space>({0, 3, 7}), cu_kv = device_offsets<Space>({0, 5, 9});
+  DeviceView2<T, Space> x("x", 7, 16), y("y", 7, 16), dx("dx", 7, 16), m("m", 9, 12),
+      m_bad("m_bad", 9, 16), dm("dm", 9, 12), dm_short("dm_short", 8, 12);
+  Kokkos::deep_copy(y, T(3));
+  Kokkos::deep_copy(dx, T(3));
+  Kokkos::deep_copy(dm, T(3));
+  const char* function = "kfa::nn::MultiHeadAttention::forward: ";
+  expect_invalid_argument(
+      [&] {
+        mha.forward(Space(), x, cu, 4, m, device_offsets<Space>({0, 9}), 9, y, context);
+      },
+      std::string(function) + "cu_seqlens_kv must be [batch + 1] = [3] like cu_seqlens, got [2]");
+  expect_invalid_argument(
+      [&] {
+        mha.forward(Space(), x, cu, 4, m, device_offsets<Space>({0, 5, 8}), 5, y, context);
+      },
+      "cu_seqlens_kv must start at 0, never decrease, end at total_tokens_kv = 9 and hold "
+      "lengths <= max_seqlen_kv = 5; got cu_seqlens_kv[2] = 8");
+  expect_invalid_argument([&] { mha.forward(Space(), x, cu, 4, m, cu_kv, 4, y, context); },
+                          "hold lengths <= max_seqlen_kv = 4; got cu_seqlens_kv[1] = 5");
+  expect_invalid_argument([&] { mha.forward(Space(), x, cu, 3, m, cu_kv, 5, y, context); },
+                          "hold lengths <= max_seqlen = 3; got cu_seqlens[2] = 7");
+  expect_invalid_argument([&] { mha.forward(Space(), x, cu, 4, m_bad, cu_kv, 5, y, context); },
+                          "memory must be [total_tokens_kv][d_model_kv] with d_model_kv = 12, "
+                          "got [9][16]");
+  expect_invalid_argument(
+      [&] {
+        DeviceView1<T, Space> buffer("buffer", 9 * 12 + 7 * 16);
+        DeviceView2<T, Space> m_alias(buffer.data(), 9, 12), y_alias(buffer.data() + 100, 7, 16);
+        mha.forward(Space(), x, cu, 4, m_alias, cu_kv, 5, y_alias, context);
+      },
+      "y must not overlap memory");
+  // The self-attention overloads of a packed cross-attention context, and
+  // the reverse.
+  DeviceView2<T, Space> y_packed("y_packed", 7, 16);
+  mha.forward(Space(), x, cu, 4, m, cu_kv, 5, y_packed, context);
+  expect_invalid_argument([&] { mha.backward(Space(), y_packed, dx, context); },
+                          "kfa::nn::MultiHeadAttention::backward: the forward had a memory "
+                          "(packed cross-attention): call backward(space, dy, dx, dmemory, "
+                          "context)");
+  expect_invalid_argument([&] { mha.backward(Space(), y_packed, dx, dm_short, context); },
+                          "dmemory must be [total_tokens_kv][d_model_kv] = [9][12], got [8][12]");
+  expect_invalid_argument([&] { mha.backward(Space(), y_packed, dx, dx, context); },
+                          "dmemory must be [total_tokens_kv][d_model_kv] = [9][12], got [7][16]");
+  DeviceView3<T, Space> m3("m3", 1, 9, 12), x3("x3", 1, 7, 16), y3("y3", 1, 7, 16);
+  mha.forward(Space(), x3, m3, y3, self);
+  expect_invalid_argument([&] { mha.backward(Space(), y_packed, dx, dm, self); },
+                          "dmemory [9][12] is packed: it needs a packed cross-attention forward");
+  const DeviceView2<T, Space> written[] = {y, dx, dm};
+  for (const auto& v : written) {
+    auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+    for (std::size_t n = 0; n < host.size(); ++n)
+      ASSERT_EQ(host.data()[n], T(3)) << v.label() << " written";
+  }
 }
 
 }  // namespace
