@@ -27,6 +27,8 @@ module kfa
   integer(c_int32_t), parameter, public :: KFA_LAYER_NORM = 0, KFA_RMS_NORM = 1
   integer(c_int32_t), parameter, public :: KFA_GELU = 0, KFA_GELU_TANH = 1, KFA_SWIGLU = 2
   integer(c_int32_t), parameter, public :: KFA_ROTARY_HALF_SPLIT = 0, KFA_ROTARY_INTERLEAVED = 1
+  ! kfa_gradient_reduction
+  integer(c_int32_t), parameter, public :: KFA_GRADIENT_MEAN = 0, KFA_GRADIENT_SUM = 1
 
   !> kfa_attention_options (booleans are 0 or 1).
   type, bind(c), public :: kfa_attention_options
@@ -68,11 +70,13 @@ module kfa
   public :: kfa_attention_forward, kfa_attention_backward
   public :: kfa_block_create, kfa_block_destroy, kfa_block_forward, kfa_block_backward
   public :: kfa_block_zero_grad, kfa_block_adamw_step
+  public :: kfa_block_create_sequence_parallel, kfa_block_allreduce_gradients
   public :: kfa_block_parameter_count, kfa_block_parameter_name, kfa_block_parameter
   public :: kfa_c_last_error, kfa_c_initialize, kfa_c_finalize, kfa_c_fence
   public :: kfa_c_attention_forward, kfa_c_attention_backward
   public :: kfa_c_block_create, kfa_c_block_destroy, kfa_c_block_forward, kfa_c_block_backward
   public :: kfa_c_block_zero_grad, kfa_c_block_adamw_step
+  public :: kfa_c_block_create_sequence_parallel, kfa_c_block_allreduce_gradients
   public :: kfa_c_block_parameter_count, kfa_c_block_parameter_name, kfa_c_block_parameter
 
   interface
@@ -132,6 +136,24 @@ module kfa
       type(kfa_block_options), intent(in) :: options
       integer(c_int), value :: dtype, space
       type(c_ptr), intent(out) :: block
+      integer(c_int) :: status
+    end function
+    !> comm: an MPI communicator's Fortran handle (MPI_COMM_WORLD of `use
+    !> mpi`, comm%MPI_VAL of `use mpi_f08`).
+    function kfa_c_block_create_sequence_parallel(options, dtype, space, comm, block) &
+        bind(c, name="kfa_block_create_sequence_parallel") result(status)
+      import :: c_int, c_int32_t, c_ptr, kfa_block_options
+      type(kfa_block_options), intent(in) :: options
+      integer(c_int), value :: dtype, space
+      integer(c_int32_t), value :: comm
+      type(c_ptr), intent(out) :: block
+      integer(c_int) :: status
+    end function
+    function kfa_c_block_allreduce_gradients(block, stream, comm, reduction, deterministic) &
+        bind(c, name="kfa_block_allreduce_gradients") result(status)
+      import :: c_int, c_int32_t, c_ptr
+      type(c_ptr), value :: block, stream
+      integer(c_int32_t), value :: comm, reduction, deterministic
       integer(c_int) :: status
     end function
     function kfa_c_block_destroy(block) bind(c, name="kfa_block_destroy") result(status)
@@ -448,6 +470,52 @@ contains
     block%handle = handle
     block%dtype = dtype
     block%d_model = int(options%d_model, c_int64_t)
+  end function
+
+  !> A block in the sequence-parallel mode over `comm` (an MPI communicator's
+  !> Fortran handle): every rank passes its own run of tokens of every
+  !> sequence to kfa_block_forward/backward. Collective over comm.
+  integer(c_int) function kfa_block_create_sequence_parallel(block, options, dtype, comm, &
+      space) result(status)
+    type(kfa_block), intent(out) :: block
+    type(kfa_block_options), intent(in) :: options
+    integer(c_int), intent(in) :: dtype
+    integer, intent(in) :: comm
+    integer(c_int), intent(in), optional :: space
+    type(c_ptr) :: handle
+    call clear_fortran_error()
+    block%space = KFA_SPACE_HOST
+    if (present(space)) block%space = space
+    handle = c_null_ptr
+    status = kfa_c_block_create_sequence_parallel(options, dtype, block%space, &
+      int(comm, c_int32_t), handle)
+    if (status /= KFA_SUCCESS) return
+    block%handle = handle
+    block%dtype = dtype
+    block%d_model = int(options%d_model, c_int64_t)
+  end function
+
+  !> Every gradient of the block replaced by its mean (reduction absent or
+  !> KFA_GRADIENT_MEAN: data parallelism) or sum (KFA_GRADIENT_SUM: the
+  !> sequence-parallel mode) over the ranks of `comm`; deterministic adds the
+  !> ranks in rank order. Collective over comm.
+  integer(c_int) function kfa_block_allreduce_gradients(block, comm, reduction, deterministic) &
+      result(status)
+    type(kfa_block), intent(inout) :: block
+    integer, intent(in) :: comm
+    integer(c_int32_t), intent(in), optional :: reduction
+    logical, intent(in), optional :: deterministic
+    integer(c_int32_t) :: r, d
+    call clear_fortran_error()
+    r = KFA_GRADIENT_MEAN
+    if (present(reduction)) r = reduction
+    d = 0
+    if (present(deterministic)) then
+      if (deterministic) d = 1
+    end if
+    status = kfa_c_block_allreduce_gradients(block%handle, c_null_ptr, int(comm, c_int32_t), &
+      r, d)
+    if (status == KFA_SUCCESS) status = kfa_c_fence(block%space, c_null_ptr)
   end function
 
   integer(c_int) function kfa_block_destroy(block) result(status)

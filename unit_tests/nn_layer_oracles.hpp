@@ -117,6 +117,10 @@ struct MhaOracle {
       q = st(ref_rotary(q, o.rotary_options, 1));
       k = st(ref_rotary(k, o.rotary_options, 1));
     }
+    if (o.axial_rotary) {
+      q = st(ref_axial_rotary(q, o.axial_rotary_options, 1));
+      k = st(ref_axial_rotary(k, o.axial_rotary_options, 1));
+    }
     reference_forward(q, k, v, o.attention, att, lse, extras);
     att = st(att);
     y = st(ref_linear(reshaped(att, {B * S, o.heads * o.head_dim}), p.wo, p.bo));
@@ -140,6 +144,10 @@ struct MhaOracle {
     if (o.rotary) {
       dq = st(ref_rotary(dq, o.rotary_options, -1));
       dk = st(ref_rotary(dk, o.rotary_options, -1));
+    }
+    if (o.axial_rotary) {
+      dq = st(ref_axial_rotary(dq, o.axial_rotary_options, -1));
+      dk = st(ref_axial_rotary(dk, o.axial_rotary_options, -1));
     }
     if (o.qk_norm) {
       Tensor dq_pre, dk_pre, no_beta;

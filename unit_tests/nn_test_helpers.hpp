@@ -10,6 +10,7 @@
 
 #include "kfa_test_helpers.hpp"
 
+#include <array>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -187,6 +188,43 @@ inline Tensor ref_rotary(const Tensor& x, const kfa::nn::RotaryOptions& o, int s
           y.at(b, i, h, p1) = double(x1 * c - x2 * s);
           y.at(b, i, h, p2) = double(x2 * c + x1 * s);
         }
+  return y;
+}
+
+/// Row-major coordinates of token t of a grid with `axes` axes.
+inline std::array<int, 3> ref_coordinates(int t, int axes, const int* extent) {
+  std::array<int, 3> c{0, 0, 0};
+  for (int a = axes - 1; a >= 0; --a) {
+    c[a] = t % extent[a];
+    t /= extent[a];
+  }
+  return c;
+}
+
+/// Axial rotary embedding of [batch][seqlen][heads][head_dim] (sign -1: inverse),
+/// written from the definition: chunk a of the rotary features is a 1D rotary
+/// embedding of coordinate scale[a]·(offset[a] + c[a]).
+inline Tensor ref_axial_rotary(const Tensor& x, const kfa::nn::AxialRotaryOptions& o, int sign) {
+  Tensor y = x;
+  const int B = x.ext[0], S = x.ext[1], H = x.ext[2], D = x.ext[3];
+  const int rd = o.rotary_dim == 0 ? D : o.rotary_dim, w = rd / o.axes;
+  const bool inter = o.style == kfa::nn::RotaryStyle::interleaved;
+  for (int b = 0; b < B; ++b)
+    for (int i = 0; i < S; ++i) {
+      const auto c = ref_coordinates(i, o.axes, o.extent);
+      for (int h = 0; h < H; ++h)
+        for (int a = 0; a < o.axes; ++a)
+          for (int j = 0; j < w / 2; ++j) {
+            const LD angle =
+                LD(o.scale[a]) * (LD(o.offset[a]) + c[a]) * std::pow(LD(o.base), LD(-2.0) * j / w);
+            const LD cs = std::cos(angle), sn = sign * std::sin(angle);
+            const int p1 = a * w + (inter ? 2 * j : j),
+                      p2 = a * w + (inter ? 2 * j + 1 : j + w / 2);
+            const LD x1 = x.at(b, i, h, p1), x2 = x.at(b, i, h, p2);
+            y.at(b, i, h, p1) = double(x1 * cs - x2 * sn);
+            y.at(b, i, h, p2) = double(x2 * cs + x1 * sn);
+          }
+    }
   return y;
 }
 

@@ -199,10 +199,10 @@ Tensor token_slice(const Tensor& t, int B, int S, int offset, int len) {
 /// gradients summed over the ranks.
 template <class Space, class Layer, class Options>
 void check_sequence_parallel(Options options, kfa::nn::SequenceParallelOptions& sp, int d,
-                             const std::string& tag) {
+                             const std::string& tag, int S = 37) {
   using T = double;
   const int rank = world_rank(), ranks = world_size();
-  const int B = 2, S = 37;
+  const int B = 2;
   const int len = static_cast<int>(
       kfa::ring_local_seqlen(S, rank, ranks, kfa::RingSharding::contiguous));
   int offset = 0;
@@ -310,6 +310,24 @@ TYPED_TEST(NnSequenceParallel, MultiHeadAttentionMatchesSingleRank) {
     check_sequence_parallel<Space, kfa::nn::MultiHeadAttention<Space, double>>(
         cases[n], sp, 48, "sequence parallel attention case " + std::to_string(n));
   }
+  // Axial rotary embeddings on a 5 x 7 grid (35 tokens): the ranks' runs
+  // start inside grid rows (18 | 17, 12 | 12 | 11), so each rank must find
+  // its tokens' coordinates from its offset in the whole grid.
+  kfa::nn::MultiHeadAttentionOptions axial;
+  axial.d_model = 48;
+  axial.heads = 4;
+  axial.kv_heads = 2;
+  axial.head_dim = 12;
+  axial.attention.causal = true;
+  axial.axial_rotary = true;
+  axial.axial_rotary_options.axes = 2;
+  axial.axial_rotary_options.extent[0] = 5;
+  axial.axial_rotary_options.extent[1] = 7;
+  axial.axial_rotary_options.offset[0] = 3;
+  axial.axial_rotary_options.style = kfa::nn::RotaryStyle::interleaved;
+  sp.transport = kfa::RingTransport::mpi;
+  check_sequence_parallel<Space, kfa::nn::MultiHeadAttention<Space, double>>(
+      axial, sp, 48, "sequence parallel axial attention", 35);
 }
 
 TYPED_TEST(NnSequenceParallel, TransformerBlockMatchesSingleRank) {
@@ -364,6 +382,21 @@ TYPED_TEST(NnSequenceParallel, BadArgumentsThrowOnEveryRank) {
   expect_invalid_argument([&] { layer.forward(Space(), x, y, context); }, "d_model = 16");
   const Tensor got = to_host(y);
   for (double v : got.data) ASSERT_TRUE(std::isnan(v));
+
+  // Axial rotary on a 5 x 7 grid, but the ranks hold 10 tokens each: every
+  // rank sees the whole sequence's length and refuses it.
+  auto axial = options;
+  axial.axial_rotary = true;
+  axial.axial_rotary_options.extent[0] = 5;
+  axial.axial_rotary_options.extent[1] = 7;
+  kfa::nn::MultiHeadAttention<Space, double> axial_layer(axial);
+  View3 xa("xa", 2, 10, 16), ya("ya", 2, 10, 16);
+  poison(ya);
+  expect_invalid_argument([&] { axial_layer.forward(Space(), xa, ya, context); },
+                          "x of all ranks together must be [batch][35][16]: "
+                          "options.axial_rotary_options.extent = [5][7] holds 35 grid points, "
+                          "but seqlen is " + std::to_string(10 * world_size()));
+  for (double v : to_host(ya).data) ASSERT_TRUE(std::isnan(v));
 }
 
 }  // namespace

@@ -9,7 +9,9 @@
 
 #include "nn_layer_oracles.hpp"
 
+#include <array>
 #include <cstring>
+#include <functional>
 
 namespace {
 
@@ -1026,6 +1028,441 @@ TYPED_TEST(NnLayers, BadShapesThrowAndWriteNothing) {
   }, "options.qk_norm_options.eps must be finite and >= 0");
   auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y);
   for (std::size_t n = 0; n < host.size(); ++n) ASSERT_EQ(host.data()[n], T(3)) << "y written";
+}
+
+// ---------------------------------------------------------------------------
+// Axial rotary embeddings as a layer option (options.axial_rotary).
+
+kfa::nn::AxialRotaryOptions grid_rope(int axes, std::array<int, 3> extent,
+                                      kfa::nn::RotaryStyle style, int rotary_dim,
+                                      std::array<int, 3> offset = {0, 0, 0},
+                                      std::array<double, 3> scale = {1, 1, 1}) {
+  kfa::nn::AxialRotaryOptions o;
+  o.axes = axes;
+  o.style = style;
+  o.rotary_dim = rotary_dim;
+  for (int a = 0; a < 3; ++a) {
+    o.extent[a] = extent[a];
+    o.offset[a] = offset[a];
+    o.scale[a] = scale[a];
+  }
+  return o;
+}
+
+/// Self-attention on 2D, 3D and 1D grids (both pair conventions, partial
+/// rotary, offsets and scales, qk-norm, grouped-query heads, the recompute
+/// mode), cross-attention between two fields on one grid, the Llama block,
+/// and a packed batch of grids (with an empty sequence), each forward, input
+/// gradient and every parameter gradient against the fp64 oracle.
+TYPED_TEST(NnLayers, AxialRotaryThroughTheLayersMatchesOracle) {
+  using Space = typename TypeParam::space;
+  using T = typename TypeParam::value_type;
+  using kfa::nn::RotaryStyle;
+  const int B = 2, d = 48;
+  std::vector<kfa::nn::MultiHeadAttentionOptions> cases(3);
+  for (auto& o : cases) {
+    o.d_model = d;
+    o.axial_rotary = true;
+  }
+  // 5 x 7, fused, grouped-query, causal, half-split over all 12 features.
+  cases[0].heads = 4;
+  cases[0].kv_heads = 2;
+  cases[0].head_dim = 12;
+  cases[0].attention.causal = true;
+  cases[0].axial_rotary_options = grid_rope(2, {5, 7, 1}, RotaryStyle::half_split, 0, {2, -3, 0},
+                                            {1, 0.5, 1});
+  // 3 x 2 x 5, separate projections without bias, qk-norm, interleaved
+  // partial rotary (12 of 16 features, 4 per axis).
+  cases[1].heads = 3;
+  cases[1].fused_qkv = false;
+  cases[1].bias = false;
+  cases[1].qk_norm = true;
+  cases[1].axial_rotary_options = grid_rope(3, {3, 2, 5}, RotaryStyle::interleaved, 12);
+  // One axis of 29 points in the recompute mode, a window.
+  cases[2].heads = 3;
+  cases[2].recompute = true;
+  cases[2].attention.window_left = 6;
+  cases[2].attention.window_right = 4;
+  cases[2].axial_rotary_options = grid_rope(1, {29, 1, 1}, RotaryStyle::interleaved, 8, {40, 0, 0});
+  for (int index = 0; index < int(cases.size()); ++index) {
+    const auto& options = cases[index];
+    int S = 1;
+    for (int a = 0; a < options.axial_rotary_options.axes; ++a)
+      S *= options.axial_rotary_options.extent[a];
+    const std::string tag = "nn_axial_mha_" + std::to_string(index);
+    const std::string what = tag + " " + type_name<T>() + " " + Space::name() + " seed " +
+                             std::to_string(test_seed(tag));
+    kfa::nn::MultiHeadAttention<Space, T> mha(options);
+    LayerRun<Space, T, decltype(mha)> run(mha, tag, B, S, d);
+    const MhaParams p = mha_params(mha, false);
+    MhaOracle oracle{mha.options(), p, B, S, {}, {}, {}, {}, {}, {}};
+    oracle.forward(run.x);
+    Tensor dx_ref;
+    MhaParams g_ref = zero_grads(p);
+    oracle.backward(run.x, run.dy, dx_ref, g_ref);
+    const double factor = 16.0 * (d + S);
+    expect_close_rel<T>(what + " y", run.y, oracle.y, factor);
+    expect_close_rel<T>(what + " dx", run.dx, dx_ref, factor);
+    expect_mha_grads<T>(what, mha_params(mha, true), g_ref, factor * 4);
+  }
+  {
+    // Cross-attention: queries and memory are two fields on one 4 x 6 grid.
+    kfa::nn::MultiHeadAttentionOptions options;
+    options.d_model = d;
+    options.heads = 3;
+    options.axial_rotary = true;
+    options.axial_rotary_options = grid_rope(2, {4, 6, 1}, RotaryStyle::half_split, 8);
+    const int S = 24;
+    const std::string tag = "nn_axial_cross";
+    const std::string what = tag + " " + type_name<T>() + " " + Space::name() + " seed " +
+                             std::to_string(test_seed(tag));
+    kfa::nn::MultiHeadAttention<Space, T> mha(options);
+    std::mt19937_64 rng(test_seed(tag));
+    randomize_parameters(mha.parameters(), rng);
+    const Tensor x = rounded<T>(random_tensor({B * S, d}, rng));
+    const Tensor memory = rounded<T>(random_tensor({B * S, d}, rng));
+    const Tensor dy = rounded<T>(random_tensor({B * S, d}, rng));
+    auto xv = make_view<DeviceView3<T, Space>>(reshaped(x, {B, S, d}), "x");
+    auto mv = make_view<DeviceView3<T, Space>>(reshaped(memory, {B, S, d}), "memory");
+    auto dyv = make_view<DeviceView3<T, Space>>(reshaped(dy, {B, S, d}), "dy");
+    DeviceView3<T, Space> yv("y", B, S, d), dxv("dx", B, S, d), dmv("dmemory", B, S, d);
+    poison(yv);
+    poison(dxv);
+    poison(dmv);
+    typename kfa::nn::MultiHeadAttention<Space, T>::context_type context;
+    mha.forward(Space(), xv, mv, yv, context);
+    mha.backward(Space(), dyv, dxv, dmv, context);
+    Space().fence();
+    const MhaParams p = mha_params(mha, false);
+    MhaOracle oracle{mha.options(), p, B, S, {}, {}, {}, {}, {}, {}};
+    oracle.forward(x, memory, S);
+    Tensor dx_ref, dm_ref;
+    MhaParams g_ref = zero_grads(p);
+    oracle.backward(x, memory, dy, dx_ref, dm_ref, g_ref);
+    const double factor = 16.0 * (d + 2 * S);
+    expect_close_rel<T>(what + " y", reshaped(to_host(yv), {B * S, d}), oracle.y, factor);
+    expect_close_rel<T>(what + " dx", reshaped(to_host(dxv), {B * S, d}), dx_ref, factor);
+    expect_close_rel<T>(what + " dmemory", reshaped(to_host(dmv), {B * S, d}), dm_ref, factor);
+    expect_mha_grads<T>(what, mha_params(mha, true), g_ref, factor * 4);
+  }
+  {
+    // The Llama block on a 5 x 7 grid: RMSNorm, SwiGLU, separate
+    // projections, grouped-query heads, interleaved axial rotary, causal.
+    kfa::nn::TransformerBlockOptions options;
+    options.attention.d_model = d;
+    options.attention.heads = 4;
+    options.attention.kv_heads = 2;
+    options.attention.head_dim = 12;
+    options.attention.fused_qkv = false;
+    options.attention.attention.causal = true;
+    options.attention.axial_rotary = true;
+    options.attention.axial_rotary_options =
+        grid_rope(2, {5, 7, 1}, RotaryStyle::interleaved, 8, {0, 3, 0});
+    options.norm = kfa::nn::Norm::rms_norm;
+    options.activation = kfa::nn::Activation::swiglu;
+    options.bias = false;
+    options.d_ff = 40;
+    const int S = 35;
+    const std::string tag = "nn_axial_block";
+    const std::string what = tag + " " + type_name<T>() + " " + Space::name() + " seed " +
+                             std::to_string(test_seed(tag));
+    kfa::nn::TransformerBlock<Space, T> block(options);
+    LayerRun<Space, T, decltype(block)> run(block, tag, B, S, d);
+    expect_block_matches_oracle<T>(what, block, run.x, run.dy, run.y, run.dx, B, S);
+  }
+  {
+    // A packed batch of three 3 x 4 grids, the second empty: every grid
+    // starts at its own first point.
+    using memory_space = typename Space::memory_space;
+    const std::vector<int> offsets = {0, 12, 12, 24};
+    const int total = 24;
+    Kokkos::View<int*, memory_space> cu("cu_seqlens", offsets.size());
+    Kokkos::deep_copy(cu, Kokkos::View<const int*, Kokkos::HostSpace,
+                                       Kokkos::MemoryTraits<Kokkos::Unmanaged>>(offsets.data(),
+                                                                                offsets.size()));
+    kfa::nn::MultiHeadAttentionOptions options;
+    options.d_model = d;
+    options.heads = 3;
+    options.qk_norm = true;
+    options.attention.causal = true;
+    options.axial_rotary = true;
+    options.axial_rotary_options = grid_rope(2, {3, 4, 1}, RotaryStyle::half_split, 0, {1, 0, 0});
+    const std::string tag = "nn_axial_packed";
+    const std::string what = tag + " " + type_name<T>() + " " + Space::name() + " seed " +
+                             std::to_string(test_seed(tag));
+    kfa::nn::MultiHeadAttention<Space, T> mha(options);
+    const RandomIo<DeviceView2<T, Space>> io(mha, tag, {total, d});
+    typename kfa::nn::MultiHeadAttention<Space, T>::context_type context;
+    mha.forward(Space(), io.xv, cu, 17, io.yv, context);
+    mha.backward(Space(), io.dyv, io.dxv, context);
+    Space().fence();
+    // The two grids as a batch of 2 equal sequences: the same oracle.
+    const MhaParams p = mha_params(mha, false);
+    MhaOracle oracle{mha.options(), p, 2, 12, {}, {}, {}, {}, {}, {}};
+    oracle.forward(io.x);
+    Tensor dx_ref;
+    MhaParams g_ref = zero_grads(p);
+    oracle.backward(io.x, io.dy, dx_ref, g_ref);
+    const double factor = 16.0 * (d + 12);
+    expect_close_rel<T>(what + " y", to_host(io.yv), oracle.y, factor);
+    expect_close_rel<T>(what + " dx", to_host(io.dxv), dx_ref, factor);
+    expect_mha_grads<T>(what, mha_params(mha, true), g_ref, factor * 4);
+  }
+}
+
+/// Bad axial options at construction, and sequences that are not the grid
+/// (x, a cross-attention memory, a packed sequence, the block's x): named
+/// std::invalid_argument, outputs untouched.
+TYPED_TEST(NnLayers, AxialRotaryErrorsThrowAndWriteNothing) {
+  using Space = typename TypeParam::space;
+  using T = typename TypeParam::value_type;
+  using Layer = kfa::nn::MultiHeadAttention<Space, T>;
+  using kfa::nn::RotaryStyle;
+  kfa::nn::MultiHeadAttentionOptions options;
+  options.d_model = 16;
+  options.heads = 2;
+  options.axial_rotary = true;
+  options.axial_rotary_options = grid_rope(2, {5, 7, 1}, RotaryStyle::half_split, 0);
+  const auto refused = [&](const std::function<void(kfa::nn::MultiHeadAttentionOptions&)>& edit,
+                           const std::string& message) {
+    auto o = options;
+    edit(o);
+    expect_invalid_argument([&] { Layer layer(o); }, message);
+  };
+  refused([](auto& o) { o.rotary = true; },
+          "kfa::nn::MultiHeadAttention: options.axial_rotary replaces options.rotary and "
+          "options.alibi");
+  refused([](auto& o) { o.alibi = true; }, "options.axial_rotary replaces options.rotary");
+  refused([](auto& o) { o.axial_rotary_options.axes = 4; },
+          "options.axial_rotary_options.axes must be 1, 2 or 3, got 4");
+  refused([](auto& o) { o.axial_rotary_options.extent[1] = 0; },
+          "options.axial_rotary_options.extent[1] must be >= 1, got extent = [5][0]");
+  refused([](auto& o) { o.axial_rotary_options.rotary_dim = 6; },
+          "options.axial_rotary_options.rotary_dim (0: head_dim) must be in 0..head_dim = 8 and "
+          "a multiple of 2·axes = 4 (an even share per axis), got 6");
+  refused([](auto& o) { o.axial_rotary_options.axes = 3; },
+          "a multiple of 2·axes = 6 (an even share per axis), got 8");
+  refused([](auto& o) { o.axial_rotary_options.scale[0] = NAN; },
+          "options.axial_rotary_options.base must be finite and > 0 and its scale finite");
+
+  const Layer layer(options);
+  typename Layer::context_type context;
+  DeviceView3<T, Space> x("x", 2, 36, 16), y("y", 2, 36, 16), x35("x35", 2, 35, 16),
+      y35("y35", 2, 35, 16), memory("memory", 2, 30, 16);
+  Kokkos::deep_copy(y, T(7));
+  Kokkos::deep_copy(y35, T(7));
+  expect_invalid_argument([&] { layer.forward(Space(), x, y, context); },
+                          "kfa::nn::MultiHeadAttention::forward: x must be [batch][35][16]: "
+                          "options.axial_rotary_options.extent = [5][7] holds 35 grid points, "
+                          "but seqlen is 36");
+  expect_invalid_argument([&] { layer.forward(Space(), x35, memory, y35, context); },
+                          "kfa::nn::MultiHeadAttention::forward: memory must be [batch][35][16]: "
+                          "options.axial_rotary_options.extent = [5][7] holds 35 grid points, "
+                          "but seqlen_kv is 30");
+  {
+    using memory_space = typename Space::memory_space;
+    const std::vector<int> offsets = {0, 35, 55};
+    Kokkos::View<int*, memory_space> cu("cu_seqlens", offsets.size());
+    Kokkos::deep_copy(cu, Kokkos::View<const int*, Kokkos::HostSpace,
+                                       Kokkos::MemoryTraits<Kokkos::Unmanaged>>(offsets.data(),
+                                                                                offsets.size()));
+    DeviceView2<T, Space> xp("xp", 55, 16), yp("yp", 55, 16);
+    Kokkos::deep_copy(yp, T(7));
+    expect_invalid_argument([&] { layer.forward(Space(), xp, cu, 35, yp, context); },
+                            "kfa::nn::MultiHeadAttention::forward: "
+                            "options.axial_rotary_options.extent holds 35 grid points: every "
+                            "sequence of a packed batch must be the grid (or empty), got "
+                            "cu_seqlens sequence 1 of length 20");
+    for (double v : to_host(yp).data) ASSERT_EQ(v, 7.0) << "packed y written";
+  }
+  kfa::nn::TransformerBlockOptions block_options;
+  block_options.attention = options;
+  block_options.d_ff = 8;
+  kfa::nn::TransformerBlock<Space, T> block(block_options);
+  typename kfa::nn::TransformerBlock<Space, T>::context_type block_context;
+  expect_invalid_argument([&] { block.forward(Space(), x, y, block_context); },
+                          "x must be [batch][35][16]: options.axial_rotary_options.extent = "
+                          "[5][7] holds 35 grid points, but seqlen is 36");
+  for (double v : to_host(y).data) ASSERT_EQ(v, 7.0) << "y written";
+  for (double v : to_host(y35).data) ASSERT_EQ(v, 7.0) << "cross-attention y written";
+}
+
+// ---------------------------------------------------------------------------
+// Packed cross-attention: queries and memory with their own cu_seqlens.
+
+/// A device View of int offsets.
+template <class Space>
+Kokkos::View<int*, typename Space::memory_space> device_offsets(std::vector<int> v) {
+  Kokkos::View<int*, typename Space::memory_space> cu("cu", v.size());
+  Kokkos::deep_copy(cu, Kokkos::View<const int*, Kokkos::HostSpace,
+                                     Kokkos::MemoryTraits<Kokkos::Unmanaged>>(v.data(), v.size()));
+  return cu;
+}
+
+/// Sequences of query lengths 13, 0, 29, 7, 5 over memories of 20, 9, 11, 6
+/// and 0 tokens (an empty query run beside a memory, a query run without
+/// memory): y, dx, dmemory and every parameter gradient against the oracle
+/// run one sequence at a time. A sequence without memory has attention output
+/// 0 (y = out_proj's bias, dx = 0, only out_proj.bias gets its dy); a memory
+/// without queries gets dmemory = 0.
+TYPED_TEST(NnLayers, PackedCrossAttentionMatchesOracle) {
+  using Space = typename TypeParam::space;
+  using T = typename TypeParam::value_type;
+  const std::vector<int> lengths = {13, 0, 29, 7, 5}, lengths_kv = {20, 9, 11, 6, 0};
+  std::vector<int> offsets{0}, offsets_kv{0};
+  for (std::size_t b = 0; b < lengths.size(); ++b) {
+    offsets.push_back(offsets.back() + lengths[b]);
+    offsets_kv.push_back(offsets_kv.back() + lengths_kv[b]);
+  }
+  const int total = offsets.back(), total_kv = offsets_kv.back(), d = 48;
+  const int max_seqlen = 29, max_seqlen_kv = 23;
+  const auto cu = device_offsets<Space>(offsets), cu_kv = device_offsets<Space>(offsets_kv);
+  std::vector<kfa::nn::MultiHeadAttentionOptions> cases(3);
+  for (auto& o : cases) o.d_model = d;
+  cases[0].heads = 3;  // fused q | k,v, qk-norm, half-split rotary, causal
+  cases[0].qk_norm = true;
+  cases[0].rotary = true;
+  cases[0].attention.causal = true;
+  cases[1].heads = 4;  // separate, memory of 20 features, grouped-query, ALiBi, a window
+  cases[1].kv_heads = 2;
+  cases[1].head_dim = 12;
+  cases[1].d_model_kv = 20;
+  cases[1].fused_qkv = false;
+  cases[1].alibi = true;
+  cases[1].attention.window_left = 4;
+  cases[1].attention.window_right = 2;
+  cases[2].heads = 3;  // fused, interleaved partial rotary with an offset, recompute
+  cases[2].rotary = true;
+  cases[2].rotary_options.style = kfa::nn::RotaryStyle::interleaved;
+  cases[2].rotary_options.rotary_dim = 10;
+  cases[2].rotary_options.position_offset = 3;
+  cases[2].recompute = true;
+  for (int index = 0; index < int(cases.size()); ++index) {
+    const auto& options = cases[index];
+    const int dkv = options.d_model_kv > 0 ? options.d_model_kv : d;
+    const std::string tag = "nn_packed_cross_" + std::to_string(index);
+    const std::string what = tag + " " + type_name<T>() + " " + Space::name() + " seed " +
+                             std::to_string(test_seed(tag));
+    kfa::nn::MultiHeadAttention<Space, T> mha(options);
+    std::mt19937_64 rng(test_seed(tag));
+    randomize_parameters(mha.parameters(), rng);
+    const Tensor x = rounded<T>(random_tensor({total, d}, rng));
+    const Tensor memory = rounded<T>(random_tensor({total_kv, dkv}, rng));
+    const Tensor dy = rounded<T>(random_tensor({total, d}, rng));
+    auto xv = make_view<DeviceView2<T, Space>>(x, "x");
+    auto mv = make_view<DeviceView2<T, Space>>(memory, "memory");
+    auto dyv = make_view<DeviceView2<T, Space>>(dy, "dy");
+    DeviceView2<T, Space> yv("y", total, d), dxv("dx", total, d), dmv("dmemory", total_kv, dkv);
+    poison(yv);
+    poison(dxv);
+    poison(dmv);
+    typename kfa::nn::MultiHeadAttention<Space, T>::context_type context;
+    mha.forward(Space(), xv, cu, max_seqlen, mv, cu_kv, max_seqlen_kv, yv, context);
+    mha.backward(Space(), dyv, dxv, dmv, context);
+    Space().fence();
+
+    const MhaParams p = mha_params(mha, false);
+    Tensor y_ref({total, d}), dx_ref({total, d}), dm_ref({total_kv, dkv});
+    MhaParams g_ref = zero_grads(p);
+    for (std::size_t b = 0; b < lengths.size(); ++b) {
+      const Tensor x_b = row_range(x, offsets[b], offsets[b + 1]);
+      const Tensor dy_b = row_range(dy, offsets[b], offsets[b + 1]);
+      Tensor y_b({lengths[b], d}), dx_b({lengths[b], d}), dm_b({lengths_kv[b], dkv});
+      if (lengths[b] > 0 && lengths_kv[b] > 0) {
+        MhaOracle oracle{mha.options(), p, 1, lengths[b], {}, {}, {}, {}, {}, {}};
+        if (options.alibi) oracle.extras = alibi_extras(options.heads);
+        const Tensor m_b = row_range(memory, offsets_kv[b], offsets_kv[b + 1]);
+        oracle.forward(x_b, m_b, lengths_kv[b]);
+        oracle.backward(x_b, m_b, dy_b, dx_b, dm_b, g_ref);
+        y_b = oracle.y;
+      } else if (lengths[b] > 0) {
+        for (int i = 0; i < lengths[b]; ++i)
+          for (int c = 0; c < d; ++c) {
+            at2(y_b, i, c) = p.bo.data.empty() ? 0 : p.bo.data[c];
+            if (!g_ref.bo.data.empty()) g_ref.bo.data[c] += at2(dy_b, i, c);
+          }
+      }
+      std::copy(y_b.data.begin(), y_b.data.end(), y_ref.data.begin() + std::size_t(offsets[b]) * d);
+      std::copy(dx_b.data.begin(), dx_b.data.end(),
+                dx_ref.data.begin() + std::size_t(offsets[b]) * d);
+      std::copy(dm_b.data.begin(), dm_b.data.end(),
+                dm_ref.data.begin() + std::size_t(offsets_kv[b]) * dkv);
+    }
+    const double factor = 16.0 * (d + max_seqlen + max_seqlen_kv);
+    expect_close_rel<T>(what + " y", to_host(yv), y_ref, factor);
+    expect_close_rel<T>(what + " dx", to_host(dxv), dx_ref, factor);
+    expect_close_rel<T>(what + " dmemory", to_host(dmv), dm_ref, factor);
+    expect_mha_grads<T>(what, mha_params(mha, true), g_ref, factor * 4);
+  }
+}
+
+/// Offsets of another batch or total, memory of another width, overlapping
+/// outputs, the wrong backward for the context: named std::invalid_argument,
+/// outputs untouched.
+TYPED_TEST(NnLayers, PackedCrossAttentionErrorsThrowAndWriteNothing) {
+  using Space = typename TypeParam::space;
+  using T = typename TypeParam::value_type;
+  kfa::nn::MultiHeadAttentionOptions options;
+  options.d_model = 16;
+  options.heads = 2;
+  options.d_model_kv = 12;
+  options.fused_qkv = false;
+  kfa::nn::MultiHeadAttention<Space, T> mha(options);
+  typename kfa::nn::MultiHeadAttention<Space, T>::context_type context, self;
+  const auto cu = device_offsets<Space>({0, 3, 7}), cu_kv = device_offsets<Space>({0, 5, 9});
+  DeviceView2<T, Space> x("x", 7, 16), y("y", 7, 16), dx("dx", 7, 16), m("m", 9, 12),
+      m_bad("m_bad", 9, 16), dm("dm", 9, 12), dm_short("dm_short", 8, 12);
+  Kokkos::deep_copy(y, T(3));
+  Kokkos::deep_copy(dx, T(3));
+  Kokkos::deep_copy(dm, T(3));
+  const char* function = "kfa::nn::MultiHeadAttention::forward: ";
+  expect_invalid_argument(
+      [&] {
+        mha.forward(Space(), x, cu, 4, m, device_offsets<Space>({0, 9}), 9, y, context);
+      },
+      std::string(function) + "cu_seqlens_kv must be [batch + 1] = [3] like cu_seqlens, got [2]");
+  expect_invalid_argument(
+      [&] {
+        mha.forward(Space(), x, cu, 4, m, device_offsets<Space>({0, 5, 8}), 5, y, context);
+      },
+      "cu_seqlens_kv must start at 0, never decrease, end at total_tokens_kv = 9 and hold "
+      "lengths <= max_seqlen_kv = 5; got cu_seqlens_kv[2] = 8");
+  expect_invalid_argument([&] { mha.forward(Space(), x, cu, 4, m, cu_kv, 4, y, context); },
+                          "hold lengths <= max_seqlen_kv = 4; got cu_seqlens_kv[1] = 5");
+  expect_invalid_argument([&] { mha.forward(Space(), x, cu, 3, m, cu_kv, 5, y, context); },
+                          "hold lengths <= max_seqlen = 3; got cu_seqlens[2] = 7");
+  expect_invalid_argument([&] { mha.forward(Space(), x, cu, 4, m_bad, cu_kv, 5, y, context); },
+                          "memory must be [total_tokens_kv][d_model_kv] with d_model_kv = 12, "
+                          "got [9][16]");
+  expect_invalid_argument(
+      [&] {
+        DeviceView1<T, Space> buffer("buffer", 9 * 12 + 7 * 16);
+        DeviceView2<T, Space> m_alias(buffer.data(), 9, 12), y_alias(buffer.data() + 100, 7, 16);
+        mha.forward(Space(), x, cu, 4, m_alias, cu_kv, 5, y_alias, context);
+      },
+      "y must not overlap memory");
+  // The self-attention overloads of a packed cross-attention context, and
+  // the reverse.
+  DeviceView2<T, Space> y_packed("y_packed", 7, 16);
+  mha.forward(Space(), x, cu, 4, m, cu_kv, 5, y_packed, context);
+  expect_invalid_argument([&] { mha.backward(Space(), y_packed, dx, context); },
+                          "kfa::nn::MultiHeadAttention::backward: the forward had a memory "
+                          "(packed cross-attention): call backward(space, dy, dx, dmemory, "
+                          "context)");
+  expect_invalid_argument([&] { mha.backward(Space(), y_packed, dx, dm_short, context); },
+                          "dmemory must be [total_tokens_kv][d_model_kv] = [9][12], got [8][12]");
+  expect_invalid_argument([&] { mha.backward(Space(), y_packed, dx, dx, context); },
+                          "dmemory must be [total_tokens_kv][d_model_kv] = [9][12], got [7][16]");
+  DeviceView3<T, Space> m3("m3", 1, 9, 12), x3("x3", 1, 7, 16), y3("y3", 1, 7, 16);
+  mha.forward(Space(), x3, m3, y3, self);
+  expect_invalid_argument([&] { mha.backward(Space(), y_packed, dx, dm, self); },
+                          "dmemory [9][12] is packed: it needs a packed cross-attention forward");
+  const DeviceView2<T, Space> written[] = {y, dx, dm};
+  for (const auto& v : written) {
+    auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+    for (std::size_t n = 0; n < host.size(); ++n)
+      ASSERT_EQ(host.data()[n], T(3)) << v.label() << " written";
+  }
 }
 
 }  // namespace

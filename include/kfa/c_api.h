@@ -198,6 +198,44 @@ kfa_status kfa_block_parameter_name(const kfa_block* block, int32_t index, const
 kfa_status kfa_block_parameter(const kfa_block* block, const char* name, void** value,
                                void** grad, int64_t* size);
 
+/* ------------------------------------------------------------------------
+ * MPI: the sequence-parallel mode and gradient reduction of docs/layers.md
+ * ("Training over MPI ranks"). kfa built with KFA_ENABLE_MPI (else these
+ * return KFA_ERROR_UNSUPPORTED); MPI initialised by the caller. A
+ * communicator is passed as its Fortran handle, an MPI_Fint (int in Open MPI
+ * and MPICH), so that this header needs no mpi.h: Fortran's integer
+ * communicator (`use mpi`), comm%MPI_VAL (`use mpi_f08`), or from C
+ * MPI_Comm_c2f(comm). kfa converts it with MPI_Comm_f2c. */
+
+/* A block in the sequence-parallel mode: every rank of comm holds its own
+ * contiguous run of tokens of every sequence, the runs in rank order
+ * (kfa_block_forward/backward take this rank's [batch][seqlen_local]
+ * [d_model]), and the attention runs as ring attention over comm; rotary
+ * positions and causal masks are global. Collective over comm: every rank
+ * creates it with the same options (the same init_seed gives the same
+ * weights), and its forward, backward and kfa_block_destroy are collective
+ * too. The block keeps its own duplicate of comm. Parameter gradients are
+ * this rank's part of the sum over all tokens: reduce them with
+ * kfa_block_allreduce_gradients(..., KFA_GRADIENT_SUM, ...) before a step.
+ * options->attention must have no window and no dropout. */
+kfa_status kfa_block_create_sequence_parallel(const kfa_block_options* options, kfa_dtype dtype,
+                                              kfa_space space, int32_t comm, kfa_block** block);
+
+typedef enum kfa_gradient_reduction {
+  /* The mean over the ranks: data parallelism. */
+  KFA_GRADIENT_MEAN = 0,
+  /* The sum: the sequence-parallel mode. */
+  KFA_GRADIENT_SUM = 1
+} kfa_gradient_reduction;
+
+/* Replaces every parameter gradient of the block by its mean or sum over
+ * the ranks of comm (kfa::nn::allreduce_gradients, one MPI_Allreduce).
+ * deterministic 1 adds the ranks' gradients in rank order, bitwise the same
+ * on every rank. Collective over comm: every rank passes a block of the
+ * same options. Fences `stream` (MPI reads the gradients). */
+kfa_status kfa_block_allreduce_gradients(kfa_block* block, void* stream, int32_t comm,
+                                         int32_t reduction, int32_t deterministic);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,10 +1,20 @@
 // kfa_block_*: a kfa::nn::TransformerBlock behind an opaque handle, with the
-// context of its last forward and an AdamW over its parameters.
+// context of its last forward and an AdamW over its parameters; with MPI its
+// sequence-parallel mode (the block owns its RingCommunicator) and the
+// gradient allreduce.
 
 #include "c_api_impl.hpp"
 
+#include <kfa/kfa_config.hpp>
 #include <kfa/nn/adamw.hpp>
 #include <kfa/nn/transformer_block.hpp>
+
+#if KFA_ENABLE_MPI
+#include <kfa/nn/distributed.hpp>
+#include <kfa/ring_communicator.hpp>
+
+#include <mpi.h>
+#endif
 
 #include <memory>
 #include <vector>
@@ -26,6 +36,10 @@ struct kfa_block {
   /// -1 when no parameter has that name.
   virtual int find(const char* name) const = 0;
   virtual void parameter(int index, void** value, void** grad, std::int64_t* size) const = 0;
+#if KFA_ENABLE_MPI
+  virtual void allreduce_gradients(void* stream, MPI_Comm comm,
+                                   const kfa::nn::GradientAllreduceOptions& options) = 0;
+#endif
 
   const kfa_dtype dtype;
   const kfa_space space;
@@ -46,6 +60,21 @@ class Block final : public kfa_block {
       : kfa_block(d, s, options.attention.d_model),
         m_block(options),
         m_parameters(m_block.parameters()) {}
+
+#if KFA_ENABLE_MPI
+  /// The sequence-parallel mode over a duplicate of `comm`, which the block
+  /// owns (declared before the layer, so it outlives it).
+  Block(kfa::nn::TransformerBlockOptions options, kfa_dtype d, kfa_space s, MPI_Comm comm)
+      : kfa_block(d, s, options.attention.d_model),
+        m_ring(std::make_unique<kfa::RingCommunicator>(comm)),
+        m_block(with_ring(options, *m_ring)),
+        m_parameters(m_block.parameters()) {}
+
+  void allreduce_gradients(void* stream, MPI_Comm comm,
+                           const kfa::nn::GradientAllreduceOptions& options) override {
+    kfa::nn::allreduce_gradients(space_instance<ExecSpace>(stream), m_parameters, comm, options);
+  }
+#endif
 
   void forward(void* stream, const void* x, void* y, std::int64_t batch, std::int64_t seqlen,
                std::uint64_t dropout_seed, bool training) override {
@@ -98,6 +127,14 @@ class Block final : public kfa_block {
   }
 
  private:
+#if KFA_ENABLE_MPI
+  static kfa::nn::TransformerBlockOptions with_ring(kfa::nn::TransformerBlockOptions options,
+                                                    const kfa::RingCommunicator& ring) {
+    options.attention.sequence_parallel.comm = &ring;
+    return options;
+  }
+  std::unique_ptr<kfa::RingCommunicator> m_ring;
+#endif
   block_type m_block;
   typename block_type::context_type m_context;
   std::vector<kfa::nn::Parameter<T, mem>> m_parameters;
@@ -163,6 +200,42 @@ void check_block(const kfa_block* block) {
   if (block == nullptr) invalid("block must not be NULL");
 }
 
+/// A new block of `dtype` in `space`; make(ExecSpace{}, T{}) constructs it.
+template <class Make>
+kfa_block* create_block(kfa_dtype dtype, kfa_space space, Make&& make) {
+  kfa_block* created = nullptr;
+  with_space(space, [&](auto space_tag) {
+    with_dtype(dtype, true, [&](auto value_tag) {
+      using T = decltype(value_tag);
+      // with_dtype(.., true, ..) passes only double and float; the others
+      // are never instantiated as layers.
+      if constexpr (std::is_same<T, double>::value || std::is_same<T, float>::value) {
+        created = make(space_tag, value_tag);
+      }
+    });
+  });
+  return created;
+}
+
+#if KFA_ENABLE_MPI
+/// The communicator of a Fortran handle; MPI must be initialised.
+MPI_Comm communicator(std::int32_t handle) {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized) {
+    throw Error(KFA_ERROR_INVALID_STATE,
+                "MPI is not initialised (call MPI_Init before passing a communicator)");
+  }
+  const MPI_Comm comm = MPI_Comm_f2c(static_cast<MPI_Fint>(handle));
+  if (comm == MPI_COMM_NULL) {
+    invalid("comm (" + std::to_string(handle) +
+            ") is MPI_COMM_NULL; pass a communicator's Fortran handle (MPI_Comm_c2f)");
+  }
+  return comm;
+}
+#endif
+
 /// x-like arguments [batch][seqlen][d_model] of the block's dtype.
 void check_tokens(const kfa_block* block, kfa_dtype dtype, const char* in_name, const void* in,
                   const char* out_name, const void* out, std::int64_t batch,
@@ -192,20 +265,53 @@ kfa_status kfa_block_create(const kfa_block_options* options, kfa_dtype dtype, k
     if (options == nullptr) invalid("options must not be NULL");
     if (block == nullptr) invalid("block must not be NULL");
     const kfa::nn::TransformerBlockOptions o = block_options(*options);
-    kfa_block* created = nullptr;
-    with_space(space, [&](auto space_tag) {
-      using ExecSpace = decltype(space_tag);
-      with_dtype(dtype, true, [&](auto value_tag) {
-        using T = decltype(value_tag);
-        // with_dtype(.., true, ..) passes only double and float; the others
-        // are never instantiated as layers.
-        if constexpr (std::is_same<T, double>::value || std::is_same<T, float>::value) {
-          created = new Block<ExecSpace, T>(o, dtype, space);
-        }
-      });
+    kfa_block* created = create_block(dtype, space, [&](auto space_tag, auto value_tag) {
+      return new Block<decltype(space_tag), decltype(value_tag)>(o, dtype, space);
     });
     block_created();
     *block = created;
+  });
+}
+
+kfa_status kfa_block_create_sequence_parallel(const kfa_block_options* options, kfa_dtype dtype,
+                                              kfa_space space, int32_t comm, kfa_block** block) {
+  return guarded("kfa_block_create_sequence_parallel", [&] {
+#if KFA_ENABLE_MPI
+    if (options == nullptr) invalid("options must not be NULL");
+    if (block == nullptr) invalid("block must not be NULL");
+    const kfa::nn::TransformerBlockOptions o = block_options(*options);
+    const MPI_Comm mpi_comm = communicator(comm);
+    kfa_block* created = create_block(dtype, space, [&](auto space_tag, auto value_tag) {
+      return new Block<decltype(space_tag), decltype(value_tag)>(o, dtype, space, mpi_comm);
+    });
+    block_created();
+    *block = created;
+#else
+    (void)options, (void)dtype, (void)space, (void)comm, (void)block;
+    throw Error(KFA_ERROR_UNSUPPORTED, "kfa was built without MPI (KFA_ENABLE_MPI=OFF)");
+#endif
+  });
+}
+
+kfa_status kfa_block_allreduce_gradients(kfa_block* block, void* stream, int32_t comm,
+                                         int32_t reduction, int32_t deterministic) {
+  return guarded("kfa_block_allreduce_gradients", [&] {
+#if KFA_ENABLE_MPI
+    check_block(block);
+    kfa::nn::GradientAllreduceOptions o;
+    switch (reduction) {
+      case KFA_GRADIENT_MEAN: o.reduction = kfa::nn::GradientReduction::mean; break;
+      case KFA_GRADIENT_SUM: o.reduction = kfa::nn::GradientReduction::sum; break;
+      default:
+        invalid("reduction must be KFA_GRADIENT_MEAN or KFA_GRADIENT_SUM, got " +
+                std::to_string(reduction));
+    }
+    o.deterministic = deterministic != 0;
+    block->allreduce_gradients(stream, communicator(comm), o);
+#else
+    (void)block, (void)stream, (void)comm, (void)reduction, (void)deterministic;
+    throw Error(KFA_ERROR_UNSUPPORTED, "kfa was built without MPI (KFA_ENABLE_MPI=OFF)");
+#endif
   });
 }
 

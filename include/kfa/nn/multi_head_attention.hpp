@@ -2,10 +2,12 @@
 #define KFA_NN_MULTI_HEAD_ATTENTION_HPP
 
 #include <kfa/flash_attention.hpp>
+#include <kfa/nn/grid.hpp>
 #include <kfa/nn/options.hpp>
 #include <kfa/nn/parameter.hpp>
 #include <kfa/nn/score_mods.hpp>
 
+#include <kfa/detail/nn/axial_rotary_kernels.hpp>
 #include <kfa/detail/nn/checks.hpp>
 #include <kfa/detail/nn/layer_support.hpp>
 #include <kfa/detail/nn/linear_impl.hpp>
@@ -15,6 +17,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -55,7 +58,7 @@ struct MultiHeadAttentionContext {
     const view4* tensors[] = {&q, &k, &v, &o, &q_pre, &k_pre, &d_o, &dq, &dk, &dv, &dq_pre, &dk_pre};
     const view2* matrices[] = {&qkv, &dqkv, &kv, &dkv};
     std::size_t bytes = (lse.span() + rstd_q.span() + rstd_k.span()) * sizeof(acc_t) +
-                        positions.span() * sizeof(int);
+                        (positions.span() + positions_kv.span()) * sizeof(int);
     for (const view4* t : tensors) bytes += t->span() * sizeof(T);
     for (const view2* m : matrices) bytes += m->span() * sizeof(T);
     return bytes + scratch.bytes();
@@ -85,6 +88,12 @@ struct MultiHeadAttentionContext {
   Kokkos::View<const int*, memory_space> cu_seqlens;
   int max_seqlen = 0;
   Kokkos::View<int*, memory_space> positions;
+  // Packed cross-attention: the memory [1][total_tokens_kv][d_model_kv], its
+  // offsets, longest length and each memory token's position (empty for
+  // self-attention, whose keys are x's tokens).
+  Kokkos::View<const int*, memory_space> cu_seqlens_kv;
+  int max_seqlen_kv = 0;
+  Kokkos::View<int*, memory_space> positions_kv;
   // Workspaces: the fused q|k|v (or, for cross-attention, k|v) projection,
   // the backward's gradients.
   view2 qkv, dqkv, kv, dkv;
@@ -97,7 +106,8 @@ struct MultiHeadAttentionContext {
 /// Llama attention with separate projections): y = out_proj(attention(
 /// rotary(norm_q(x·W_qᵀ + b_q)), rotary(norm_k(m·W_kᵀ + b_k)), m·W_vᵀ + b_v)),
 /// m = x (self-attention) or a second input, the memory (cross-attention),
-/// the norms per head only with options.qk_norm, the attention
+/// the norms per head only with options.qk_norm, the rotary embeddings
+/// 1D (options.rotary) or axial over a grid (options.axial_rotary), the attention
 /// through kfa::flash_attention_forward/backward with the options'
 /// AttentionOptions. Grouped-query heads when kv_heads < heads.
 ///
@@ -334,6 +344,53 @@ class MultiHeadAttention {
     }
   }
 
+  /// Cross-attention over a packed batch: queries from x [total_tokens]
+  /// [d_model] (sequence b is rows [cu_seqlens[b], cu_seqlens[b + 1])), keys
+  /// and values from memory [total_tokens_kv][d_model_kv] (sequence b's
+  /// memory is rows [cu_seqlens_kv[b], cu_seqlens_kv[b + 1])); y like x.
+  /// Sequence b attends only to its own memory, with masks aligned to the
+  /// bottom-right corner of its own lengths and rotary positions from each
+  /// start; a sequence with an empty memory gets a zero attention output.
+  /// cu_seqlens and cu_seqlens_kv [batch + 1] (the same batch) of int in the
+  /// layer's memory space, referenced by the context until the backward;
+  /// max_seqlen, max_seqlen_kv bound the lengths. The backward is
+  /// backward(space, dy, dx, dmemory, context) with dy, dx like x and
+  /// dmemory like memory. Checking the offsets reads them on the host: this
+  /// fences. Not in the sequence-parallel mode.
+  template <class X, class Cu, class M, class CuM, class Y>
+  void forward(const ExecSpace& space, const X& x, const Cu& cu_seqlens, int max_seqlen,
+               const M& memory, const CuM& cu_seqlens_kv, int max_seqlen_kv, const Y& y,
+               context_type& context) const {
+    const char* function = "kfa::nn::MultiHeadAttention::forward";
+    Impl::ProfilingRegion region(function);
+    check_packed_cross_forward(function, x, cu_seqlens, max_seqlen, memory, cu_seqlens_kv,
+                               max_seqlen_kv, y, context);
+    if constexpr (packed_pair_ok<X, Y>() && packed_pair_ok<M, Y>()) {
+      with_own_modifier([&](const auto& mod) {
+        attend_forward(space, packed_tokens(x), packed_tokens(memory), Impl::out_matrix(y),
+                       context, true, mod);
+      });
+    }
+  }
+
+  /// Packed cross-attention with a score modifier (b is the sequence, i and
+  /// j count from the starts of its queries and of its memory; a pairwise
+  /// bias is [batch or 1][heads or 1][max_seqlen][max_seqlen_kv]).
+  template <class X, class Cu, class M, class CuM, class Y, class ScoreMod>
+  void forward(const ExecSpace& space, const X& x, const Cu& cu_seqlens, int max_seqlen,
+               const M& memory, const CuM& cu_seqlens_kv, int max_seqlen_kv, const Y& y,
+               context_type& context, const ScoreMod& score_mod) const {
+    const char* function = "kfa::nn::MultiHeadAttention::forward";
+    Impl::ProfilingRegion region(function);
+    check_packed_cross_forward(function, x, cu_seqlens, max_seqlen, memory, cu_seqlens_kv,
+                               max_seqlen_kv, y, context);
+    if constexpr (packed_pair_ok<X, Y>() && packed_pair_ok<M, Y>()) {
+      check_modifier(function, score_mod, cu_seqlens.extent(0) - 1, max_seqlen, max_seqlen_kv);
+      attend_forward(space, packed_tokens(x), packed_tokens(memory), Impl::out_matrix(y),
+                     context, true, score_mod);
+    }
+  }
+
   /// Backward of the forward that filled `context`: dx overwritten, the
   /// parameter gradients accumulated. dy, dx [batch][seqlen][d_model] like
   /// that forward's x ([total_tokens][d_model] after a packed forward); dx
@@ -387,6 +444,16 @@ class MultiHeadAttention {
                 context_type& context) {
     const char* function = "kfa::nn::MultiHeadAttention::backward";
     Impl::ProfilingRegion region(function);
+    if constexpr (packed_pair_ok<DY, DX>()) {
+      check_packed_cross_backward(function, dy, dx, dmemory, context);
+      if constexpr (packed_pair_ok<DM, DY>()) {
+        with_own_modifier([&](const auto& mod) {
+          attend_backward(space, Impl::in_matrix(dy), Impl::out_matrix(dx),
+                          Impl::out_matrix(dmemory), context, mod);
+        });
+      }
+      return;
+    }
     check_cross_backward(function, dy, dx, dmemory, context);
     if constexpr (pair_ok<DY, DX>() && pair_ok<DM, DY>()) {
       with_own_modifier([&](const auto& mod) {
@@ -402,6 +469,16 @@ class MultiHeadAttention {
                 context_type& context, const ScoreMod& score_mod) {
     const char* function = "kfa::nn::MultiHeadAttention::backward";
     Impl::ProfilingRegion region(function);
+    if constexpr (packed_pair_ok<DY, DX>()) {
+      check_packed_cross_backward(function, dy, dx, dmemory, context);
+      if constexpr (packed_pair_ok<DM, DY>()) {
+        check_modifier(function, score_mod, context.cu_seqlens.extent(0) - 1, context.max_seqlen,
+                       context.max_seqlen_kv);
+        attend_backward(space, Impl::in_matrix(dy), Impl::out_matrix(dx),
+                        Impl::out_matrix(dmemory), context, score_mod);
+      }
+      return;
+    }
     check_cross_backward(function, dy, dx, dmemory, context);
     if constexpr (pair_ok<DY, DX>() && pair_ok<DM, DY>()) {
       check_modifier(function, score_mod, context.x.extent(0), context.x.extent(1),
@@ -493,6 +570,7 @@ class MultiHeadAttention {
       Impl::throw_invalid(function, "options.rotary_options: rotary_dim must be even and in "
                                     "0..head_dim, base > 0, position_offset >= 0");
     }
+    if (o.axial_rotary) resolve_axial(function, o);
     if (!(o.qk_norm_options.eps >= 0) || !std::isfinite(o.qk_norm_options.eps)) {
       Impl::throw_invalid(function, "options.qk_norm_options.eps must be finite and >= 0");
     }
@@ -507,6 +585,79 @@ class MultiHeadAttention {
     Impl::check_options(function, o.attention);
     Impl::nn_check_sequence_parallel(function, o.sequence_parallel, o.attention);
     return o;
+  }
+
+  /// The axial rotary option: a grid of 1..3 axes, rotary features that
+  /// split into an even share per axis, a finite base and scales.
+  static void resolve_axial(const char* function, MultiHeadAttentionOptions& o) {
+    auto& a = o.axial_rotary_options;
+    if (o.rotary || o.alibi) {
+      Impl::throw_invalid(function, "options.axial_rotary replaces options.rotary and "
+                                    "options.alibi (one kind of position information); turn "
+                                    "them off");
+    }
+    if (a.axes < 1 || a.axes > 3) {
+      Impl::throw_invalid(function, "options.axial_rotary_options.axes must be 1, 2 or 3, got " +
+                                        std::to_string(a.axes));
+    }
+    std::int64_t points = 1;
+    for (int axis = 0; axis < a.axes; ++axis) {
+      if (a.extent[axis] < 1) {
+        Impl::throw_invalid(function, "options.axial_rotary_options.extent[" +
+                                          std::to_string(axis) + "] must be >= 1, got extent = " +
+                                          Impl::grid_string(a.axes, a.extent));
+      }
+      points *= a.extent[axis];
+      if (points > std::numeric_limits<int>::max()) {
+        Impl::throw_invalid(function, "options.axial_rotary_options.extent = " +
+                                          Impl::grid_string(a.axes, a.extent) +
+                                          " holds more than 2^31 - 1 points");
+      }
+    }
+    if (a.rotary_dim == 0) a.rotary_dim = o.head_dim;
+    if (a.rotary_dim < 0 || a.rotary_dim > o.head_dim || a.rotary_dim % (2 * a.axes) != 0) {
+      Impl::throw_invalid(function, "options.axial_rotary_options.rotary_dim (0: head_dim) must "
+                                    "be in 0..head_dim = " + std::to_string(o.head_dim) +
+                                        " and a multiple of 2·axes = " +
+                                        std::to_string(2 * a.axes) +
+                                        " (an even share per axis), got " +
+                                        std::to_string(a.rotary_dim));
+    }
+    bool finite = a.base > 0 && std::isfinite(a.base);
+    for (int axis = 0; axis < a.axes; ++axis) finite = finite && std::isfinite(a.scale[axis]);
+    if (!finite) {
+      Impl::throw_invalid(function, "options.axial_rotary_options.base must be finite and > 0 "
+                                    "and its scale finite");
+    }
+  }
+
+  /// The grid's points under options.axial_rotary, else 0.
+  int axial_points() const {
+    if (!m_options.axial_rotary) return 0;
+    const auto& a = m_options.axial_rotary_options;
+    int points = 1;
+    for (int axis = 0; axis < a.axes; ++axis) points *= a.extent[axis];
+    return points;
+  }
+
+  /// Under options.axial_rotary the query and key sequences must be the
+  /// grid (the whole sequence in the sequence-parallel mode).
+  void check_axial_lengths(const char* function, int seqlen, int seqlen_kv, bool cross) const {
+    const int points = axial_points();
+    if (points == 0 || (seqlen == points && seqlen_kv == points)) return;
+    const auto& a = m_options.axial_rotary_options;
+    const bool memory_bad = cross && seqlen == points;
+    const bool ranks = m_options.sequence_parallel.comm != nullptr;
+    const std::string shape =
+        "[batch][" + std::to_string(points) + "][" +
+        std::to_string(memory_bad ? m_options.d_model_kv : m_options.d_model) + "]";
+    Impl::throw_invalid(
+        function, std::string(memory_bad ? "memory" : "x") +
+                      (ranks ? " of all ranks together must be " : " must be ") + shape +
+                      ": options.axial_rotary_options.extent = " +
+                      Impl::grid_string(a.axes, a.extent) + " holds " + std::to_string(points) +
+                      " grid points, but " + (memory_bad ? "seqlen_kv" : "seqlen") + " is " +
+                      std::to_string(memory_bad ? seqlen_kv : seqlen));
   }
 
   template <class A, class B>
@@ -546,6 +697,8 @@ class MultiHeadAttention {
     c.packed = false;
     c.cu_seqlens = {};
     c.max_seqlen = 0;
+    c.cu_seqlens_kv = {};
+    c.max_seqlen_kv = 0;
   }
 
   /// A packed input and output [total_tokens][d_model]; the offsets are
@@ -558,8 +711,8 @@ class MultiHeadAttention {
       Impl::throw_invalid(function, "packed batches do not run in the sequence-parallel mode");
     }
     if (m_options.d_model_kv != m_options.d_model) {
-      Impl::throw_invalid(function, "a packed batch is self-attention: options.d_model_kv must "
-                                    "be d_model");
+      Impl::throw_invalid(function, "packed self-attention needs options.d_model_kv = d_model; "
+                                    "for cross-attention pass the memory and cu_seqlens_kv");
     }
     const char* shape = "[total_tokens][d_model]";
     Impl::check_nn_view<ExecSpace, X>(function, "x", shape, 2);
@@ -579,23 +732,28 @@ class MultiHeadAttention {
                                       "padding)");
       }
       Impl::check_disjoint(function, "y", y, "x", x);
-      pack(function, cu_seqlens, max_seqlen, x.extent(0), c);
+      pack(function, cu_seqlens, max_seqlen, x.extent(0), c, axial_points());
     }
   }
 
+  /// Reads packed offsets on the host and checks them (names: the View, its
+  /// maximum length, its total); returns each token's position in its
+  /// sequence. Writes nothing.
   template <class Cu>
-  static void pack(const char* function, const Cu& cu_seqlens, int max_seqlen, std::size_t total,
-                   context_type& c) {
+  static std::vector<int> packed_positions(const char* function, const char* name,
+                                           const char* max_name, const char* total_name,
+                                           const Cu& cu_seqlens, int max_seqlen,
+                                           std::size_t total, int axial_points) {
     static_assert(Kokkos::is_view<Cu>::value && Cu::rank == 1 &&
                       std::is_same<typename Cu::non_const_value_type, int>::value &&
                       std::is_same<typename Cu::memory_space, memory_space>::value,
-                  "kfa::nn::MultiHeadAttention: cu_seqlens must be a rank-1 View of int in the "
-                  "layer's memory space");
+                  "kfa::nn::MultiHeadAttention: cu_seqlens and cu_seqlens_kv must be rank-1 "
+                  "Views of int in the layer's memory space");
+    const std::string cu = name, max = max_name;
     if (cu_seqlens.extent(0) == 0 || max_seqlen < 0) {
-      Impl::throw_invalid(function, "cu_seqlens must be [batch + 1] (got " +
-                                        Impl::extents_string(cu_seqlens) +
-                                        ") and max_seqlen >= 0 (got " +
-                                        std::to_string(max_seqlen) + ")");
+      Impl::throw_invalid(function, cu + " must be [batch + 1] (got " +
+                                        Impl::extents_string(cu_seqlens) + ") and " + max +
+                                        " >= 0 (got " + std::to_string(max_seqlen) + ")");
     }
     const auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), cu_seqlens);
     const std::size_t n = host.extent(0);
@@ -603,25 +761,142 @@ class MultiHeadAttention {
       const bool bad = b == 0 ? host(0) != 0
                               : host(b) < host(b - 1) || host(b) - host(b - 1) > max_seqlen;
       if (bad || (b + 1 == n && std::size_t(host(b)) != total)) {
-        Impl::throw_invalid(function, "cu_seqlens must start at 0, never decrease, end at "
-                                      "total_tokens = " + std::to_string(total) +
-                                          " and hold lengths <= max_seqlen = " +
-                                          std::to_string(max_seqlen) + "; got cu_seqlens[" +
+        Impl::throw_invalid(function, cu + " must start at 0, never decrease, end at " +
+                                          total_name + " = " + std::to_string(total) +
+                                          " and hold lengths <= " + max + " = " +
+                                          std::to_string(max_seqlen) + "; got " + cu + "[" +
                                           std::to_string(b) + "] = " + std::to_string(host(b)));
+      }
+    }
+    // Axial rotary embeddings: every sequence is the grid (token t of the
+    // packed batch is then grid point t % points).
+    for (std::size_t b = 0; axial_points > 0 && b + 1 < n; ++b) {
+      const int length = host(b + 1) - host(b);
+      if (length != 0 && length != axial_points) {
+        Impl::throw_invalid(function, "options.axial_rotary_options.extent holds " +
+                                          std::to_string(axial_points) +
+                                          " grid points: every sequence of a packed batch must "
+                                          "be the grid (or empty), got " + cu + " sequence " +
+                                          std::to_string(b) + " of length " +
+                                          std::to_string(length));
       }
     }
     // Rotary positions restart at every sequence.
     std::vector<int> positions(total);
     for (std::size_t b = 0; b + 1 < n; ++b)
       for (int t = host(b); t < host(b + 1); ++t) positions[t] = t - host(b);
-    Impl::nn_ensure(c.positions, "kfa::nn::MultiHeadAttention::positions", total);
-    Kokkos::deep_copy(c.positions,
-                      Kokkos::View<const int*, Kokkos::HostSpace,
-                                   Kokkos::MemoryTraits<Kokkos::Unmanaged>>(positions.data(),
-                                                                            total));
+    return positions;
+  }
+
+  static void store_positions(Kokkos::View<int*, memory_space>& view, const char* label,
+                              const std::vector<int>& positions) {
+    Impl::nn_ensure(view, label, positions.size());
+    Kokkos::deep_copy(view, Kokkos::View<const int*, Kokkos::HostSpace,
+                                         Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
+                                positions.data(), positions.size()));
+  }
+
+  template <class Cu>
+  static void pack(const char* function, const Cu& cu_seqlens, int max_seqlen, std::size_t total,
+                   context_type& c, int axial_points) {
+    const std::vector<int> positions = packed_positions(
+        function, "cu_seqlens", "max_seqlen", "total_tokens", cu_seqlens, max_seqlen, total,
+        axial_points);
+    store_positions(c.positions, "kfa::nn::MultiHeadAttention::positions", positions);
     c.packed = true;
     c.cu_seqlens = cu_seqlens;
     c.max_seqlen = max_seqlen;
+    c.cu_seqlens_kv = {};
+    c.max_seqlen_kv = 0;
+  }
+
+  /// Packed cross-attention: x, y [total_tokens][d_model], memory
+  /// [total_tokens_kv][d_model_kv] and both offsets of one batch, checked
+  /// (offsets on the host) before anything is written.
+  template <class X, class Cu, class M, class CuM, class Y>
+  void check_packed_cross_forward(const char* function, const X& x, const Cu& cu_seqlens,
+                                  int max_seqlen, const M& memory, const CuM& cu_seqlens_kv,
+                                  int max_seqlen_kv, const Y& y, context_type& c) const {
+    check_not_sequence_parallel(function);
+    const char* shape = "[total_tokens][d_model]";
+    Impl::check_nn_view<ExecSpace, X>(function, "x", shape, 2);
+    Impl::check_nn_view<ExecSpace, Y>(function, "y", shape, 2);
+    Impl::check_nn_view<ExecSpace, M>(function, "memory", "[total_tokens_kv][d_model_kv]", 2);
+    if constexpr (packed_pair_ok<X, Y>() && packed_pair_ok<M, Y>()) {
+      static_assert(Impl::same_value_type<T, X, M, Y>() && Impl::all_non_const<Y>(),
+                    "kfa::nn::MultiHeadAttention: inputs and outputs must be Views of the "
+                    "layer's T, outputs non-const");
+      if (x.extent(1) != std::size_t(m_options.d_model)) {
+        Impl::throw_invalid(function, "x must be [total_tokens][d_model] with d_model = " +
+                                          std::to_string(m_options.d_model) + ", got " +
+                                          Impl::extents_string(x));
+      }
+      Impl::check_extents(function, "y", shape, y, {x.extent(0), x.extent(1)});
+      if (memory.extent(1) != std::size_t(m_options.d_model_kv)) {
+        Impl::throw_invalid(function, "memory must be [total_tokens_kv][d_model_kv] with "
+                                      "d_model_kv = " + std::to_string(m_options.d_model_kv) +
+                                          ", got " + Impl::extents_string(memory));
+      }
+      if (!x.span_is_contiguous() || !y.span_is_contiguous() || !memory.span_is_contiguous()) {
+        Impl::throw_invalid(function, "x, memory and y must be contiguous (LayoutRight Views "
+                                      "without padding)");
+      }
+      Impl::check_disjoint(function, "y", y, "x", x);
+      Impl::check_disjoint(function, "y", y, "memory", memory);
+      if (cu_seqlens_kv.extent(0) != cu_seqlens.extent(0)) {
+        Impl::throw_invalid(function, "cu_seqlens_kv must be [batch + 1] = " +
+                                          Impl::extents_string(cu_seqlens) +
+                                          " like cu_seqlens, got " +
+                                          Impl::extents_string(cu_seqlens_kv));
+      }
+      const int points = axial_points();
+      const std::vector<int> positions = packed_positions(
+          function, "cu_seqlens", "max_seqlen", "total_tokens", cu_seqlens, max_seqlen,
+          x.extent(0), points);
+      const std::vector<int> positions_kv = packed_positions(
+          function, "cu_seqlens_kv", "max_seqlen_kv", "total_tokens_kv", cu_seqlens_kv,
+          max_seqlen_kv, memory.extent(0), points);
+      store_positions(c.positions, "kfa::nn::MultiHeadAttention::positions", positions);
+      store_positions(c.positions_kv, "kfa::nn::MultiHeadAttention::positions_kv", positions_kv);
+      c.packed = true;
+      c.cu_seqlens = cu_seqlens;
+      c.max_seqlen = max_seqlen;
+      c.cu_seqlens_kv = cu_seqlens_kv;
+      c.max_seqlen_kv = max_seqlen_kv;
+    }
+  }
+
+  /// dy, dx [total_tokens][d_model] and dmemory [total_tokens_kv][d_model_kv]
+  /// after a packed cross-attention forward.
+  template <class DY, class DX, class DM>
+  void check_packed_cross_backward(const char* function, const DY& dy, const DX& dx,
+                                   const DM& dmemory, const context_type& c) const {
+    Impl::check_nn_view<ExecSpace, DM>(function, "dmemory", "[total_tokens_kv][d_model_kv]", 2);
+    if constexpr (Impl::view_ok<ExecSpace, DM>(2)) {
+      static_assert(Impl::same_value_type<T, DY, DX, DM>() && Impl::all_non_const<DX, DM>(),
+                    "kfa::nn::MultiHeadAttention: dy, dx and dmemory must be Views of the "
+                    "layer's T, dx and dmemory non-const");
+      if (!c.packed || !c.cross) {
+        Impl::throw_invalid(function, "dmemory " + Impl::extents_string(dmemory) +
+                                          " is packed: it needs a packed cross-attention forward "
+                                          "(forward(space, x, cu_seqlens, max_seqlen, memory, "
+                                          "cu_seqlens_kv, max_seqlen_kv, y, context)) with this "
+                                          "context");
+      }
+      const std::size_t total = c.x.extent(1), d = std::size_t(m_options.d_model);
+      Impl::check_extents(function, "dy", "[total_tokens][d_model]", dy, {total, d});
+      Impl::check_extents(function, "dx", "[total_tokens][d_model]", dx, {total, d});
+      Impl::check_extents(function, "dmemory", "[total_tokens_kv][d_model_kv]", dmemory,
+                          {c.memory.extent(1), c.memory.extent(2)});
+      if (!dy.span_is_contiguous() || !dx.span_is_contiguous() ||
+          !dmemory.span_is_contiguous()) {
+        Impl::throw_invalid(function, "dy, dx and dmemory must be contiguous (LayoutRight Views "
+                                      "without padding)");
+      }
+      Impl::check_disjoint(function, "dx", dx, "dy", dy);
+      Impl::check_disjoint(function, "dmemory", dmemory, "dy", dy);
+      Impl::check_disjoint(function, "dmemory", dmemory, "dx", dx);
+    }
   }
 
   /// dy, dx [total_tokens][d_model] after a packed forward.
@@ -635,6 +910,10 @@ class MultiHeadAttention {
       Impl::throw_invalid(function, "dy " + Impl::extents_string(dy) +
                                         " is packed [total_tokens][d_model] but the forward was "
                                         "not (call forward with this context first)");
+    }
+    if (c.cross) {
+      Impl::throw_invalid(function, "the forward had a memory (packed cross-attention): call "
+                                    "backward(space, dy, dx, dmemory, context)");
     }
     const std::size_t total = c.x.extent(1), d = std::size_t(m_options.d_model);
     Impl::check_extents(function, "dy", "[total_tokens][d_model]", dy, {total, d});
@@ -796,6 +1075,19 @@ class MultiHeadAttention {
                                           sign, positions);
   }
 
+  /// Axial rotary embedding of q or k (sign -1: the inverse, on dq or dk) in
+  /// place. A packed batch's sequences are all the grid, so token t is grid
+  /// point t % points; in the sequence-parallel mode this rank's tokens start
+  /// at grid point slice.offset.
+  void rotate_axial(const ExecSpace& space, const view4& t, bool packed,
+                    const Impl::NnSequenceSlice& slice, int heads, int sign) const {
+    const out2 rows = Impl::out_tokens(t);
+    const auto& a = m_options.axial_rotary_options;
+    Impl::axial_rotary_impl<ExecSpace, T>(space, rows, rows, packed ? axial_points() : slice.seqlen,
+                                          heads, m_options.head_dim, a.rotary_dim, a, sign,
+                                          packed ? 0 : slice.offset);
+  }
+
   /// RMSNorm over head_dim of every (token, head) row of `in` into `out`.
   void qk_norm_forward(const ExecSpace& space, const view4& in, const view1& weight,
                        const view4& out, const view1_acc& rstd) const {
@@ -857,15 +1149,18 @@ class MultiHeadAttention {
       return view3(v.data(), v.extent(1), v.extent(2), v.extent(3));
     };
     const lse2 lse(c.lse.data(), c.lse.extent(1), c.lse.extent(2));
+    // Self-attention's keys are its queries' tokens.
     const int max_seqlen = c.max_seqlen;
+    const int max_seqlen_kv = c.cross ? c.max_seqlen_kv : max_seqlen;
+    const Kokkos::View<const int*, memory_space> cu_kv = c.cross ? c.cu_seqlens_kv : c.cu_seqlens;
     if (backward) {
       flash_attention_varlen_backward(space, rows(c.q), rows(c.k), rows(c.v), c.cu_seqlens,
-                                      c.cu_seqlens, max_seqlen, max_seqlen, rows(c.o), lse,
+                                      cu_kv, max_seqlen, max_seqlen_kv, rows(c.o), lse,
                                       rows(c.d_o), rows(c.dq), rows(c.dk), rows(c.dv),
                                       c.attention, score_mod);
     } else {
       flash_attention_varlen_forward(space, rows(c.q), rows(c.k), rows(c.v), c.cu_seqlens,
-                                     c.cu_seqlens, max_seqlen, max_seqlen, rows(c.o), lse,
+                                     cu_kv, max_seqlen, max_seqlen_kv, rows(c.o), lse,
                                      c.attention, score_mod);
     }
   }
@@ -910,18 +1205,28 @@ class MultiHeadAttention {
     const int batch = int(x.extent(0)), seqlen = int(x.extent(1)), tokens = batch * seqlen;
     const int seqlen_kv = int(mem.extent(1)), tokens_kv = batch * seqlen_kv;
     const int hd = o.head_dim, q_cols = o.heads * hd, kv_cols = o.kv_heads * hd;
+    // A packed batch's sequences were checked against the grid with its offsets.
+    const Impl::NnSequenceSlice slice =
+        c.packed ? Impl::NnSequenceSlice{0, c.max_seqlen, c.max_seqlen}
+                 : Impl::nn_sequence_slice(o.sequence_parallel, seqlen);
+    if (!c.packed) {
+      check_axial_lengths("kfa::nn::MultiHeadAttention::forward", slice.seqlen_global,
+                          cross ? seqlen_kv : slice.seqlen_global, cross);
+    }
     c.x = x;
     c.cross = cross;
     c.has_forward = true;
     c.memory = cross ? typename context_type::const_view3(mem) : typename context_type::const_view3();
     // A packed batch's rotary table has a row per position of its longest
     // sequence; the tokens' own positions come from c.positions.
-    c.slice = c.packed ? Impl::NnSequenceSlice{0, c.max_seqlen, c.max_seqlen}
-                       : Impl::nn_sequence_slice(o.sequence_parallel, seqlen);
-    // Keys count their positions from the start of the memory.
-    c.slice_kv = cross ? Impl::NnSequenceSlice{0, seqlen_kv, seqlen_kv} : c.slice;
+    c.slice = slice;
+    // Keys count their positions from the start of the memory (of their
+    // sequence's memory in a packed batch).
+    const int kv_rows = c.packed ? c.max_seqlen_kv : seqlen_kv;
+    c.slice_kv = cross ? Impl::NnSequenceSlice{0, kv_rows, kv_rows} : c.slice;
     const Kokkos::View<const int*, memory_space> pos =
         c.packed ? c.positions : Kokkos::View<int*, memory_space>();
+    const Kokkos::View<const int*, memory_space> pos_kv = c.packed && cross ? c.positions_kv : pos;
     Impl::nn_ensure(c.q, "kfa::nn::MultiHeadAttention::q", batch, seqlen, o.heads, hd);
     Impl::nn_ensure(c.k, "kfa::nn::MultiHeadAttention::k", batch, seqlen_kv, o.kv_heads, hd);
     Impl::nn_ensure(c.v, "kfa::nn::MultiHeadAttention::v", batch, seqlen_kv, o.kv_heads, hd);
@@ -957,8 +1262,8 @@ class MultiHeadAttention {
                                               weight_rows(w.w_qkv, q_cols, 2 * kv_cols),
                                               vector_rows(w.b_qkv, q_cols, 2 * kv_cols), c.kv,
                                               c.scratch);
-      rotate(space, c.kv, 0, k2, 0, c.slice_kv, o.kv_heads, k_in_split, 1, pos);
-      rotate(space, c.kv, kv_cols, v2, 0, c.slice_kv, o.kv_heads, false, 1, pos);
+      rotate(space, c.kv, 0, k2, 0, c.slice_kv, o.kv_heads, k_in_split, 1, pos_kv);
+      rotate(space, c.kv, kv_cols, v2, 0, c.slice_kv, o.kv_heads, false, 1, pos_kv);
     } else {
       Impl::linear_forward_impl<ExecSpace, T>(space, x2, w.w_q, w.b_q, q2, c.scratch);
       Impl::linear_forward_impl<ExecSpace, T>(space, mem2, w.w_k, w.b_k, k2, c.scratch);
@@ -974,7 +1279,11 @@ class MultiHeadAttention {
     }
     if (o.rotary && !k_in_split) {
       const out2 k_att = Impl::out_tokens(c.k);
-      rotate(space, k_att, 0, k_att, 0, c.slice_kv, o.kv_heads, true, 1, pos);
+      rotate(space, k_att, 0, k_att, 0, c.slice_kv, o.kv_heads, true, 1, pos_kv);
+    }
+    if (o.axial_rotary) {
+      rotate_axial(space, c.q, c.packed, c.slice, o.heads, 1);
+      rotate_axial(space, c.k, c.packed, c.slice_kv, o.kv_heads, 1);
     }
     c.attention = o.attention;
     c.attention.dropout_seed = c.dropout_seed;
@@ -1036,6 +1345,7 @@ class MultiHeadAttention {
     }
     const Kokkos::View<const int*, memory_space> pos =
         c.packed ? c.positions : Kokkos::View<int*, memory_space>();
+    const Kokkos::View<const int*, memory_space> pos_kv = c.packed && cross ? c.positions_kv : pos;
     const in2 x2 = Impl::in_matrix(c.x), mem2 = cross ? Impl::in_matrix(c.memory) : x2;
     const bool q_in_split = q_rotates_in_split(cross), k_in_split = k_rotates_in_split();
     if (o.rotary && !q_in_split) {
@@ -1044,7 +1354,11 @@ class MultiHeadAttention {
     }
     if (o.rotary && !k_in_split) {
       const out2 dk_att = Impl::out_tokens(c.dk);
-      rotate(space, dk_att, 0, dk_att, 0, c.slice_kv, o.kv_heads, true, -1, pos);
+      rotate(space, dk_att, 0, dk_att, 0, c.slice_kv, o.kv_heads, true, -1, pos_kv);
+    }
+    if (o.axial_rotary) {
+      rotate_axial(space, c.dq, c.packed, c.slice, o.heads, -1);
+      rotate_axial(space, c.dk, c.packed, c.slice_kv, o.kv_heads, -1);
     }
     if (o.qk_norm) {
       Impl::nn_ensure(c.dq_pre, "kfa::nn::MultiHeadAttention::dq_pre", batch, seqlen, o.heads, hd);
@@ -1067,8 +1381,8 @@ class MultiHeadAttention {
                                                   g.b_qkv, c.scratch);
     } else if (o.fused_qkv) {
       Impl::nn_ensure(c.dkv, "kfa::nn::MultiHeadAttention::dkv", tokens_kv, 2 * kv_cols);
-      rotate(space, dk2, 0, c.dkv, 0, c.slice_kv, o.kv_heads, k_in_split, -1, pos);
-      rotate(space, dv2, 0, c.dkv, kv_cols, c.slice_kv, o.kv_heads, false, -1, pos);
+      rotate(space, dk2, 0, c.dkv, 0, c.slice_kv, o.kv_heads, k_in_split, -1, pos_kv);
+      rotate(space, dv2, 0, c.dkv, kv_cols, c.slice_kv, o.kv_heads, false, -1, pos_kv);
       Impl::linear_backward_impl<ExecSpace, T, G>(space, x2, weight_rows(w.w_qkv, 0, q_cols),
                                                   dq2, dx, grad_rows(g.w_qkv, 0, q_cols),
                                                   vector_rows(g.b_qkv, 0, q_cols), c.scratch);

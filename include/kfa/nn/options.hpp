@@ -39,6 +39,31 @@ struct RotaryOptions {
   int position_offset = 0;
 };
 
+/// Axial rotary position embeddings of tokens that are the points of a 1D,
+/// 2D or 3D grid flattened row-major (the last axis fastest): the rotary
+/// features of each head are cut into `axes` equal chunks, and chunk a is a
+/// 1D rotary embedding (RotaryOptions' formula with rotary_dim = the chunk's
+/// width) of the token's coordinate along axis a.
+struct AxialRotaryOptions {
+  /// Grid axes: 1, 2 or 3.
+  int axes = 2;
+  /// Points along each axis (the first `axes` entries); their product is seqlen.
+  int extent[3] = {1, 1, 1};
+  double base = 10000;
+  /// Pairs inside each axis's chunk: (j, j + chunk/2) for half_split,
+  /// (2j, 2j + 1) for interleaved (EVA-02, Heo et al.'s RoPE-Axial).
+  RotaryStyle style = RotaryStyle::half_split;
+  /// Rotated features per head, split evenly between the axes (each share
+  /// even); 0 means head_dim. The rest pass through unchanged.
+  int rotary_dim = 0;
+  /// Coordinate of the View's first point along each axis: a rank's
+  /// sub-grid of a larger grid (negative values allowed).
+  int offset[3] = {0, 0, 0};
+  /// Coordinate scale per axis, angle = scale·(offset + c)·θ: position
+  /// interpolation for a grid finer or coarser than the one trained on.
+  double scale[3] = {1, 1, 1};
+};
+
 /// GELU: x·Φ(x) (erf form, PyTorch's default) or its tanh approximation
 /// (GPT-2, PyTorch's approximate="tanh").
 enum class GeluApproximation { none, tanh };
@@ -105,6 +130,14 @@ struct MultiHeadAttentionOptions {
   /// Rotary embeddings on q and k.
   bool rotary = false;
   RotaryOptions rotary_options;
+  /// Axial rotary embeddings on q and k instead (kfa::nn::axial_rotary_forward):
+  /// the tokens of every sequence are the points of the grid
+  /// axial_rotary_options.extent flattened row-major, so seqlen (and a
+  /// cross-attention memory's seqlen_kv, and every sequence of a packed batch)
+  /// must be its number of points; the whole sequence in the sequence-parallel
+  /// mode. Not with rotary or alibi.
+  bool axial_rotary = false;
+  AxialRotaryOptions axial_rotary_options;
   /// RMSNorm on every head of q and of k, before the rotary embedding
   /// ("qk-norm", Qwen3's q_norm and k_norm): one learnable weight [head_dim]
   /// for q and one for k, each shared by all heads.

@@ -71,6 +71,9 @@ struct AxialRotaryApply {
   NnOut2<T, memory_space> m_out;
   Kokkos::View<const acc_t****, Kokkos::LayoutRight, memory_space> m_table;
   int m_seqlen, m_head_dim, m_rotary_dim, m_axis_dim;
+  /// Grid index of each sequence's first token (a rank's run of a sequence
+  /// split over ranks; 0 otherwise).
+  int m_token_offset;
   /// Points per step along each axis (row-major: the last axis is 1).
   int m_extent[3], m_stride[3];
   bool m_interleaved;
@@ -90,7 +93,7 @@ struct AxialRotaryApply {
     // pairs are (j, j + axis_dim/2) of the chunk, as the 1D rotary on it.
     const int first = base + (m_interleaved ? 2 * d2 : axis * m_axis_dim + pair);
     const int second = m_interleaved ? first + 1 : first + pairs;
-    const int c = (token % m_seqlen) / m_stride[axis] % m_extent[axis];
+    const int c = (token % m_seqlen + m_token_offset) / m_stride[axis] % m_extent[axis];
     const acc_t cs = m_table(axis, c, pair, 0), sn = m_sign * m_table(axis, c, pair, 1);
     const acc_t x1 = to_acc<acc_t>(m_in(token, first)), x2 = to_acc<acc_t>(m_in(token, second));
     m_out(token, first) = from_acc<T>(x1 * cs - x2 * sn);
@@ -99,17 +102,18 @@ struct AxialRotaryApply {
 };
 
 /// Rotates (sign +1) or rotates back (sign -1) the heads of in ([batch·seqlen]
-/// [heads·head_dim]) into out; options already checked.
+/// [heads·head_dim]) into out; options already checked. Token t of a
+/// sequence is grid point token_offset + t.
 template <class ExecSpace, class T>
 void axial_rotary_impl(const ExecSpace& space, const NnIn2<T, typename ExecSpace::memory_space>& in,
                        const NnOut2<T, typename ExecSpace::memory_space>& out, int seqlen,
                        int heads, int head_dim, int rotary_dim,
-                       const nn::AxialRotaryOptions& options, int sign) {
+                       const nn::AxialRotaryOptions& options, int sign, int token_offset = 0) {
   using acc_t = accumulator_t<T>;
   const int axis_dim = rotary_dim / options.axes;
   const auto table = AxialRotaryTable<ExecSpace, acc_t>::make(space, axis_dim, options);
-  AxialRotaryApply<ExecSpace, T> apply{
-      in, out, table, imax(seqlen, 1), head_dim, rotary_dim, axis_dim, {}, {}, false, acc_t(sign)};
+  AxialRotaryApply<ExecSpace, T> apply{in, out, table, imax(seqlen, 1), head_dim, rotary_dim,
+                                       axis_dim, token_offset, {}, {}, false, acc_t(sign)};
   int stride = 1;
   for (int a = 2; a >= 0; --a) {
     apply.m_extent[a] = a < options.axes ? imax(options.extent[a], 1) : 1;
