@@ -469,6 +469,15 @@ KOKKOS_FORCEINLINE_FUNCTION float shfl_xor(float v, int mask) {
 #endif
 }
 
+KOKKOS_FORCEINLINE_FUNCTION std::uint32_t shfl_xor(std::uint32_t v, int mask) {
+#if KFA_CUDA_MMA_DEVICE
+  return __shfl_xor_sync(0xffffffffu, v, mask);
+#else
+  (void)mask;
+  return v;
+#endif
+}
+
 /// Each x[r] summed over the 4 lanes of its quad, which hold one
 /// accumulator row of an m16n8 tile.
 template <class T, int N>
