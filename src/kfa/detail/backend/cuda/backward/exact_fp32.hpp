@@ -99,8 +99,7 @@ class FlashBackwardExactFp32Kernel
   KOKKOS_INLINE_FUNCTION void body(const Team& team, void* raw) const {
 #if KFA_CUDA_MMA_DEVICE
     using namespace cuda_mma;
-    const int lane = threadIdx.x, warp = threadIdx.y;
-    const int tid = warp * 32 + lane;
+    const int lane = lane_id(), warp = warp_id(), tid = team_thread_id();
     // The team's keys and the block's queries of this lane's Sᵀ and dPᵀ.
     auto key_of = [&](int i) { return Scores::row(warp, lane, i); };
     auto query_of = [&](int j) { return Scores::col(lane, j); };

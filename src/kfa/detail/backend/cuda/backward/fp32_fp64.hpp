@@ -162,8 +162,7 @@ class FlashBackwardFp32Fp64Kernel
     constexpr int kDimGroups = kWarps / kRowGroups;
     constexpr int kTilesDQ = kTilesD / kDimGroups;
     constexpr value_type kLog2e = value_type(1.4426950408889634);
-    const int lane = threadIdx.x, warp = threadIdx.y;
-    const int tid = warp * 32 + lane;
+    const int lane = lane_id(), warp = warp_id(), tid = team_thread_id();
 
     const FusedKeyTile team_tile = this->key_tile(team.league_rank(), kBlockN, kHeadDim);
     if (team_tile.empty()) return;

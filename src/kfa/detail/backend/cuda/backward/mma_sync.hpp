@@ -138,8 +138,7 @@ class FlashBackwardMmaKernel : public Fused16Backward {
     constexpr int kDimGroups = kWarps / kRowGroups;
     constexpr int kTilesDQ = kTilesD / kDimGroups;
     constexpr float kLog2e = 1.4426950408889634f;
-    const int lane = threadIdx.x, warp = threadIdx.y;
-    const int tid = warp * 32 + lane;
+    const int lane = lane_id(), warp = warp_id(), tid = team_thread_id();
 
     const FusedKeyTile team_tile = this->key_tile(member.league_rank(), kBlockN, kHeadDim);
     if (team_tile.empty()) return;

@@ -106,8 +106,7 @@ class FlashForwardExactFp32Kernel
   KOKKOS_INLINE_FUNCTION void body(const Team& team, void* raw) const {
 #if KFA_CUDA_MMA_DEVICE
     using namespace cuda_mma;
-    const int lane = threadIdx.x, warp = threadIdx.y;
-    const int tid = warp * 32 + lane;
+    const int lane = lane_id(), warp = warp_id(), tid = team_thread_id();
     // The block's rows and keys of this lane's scores.
     auto row_of = [&](int i) { return Scores::row(warp, lane, i); };
     auto key_of = [&](int j) { return Scores::col(lane, j); };

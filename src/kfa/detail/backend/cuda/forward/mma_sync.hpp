@@ -129,8 +129,7 @@ class FlashForwardMmaKernel : public Fused16Forward, public FusedVariantParams<V
   KOKKOS_INLINE_FUNCTION void body(const Team& team, void* raw) const {
 #if KFA_CUDA_MMA_DEVICE
     using namespace cuda_mma;
-    const int lane = threadIdx.x, warp = threadIdx.y;
-    const int tid = warp * 32 + lane;
+    const int lane = lane_id(), warp = warp_id(), tid = team_thread_id();
 
     const FusedQueryTile team_tile = this->query_tile(team.league_rank(), kBlockM);
     if (team_tile.empty()) return;

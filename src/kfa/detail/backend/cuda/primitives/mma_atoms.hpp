@@ -50,10 +50,15 @@ namespace kfa {
 namespace Impl {
 namespace cuda_mma {
 
-struct Fp64Atom {
+/// What the fp64 atoms share: double operands and accumulators, summed in
+/// place.
+struct Fp64AtomBase {
   using value_type = double;
-  static constexpr int kRows = 8, kDepth = 4, kC = 2, kSlices = 2;
   static constexpr bool kFreshSums = false;
+};
+
+struct Fp64Atom : Fp64AtomBase {
+  static constexpr int kRows = 8, kDepth = 4, kC = 2, kSlices = 2;
   static constexpr bool kSwizzle = false;
   struct A {
     double a;
@@ -88,10 +93,8 @@ struct Fp64Atom {
 };
 
 /// m16n8k8 fp64 (sm_90): the tf32 m16n8k8 fragment layout with doubles.
-struct Fp64x16Atom {
-  using value_type = double;
+struct Fp64x16Atom : Fp64AtomBase {
   static constexpr int kRows = 16, kDepth = 8, kC = 4, kSlices = 1;
-  static constexpr bool kFreshSums = false;
   /// Tiles are stored with swizzle_col (rows of 16·k + 4 doubles); `row`,
   /// `n`, `key` and `k` below are multiples of 8.
   static constexpr bool kSwizzle = true;
