@@ -559,8 +559,10 @@ bool cuda_team_fits(const ExecSpace& space) {
 }
 
 /// fits() and launch() of a kernel that always runs through
-/// launch_cuda_team (the fp32/fp64 and exact fp32 kernels): Kernel names
-/// its label (kLabel) and its league (league_size(), of its operands base).
+/// launch_cuda_team (the fp32/fp64 and exact fp32 kernels, the 16-bit
+/// backward's O(N) passes): Kernel names its label (kLabel), its league
+/// (league_size(), of its operands base for the attention kernels) and its
+/// scratch_bytes().
 template <class Kernel>
 struct FusedTeamLaunch {
   /// Whether `space`'s GPU gives a team the kernel's scratch.
