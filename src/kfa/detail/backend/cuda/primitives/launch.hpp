@@ -609,6 +609,31 @@ bool mma_kernel_fits(const ExecSpace& space) {
   }
 }
 
+/// fits(), launch() and the TeamPolicy entry of a tensor-core kernel that
+/// runs in its shape (launch_mma_kernel, mma_kernel_fits): Kernel names its
+/// label (kLabel), its league (league_size()), kStages, kWarps,
+/// scratch_bytes() and body(team, scratch); Policy is the TeamPolicy of its
+/// Stages-1 shape.
+template <class Kernel, class Policy>
+struct MmaTeamLaunch {
+  using policy_t = Policy;
+  using member_t = typename Policy::member_type;
+  using execution_space = typename Policy::execution_space;
+
+  /// Whether `space`'s GPU gives a team the kernel's scratch.
+  static bool fits(const execution_space& space) { return mma_kernel_fits<Kernel>(space); }
+
+  void launch(const execution_space& space) const {
+    const Kernel& kernel = static_cast<const Kernel&>(*this);
+    launch_mma_kernel(space, Kernel::kLabel, kernel, kernel.league_size());
+  }
+
+  KOKKOS_INLINE_FUNCTION void operator()(const member_t& member) const {
+    static_cast<const Kernel&>(*this).body(
+        member, member.team_scratch(0).get_shmem(Kernel::scratch_bytes()));
+  }
+};
+
 }  // namespace Impl
 }  // namespace kfa
 

@@ -337,6 +337,16 @@ KOKKOS_FORCEINLINE_FUNCTION void mma_16816(float (&c)[4], const std::uint32_t (&
 #endif
 }
 
+/// c0 += a·b and c1 += a·b for the two n-tiles of B that one ldmatrix_x4
+/// loads: b[0], b[1] the first, b[2], b[3] the second.
+template <class Format>
+KOKKOS_FORCEINLINE_FUNCTION void mma_16816_x2(float (&c0)[4], float (&c1)[4],
+                                              const std::uint32_t (&a)[4],
+                                              const std::uint32_t (&b)[4]) {
+  mma_16816<Format>(c0, a, b[0], b[1]);
+  mma_16816<Format>(c1, a, b[2], b[3]);
+}
+
 /// Two floats rounded to the operand format, packed low-first.
 template <class Format>
 KOKKOS_FORCEINLINE_FUNCTION std::uint32_t pack2(float lo, float hi) {
