@@ -70,11 +70,9 @@ struct Fp32Fp64BwdAtom<cuda_mma::Fp64Atom, HeadDim> {
 /// (a shape derived from this one, for the bench): the first warp computes
 /// every exponential while the second waits.
 template <int Warps, int BlockM, int DimSplit, int Stages = 2>
-struct Fp32Fp64BwdShape {
-  static constexpr int kWarps = Warps;
+struct Fp32Fp64BwdShape : FusedTeamShape<Warps, Stages> {
   static constexpr int kBlockM = BlockM;
   static constexpr int kDimSplit = DimSplit;
-  static constexpr int kStages = Stages;
   static constexpr bool kSharedSoftmax = true;
 };
 

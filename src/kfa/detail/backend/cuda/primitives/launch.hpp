@@ -258,6 +258,14 @@ struct FusedVariantParams<VariantT, Acc, true> {
   }
 };
 
+/// What every tile shape of a fused kernel names: warps per team and
+/// pipeline stages.
+template <int Warps, int Stages>
+struct FusedTeamShape {
+  static constexpr int kWarps = Warps;
+  static constexpr int kStages = Stages;
+};
+
 /// Tile shape of a tensor-core forward (mma.sync 16-bit, fp32/fp64):
 /// warps per team, m-tiles (one atom of query rows each) per warp, keys per
 /// K/V block, pipeline stages (1: TeamPolicy launch, Q in registers; 2:
@@ -267,11 +275,9 @@ struct FusedVariantParams<VariantT, Acc, true> {
 /// by the factor in every block (true; a shape derived from this one, for
 /// the bench) or only in blocks where the running max moved.
 template <int Warps, int MTiles, int BlockN, int Stages, int MinBlocksPerSM>
-struct FusedFwdShape {
-  static constexpr int kWarps = Warps;
+struct FusedFwdShape : FusedTeamShape<Warps, Stages> {
   static constexpr int kMTiles = MTiles;
   static constexpr int kBlockN = BlockN;
-  static constexpr int kStages = Stages;
   static constexpr int kMinBlocksPerSM = MinBlocksPerSM;
   static constexpr bool kRescaleOAlways = false;
 };
