@@ -37,21 +37,6 @@
 namespace kfa {
 namespace Impl {
 
-/// The atom the backward runs for the atom family the dispatch picks: fp64
-/// takes m16n8k8 (sm_90+), at head_dim 128 in the DimSplit-2 shape (the dK
-/// and dV accumulators of 16 keys over the whole head dimension would take
-/// 256 registers of one warp).
-template <class Atom, int HeadDim>
-struct Fp32Fp64BwdAtom {
-  using type = Atom;
-};
-#if KFA_CUDA_FP64_M16
-template <int HeadDim>
-struct Fp32Fp64BwdAtom<cuda_mma::Fp64Atom, HeadDim> {
-  using type = cuda_mma::Fp64x16Atom;
-};
-#endif
-
 /// Tile shape of the fp32/fp64 backward: warps per team, query rows per step,
 /// and DimSplit, the warps that share one atom of keys. With DimSplit 1 a
 /// warp owns its keys' dK and dV over the whole head dimension and computes

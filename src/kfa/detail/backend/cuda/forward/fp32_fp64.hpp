@@ -35,20 +35,6 @@ namespace Impl {
 template <int Warps, int MTiles, int BlockN, int MinBlocksPerSM>
 using Fp32Fp64FwdShape = FusedFwdShape<Warps, MTiles, BlockN, 2, MinBlocksPerSM>;
 
-/// The atom the forward runs for the atom family the dispatch picks: fp64
-/// takes m16n8k8 (Fp64x16Atom), twice m8n8k4's rate on Hopper, in builds
-/// for sm_90+.
-template <class Atom>
-struct Fp32Fp64FwdAtom {
-  using type = Atom;
-};
-#if KFA_CUDA_FP64_M16
-template <>
-struct Fp32Fp64FwdAtom<cuda_mma::Fp64Atom> {
-  using type = cuda_mma::Fp64x16Atom;
-};
-#endif
-
 /// The library's shapes: fp64 m16n8k8 at head_dim 64 with 64 query rows
 /// (16 per warp) and 32-key blocks, two teams per multiprocessor; at 128
 /// one team of 8 warps (128 rows) with 16-key blocks (203 KB), which reads

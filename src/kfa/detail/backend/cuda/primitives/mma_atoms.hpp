@@ -136,6 +136,22 @@ struct Fp64x16Atom : Fp64AtomBase {
   }
 };
 
+/// The atom the fp32/fp64 kernels run for the atom family the dispatch
+/// picks: fp64 takes m16n8k8 (Fp64x16Atom), twice m8n8k4's rate on Hopper,
+/// in builds for sm_90+.
+template <class Atom>
+struct Fp32Fp64KernelAtom {
+  using type = Atom;
+};
+#if KFA_CUDA_FP64_M16
+template <>
+struct Fp32Fp64KernelAtom<Fp64Atom> {
+  using type = Fp64x16Atom;
+};
+#endif
+template <class Atom>
+using fp32_fp64_atom_t = typename Fp32Fp64KernelAtom<Atom>::type;
+
 /// Passes = 3: 3xTF32 (fp32 precision); Passes = 1: plain tf32.
 /// FreshSums (3xTF32's default): the forward sums the products of a few
 /// k-steps in zeroed accumulators and adds those to its running sums with
