@@ -89,10 +89,10 @@ class FlashBackwardExactFp32Kernel
 
   /// K, V; per stage Q, dO, lse and D; P and dS.
   KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
-    return sizeof(float) * (2 * std::size_t(kBlockN) * kPitch +
-                            2 * kStages * std::size_t(kBlockM) * kPitch + 2 * kStages * kBlockM +
-                            2 * std::size_t(kBlockM) * kPitchP) +
-           16;
+    return cuda_mma::aligned_scratch_bytes(
+        sizeof(float) * (2 * std::size_t(kBlockN) * kPitch +
+                         2 * kStages * std::size_t(kBlockM) * kPitch + 2 * kStages * kBlockM +
+                         2 * std::size_t(kBlockM) * kPitchP));
   }
 
   template <class Team>

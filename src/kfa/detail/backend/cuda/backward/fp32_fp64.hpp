@@ -125,11 +125,11 @@ class FlashBackwardFp32Fp64Kernel
         variant_params(variant) {}
 
   KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
-    return sizeof(value_type) *
-               (2 * std::size_t(kBlockN) * kPitch + 2 * kStages * std::size_t(kBlockM) * kPitch +
-                std::size_t(kBlockN) * kPitchS + 2 * kStages * std::size_t(kBlockM) +
-                std::size_t(kWarps) * kSwap) +
-           16;
+    return cuda_mma::aligned_scratch_bytes(
+        sizeof(value_type) *
+        (2 * std::size_t(kBlockN) * kPitch + 2 * kStages * std::size_t(kBlockM) * kPitch +
+         std::size_t(kBlockN) * kPitchS + 2 * kStages * std::size_t(kBlockM) +
+         std::size_t(kWarps) * kSwap));
   }
 
   template <class Team>

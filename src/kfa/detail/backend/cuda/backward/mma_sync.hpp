@@ -104,13 +104,12 @@ class FlashBackwardMmaKernel
   /// K (and V with 2 stages), per stage Q and dO, dSᵀ, per stage lse and D,
   /// the dQ tile, the swap.
   KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
-    return sizeof(std::uint16_t) *
-               (std::size_t(kKVTiles * kBlockN) * kPitch +
-                2 * kStages * std::size_t(kBlockM) * kPitch +
-                std::size_t(kBlockN) * kPitchS) +
-           sizeof(float) * (2 * kStages * kBlockM + (kDqTile ? kBlockM * kPitchDQ : 0) +
-                            std::size_t(kWarps) * kSwap) +
-           16;
+    return cuda_mma::aligned_scratch_bytes(
+        sizeof(std::uint16_t) * (std::size_t(kKVTiles * kBlockN) * kPitch +
+                                 2 * kStages * std::size_t(kBlockM) * kPitch +
+                                 std::size_t(kBlockN) * kPitchS) +
+        sizeof(float) * (2 * kStages * kBlockM + (kDqTile ? kBlockM * kPitchDQ : 0) +
+                         std::size_t(kWarps) * kSwap));
   }
 
   /// The kernel for one team: `team` gives league_rank() and team_barrier(),

@@ -97,9 +97,9 @@ class FlashForwardExactFp32Kernel
 
   /// Q, K and V per stage, Pᵀ and one row of per-row factors.
   KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
-    return sizeof(float) * (std::size_t(kBlockM + 2 * kStages * kBlockN) * kPitch +
-                            std::size_t(kBlockN + 1) * kPitchP) +
-           16;
+    return cuda_mma::aligned_scratch_bytes(
+        sizeof(float) * (std::size_t(kBlockM + 2 * kStages * kBlockN) * kPitch +
+                         std::size_t(kBlockN + 1) * kPitchP));
   }
 
   template <class Team>

@@ -96,7 +96,7 @@ class FlashForwardFp32Fp64Kernel
         variant_params(variant) {}
 
   KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
-    return std::size_t(kScratchRows) * kPitch * sizeof(value_type) + 16;
+    return cuda_mma::aligned_scratch_bytes(std::size_t(kScratchRows) * kPitch * sizeof(value_type));
   }
 
   /// The kernel for one team: `team` gives league_rank() and team_barrier(),

@@ -112,7 +112,8 @@ class FlashForwardMmaKernel
       : Fused16Forward(q, k, v, o, lse, scale, window, kBlockM), variant_params(variant) {}
 
   KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
-    return std::size_t(kScratchRows) * kPitch * sizeof(std::uint16_t) + 16;
+    return cuda_mma::aligned_scratch_bytes(std::size_t(kScratchRows) * kPitch *
+                                           sizeof(std::uint16_t));
   }
 
   /// The kernel for one team: `team` gives league_rank() and team_barrier(),

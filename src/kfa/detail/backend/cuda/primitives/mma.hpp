@@ -21,6 +21,7 @@
 #include <cuda_fp16.h>
 #endif
 
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
@@ -108,6 +109,12 @@ template <class T>
 KOKKOS_FORCEINLINE_FUNCTION T* aligned_scratch(void* raw) {
   char* const p = static_cast<char*>(raw);
   return reinterpret_cast<T*>(p + ((16 - (reinterpret_cast<std::uintptr_t>(p) & 15)) & 15));
+}
+
+/// Team scratch for `bytes` of tiles carved from aligned_scratch: the tiles
+/// and the up to 15 bytes that aligning `raw` skips.
+KOKKOS_INLINE_FUNCTION constexpr std::size_t aligned_scratch_bytes(std::size_t bytes) {
+  return bytes + 16;
 }
 
 /// f(std::true_type()) for a tile with masked elements, f(std::false_type())
