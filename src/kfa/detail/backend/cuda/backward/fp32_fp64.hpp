@@ -246,22 +246,28 @@ class FlashBackwardFp32Fp64Kernel
       // Pᵀ and dSᵀ in registers (rows = keys, columns = queries).
       const bool needs_mask = sq.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin,
                                                      key_begin + kBlockN);
+      // f(n, j, col) for the elements j of the query tiles n with owns(n);
+      // col: the element's query in the block.
+      auto for_owned = [&](auto owns, auto&& f) {
+#pragma unroll
+        for (int n = 0; n < kTilesQ; ++n)
+#pragma unroll
+          for (int j = 0; j < Atom::kC; ++j) {
+            if (!owns(n)) continue;
+            f(n, j, n * 8 + (lane % 4) * 2 + (j & 1));
+          }
+      };
       // Pᵀ of the query tiles n with owns(n).
       auto to_p = [&](auto owns) {
         unswitch_mask(needs_mask, [&](auto masked) {
-#pragma unroll
-          for (int n = 0; n < kTilesQ; ++n)
-#pragma unroll
-            for (int j = 0; j < Atom::kC; ++j) {
-              if (!owns(n)) continue;
-              const int col = n * 8 + (lane % 4) * 2 + (j & 1);
-              value_type p =
-                  exp_base(st[n][j] * scale - (kBase2 ? s_lse[col] * kLog2e : s_lse[col]));
-              if (decltype(masked)::value &&
-                  sq.mask.masked(row_begin + col, key_begin + warp_key + lane / 4 + (j / 2) * 8))
-                p = 0;
-              st[n][j] = p;
-            }
+          for_owned(owns, [&](int n, int j, int col) {
+            value_type p =
+                exp_base(st[n][j] * scale - (kBase2 ? s_lse[col] * kLog2e : s_lse[col]));
+            if (decltype(masked)::value &&
+                sq.mask.masked(row_begin + col, key_begin + warp_key + lane / 4 + (j / 2) * 8))
+              p = 0;
+            st[n][j] = p;
+          });
         });
       };
       // dSᵀ = Pᵀ ∘ (dPᵀ − D) of the query tiles n with owns(n), a quad's
@@ -285,24 +291,19 @@ class FlashBackwardFp32Fp64Kernel
               pipe.visible(b, h, row_begin, imin(row_begin + kBlockM, sq.seqlen_q), key_begin,
                            imin(key_begin + kBlockN, sq.seqlen_k));
           const std::uint64_t head = pipe.dropout() ? pipe.dropout_head(b, h) : 0;
-#pragma unroll
-          for (int n = 0; n < kTilesQ; ++n)
-#pragma unroll
-            for (int j = 0; j < Atom::kC; ++j) {
-              if (!owns(n)) continue;
-              const int col = n * 8 + (lane % 4) * 2 + (j & 1);
-              const int query = row_begin + col;
-              const int key = key_begin + warp_key + lane / 4 + (j / 2) * 8;
-              const bool masked = !visible || query >= sq.seqlen_q || key >= sq.seqlen_k ||
-                                  (needs_mask && sq.mask.masked(query, key));
-              value_type p, ds;
-              pipe.p_and_ds(seq, b, h, query, key, masked,
-                            pipe.dropout() ? pipe.dropout_row_of(head, query) : 0,
-                            st[n][j] * this->m_variant_scale, s_lse[col], s_delta[col],
-                            dpt[n][j], p, ds);
-              st[n][j] = p;
-              dpt[n][j] = ds;
-            }
+          for_owned(owns, [&](int n, int j, int col) {
+            const int query = row_begin + col;
+            const int key = key_begin + warp_key + lane / 4 + (j / 2) * 8;
+            const bool masked = !visible || query >= sq.seqlen_q || key >= sq.seqlen_k ||
+                                (needs_mask && sq.mask.masked(query, key));
+            value_type p, ds;
+            pipe.p_and_ds(seq, b, h, query, key, masked,
+                          pipe.dropout() ? pipe.dropout_row_of(head, query) : 0,
+                          st[n][j] * this->m_variant_scale, s_lse[col], s_delta[col], dpt[n][j],
+                          p, ds);
+            st[n][j] = p;
+            dpt[n][j] = ds;
+          });
         } else {
           to_p(owns);
           to_ds(owns);
