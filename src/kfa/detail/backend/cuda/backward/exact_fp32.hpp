@@ -1,14 +1,14 @@
 #ifndef KFA_DETAIL_BACKEND_CUDA_BACKWARD_EXACT_FP32_HPP
 #define KFA_DETAIL_BACKEND_CUDA_BACKWARD_EXACT_FP32_HPP
 
-// Exact fp32 backward on the CUDA backend (dK, dV per key block, dQ by fp32
-// atomics into dq, zeroed by the caller; no tf32): Sᵀ, dPᵀ and dQ on the
-// fp64 tensor cores (sm_90+; exact products, fp64 sums) while dV and dK run
-// on fp32 FMAs tiled in registers and laid out for shared-memory bandwidth
-// as in the exact fp32 forward
-// (kfa/detail/backend/cuda/primitives/fma_tiles.hpp); before sm_90 all
-// five on FMAs. A team of 4 warps owns 64 keys, 16 per warp;
-// per query block of kBlockM:
+// Exact fp32 backward on the CUDA backend (no tf32), in the decomposition of
+// every fused backward (docs/design.md, "The fused CUDA backward"), dQ by
+// fp32 atomics into dq: Sᵀ, dPᵀ and dQ on the fp64 tensor cores (sm_90+;
+// exact products, fp64 sums) while dV and dK run on fp32 FMAs tiled in
+// registers and laid out for shared-memory bandwidth as in the exact fp32
+// forward (kfa/detail/backend/cuda/primitives/fma_tiles.hpp); before sm_90
+// all five on FMAs. A team of 4 warps owns 64 keys, 16 per warp; per query
+// block of kBlockM:
 //   Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ   one after the other, each as the forward's S
 //                             (cuda_mma::RowProducts): a lane ends with 2
 //                             of the warp's keys by kBlockM/4 queries (4

@@ -1,20 +1,14 @@
 #ifndef KFA_DETAIL_BACKEND_CUDA_BACKWARD_FP32_FP64_HPP
 #define KFA_DETAIL_BACKEND_CUDA_BACKWARD_FP32_FP64_HPP
 
-// Tensor-core backward for fp32 and fp64 on the CUDA backend (dK, dV per key
-// block, dQ by atomics), over the atoms of
-// kfa/detail/backend/cuda/primitives/mma_atoms.hpp: DMMA for fp64, 3xTF32
-// (or tf32) for fp32. The 16-bit backward's decomposition: a
+// Tensor-core backward for fp32 and fp64 on the CUDA backend, over the atoms
+// of kfa/detail/backend/cuda/primitives/mma_atoms.hpp: DMMA for fp64, 3xTF32
+// (or tf32) for fp32, in the decomposition of every fused backward
+// (docs/design.md, "The fused CUDA backward"), dQ by atomics into dq. A
 // team of 4-8 warps owns kBlockN keys (one atom of rows per warp, or per
 // pair of warps with DimSplit 2: 64 keys in fp64, 128 in fp32, so Q, dO and
 // the dQ atomics pass through L2 once per that many keys); K and V stay in
-// scratch; for every query block that sees those keys it computes the
-// transposed tiles
-//   Sᵀ = K·Qᵀ, Pᵀ = exp(Sᵀ·scale - lse), dPᵀ = V·dOᵀ, dSᵀ = Pᵀ ∘ (dPᵀ - D)
-// in registers, accumulates dV += Pᵀ·dO and dK += dSᵀ·Q in registers (Pᵀ
-// and dSᵀ feed the tensor cores from their accumulators), stages dSᵀ in
-// scratch and adds dQ += dS·K·scale to dq (zeroed by the caller) with
-// atomics. With DimSplit 2 the pair's first warp computes Sᵀ, the second
+// scratch. With DimSplit 2 the pair's first warp computes Sᵀ, the second
 // dPᵀ; they swap half of them through scratch (a barrier of the two warps),
 // each computes Pᵀ and dSᵀ for half the query tiles, they swap those, and
 // each accumulates dK and dV for half the head dimension. Q, dO, lse and

@@ -1,18 +1,14 @@
 #ifndef KFA_DETAIL_BACKEND_CUDA_BACKWARD_MMA_SYNC_HPP
 #define KFA_DETAIL_BACKEND_CUDA_BACKWARD_MMA_SYNC_HPP
 
-// Tensor-core backward (dK, dV, and dQ by fp32 atomics) for 16-bit types on
-// the CUDA backend. One team of 8 warps (4 in the TeamPolicy shape) owns a
-// block of 128 keys (64), 16 per warp; its K and V rows are A fragments,
-// read from scratch at use (held in registers in the TeamPolicy shape). For every query
-// block that sees those keys it computes the transposed tiles
-//   Sᵀ = K·Qᵀ, Pᵀ = exp2(Sᵀ·scale·log2e - lse·log2e), dPᵀ = V·dOᵀ,
-//   dSᵀ = Pᵀ ∘ (dPᵀ - D)
-// in registers, accumulates dV += Pᵀ·dO and dK += dSᵀ·Q in registers (Pᵀ
-// and dSᵀ feed the tensor cores straight from their accumulators), stages dSᵀ
-// in scratch and adds dQ += dS·K·scale to an fp32 accumulator: with atomics,
-// or (Stages >= 2 on sm_90+) through a dQ tile in scratch that the bulk copy
-// engine adds, one cp.reduce.async.bulk per query row.
+// Tensor-core backward for 16-bit types on the CUDA backend (mma.m16n8k16,
+// base-2 softmax), in the decomposition of every fused backward
+// (docs/design.md, "The fused CUDA backward"). One team of 8 warps (4 in the
+// TeamPolicy shape) owns a block of 128 keys (64), 16 per warp; its K and V
+// rows are A fragments, read from scratch at use (held in registers in the
+// TeamPolicy shape). dQ += dS·K·scale goes to an fp32 accumulator: with
+// atomics, or (Stages >= 2 on sm_90+) through a dQ tile in scratch that the
+// bulk copy engine adds, one cp.reduce.async.bulk per query row.
 // Grouped-query heads: a team of query head h reads K and V of k/v head
 // h / (heads / heads_kv) and writes its dK, dV in fp32 per query head, which
 // the dispatch sums per k/v head (Fused16Backward::store_dk_dv).
