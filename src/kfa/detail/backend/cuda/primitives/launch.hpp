@@ -640,12 +640,13 @@ template <class Kernel, class Policy>
 struct MmaTeamLaunch {
   using policy_t = Policy;
   using member_t = typename Policy::member_type;
-  using execution_space = typename Policy::execution_space;
 
   /// Whether `space`'s GPU gives a team the kernel's scratch.
-  static bool fits(const execution_space& space) { return mma_kernel_fits<Kernel>(space); }
+  static bool fits(const typename Policy::execution_space& space) {
+    return mma_kernel_fits<Kernel>(space);
+  }
 
-  void launch(const execution_space& space) const {
+  void launch(const typename Policy::execution_space& space) const {
     const Kernel& kernel = static_cast<const Kernel&>(*this);
     launch_mma_kernel(space, Kernel::kLabel, kernel, kernel.league_size());
   }
