@@ -118,7 +118,10 @@ class FlashForwardExactFp32Kernel
     if (team_tile.empty()) return;
     const int b = team_tile.b, h = team_tile.h, row_begin = team_tile.row_begin;
     const FusedSeq sq = team_tile.sq;
-    const auto g = this->tile_operands(team_tile, kHeadDim);
+    const long row_stride = long(m_p.heads) * kHeadDim, kv_stride = m_kv.row_stride(kHeadDim);
+    const float* gQ = m_q + m_p.q_offset(sq, h, kHeadDim);
+    const float* gK = m_k + m_kv.offset(m_p, sq, h, kHeadDim);
+    const float* gV = m_v + m_kv.offset(m_p, sq, h, kHeadDim);
     float* const sQ = aligned_scratch<float>(raw);
     float* const sP = sQ + (kBlockM + 2 * kStages * kBlockN) * kPitch;
     float* const sF = sP + kBlockN * kPitchP;  // a factor per row (rescale, then 1/sum)
@@ -131,9 +134,9 @@ class FlashForwardExactFp32Kernel
                                         kWarps * 32);
     };
     auto load_kv = [&](int kv_block) {
-      load_kv_block_async<kHeadDim, kPitch, kBlockN>(sK(kv_block % kStages), sV(kv_block % kStages),
-                                                     g.k, g.v, g.kv_stride, kv_block, sq.seqlen_k,
-                                                     tid, kWarps * 32);
+      const int stage = kv_block % kStages;
+      load_tile(sK(stage), gK, kv_stride, kv_block * kBlockN, sq.seqlen_k, kBlockN);
+      load_tile(sV(stage), gV, kv_stride, kv_block * kBlockN, sq.seqlen_k, kBlockN);
     };
 
     const int rows = imin(kBlockM, sq.seqlen_q - row_begin);
@@ -157,7 +160,7 @@ class FlashForwardExactFp32Kernel
 #pragma unroll
     for (int i = 0; i < kScoreRows; ++i) row_max[i] = -INFINITY, row_sum[i] = 0.f;
 
-    load_tile(sQ, g.q, g.q_stride, row_begin, sq.seqlen_q, kBlockM);
+    load_tile(sQ, gQ, row_stride, row_begin, sq.seqlen_q, kBlockM);
     if (first_kv_block < end_kv_block) load_kv(first_kv_block);
     cp_async_commit();
     for (int kv_block = first_kv_block; kv_block < end_kv_block; ++kv_block) {
@@ -301,7 +304,7 @@ class FlashForwardExactFp32Kernel
     for (int i = 0; i < kRowsO; ++i) {
       const int row = row_begin + o_row + i;
       if (row < sq.seqlen_q)
-        *reinterpret_cast<float4*>(gO + row * g.q_stride + o_col) =
+        *reinterpret_cast<float4*>(gO + row * row_stride + o_col) =
             make_float4(acc_o[i][0], acc_o[i][1], acc_o[i][2], acc_o[i][3]);
     }
 #else

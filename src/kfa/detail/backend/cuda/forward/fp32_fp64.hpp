@@ -111,7 +111,10 @@ class FlashForwardFp32Fp64Kernel
     if (team_tile.empty()) return;
     const int b = team_tile.b, h = team_tile.h, row_begin = team_tile.row_begin;
     const FusedSeq sq = team_tile.sq;
-    const auto g = this->tile_operands(team_tile, kHeadDim);
+    const long row_stride = long(m_p.heads) * kHeadDim, kv_stride = m_kv.row_stride(kHeadDim);
+    const value_type* gQ = m_q + m_p.q_offset(sq, h, kHeadDim);
+    const value_type* gK = m_k + m_kv.offset(m_p, sq, h, kHeadDim);
+    const value_type* gV = m_v + m_kv.offset(m_p, sq, h, kHeadDim);
     value_type* sQ = aligned_scratch<value_type>(raw);
     auto sK = [&](int stage) { return sQ + (kBlockM + 2 * stage * kBlockN) * kPitch; };
     auto sV = [&](int stage) { return sK(stage) + kBlockN * kPitch; };
@@ -124,9 +127,9 @@ class FlashForwardFp32Fp64Kernel
                                                         rows_total, tid, kWarps * 32);
     };
     auto load_kv = [&](int kv_block) {
-      load_kv_block_async<kHeadDim, kPitch, kBlockN, Atom::kSwizzle>(
-          sK(kv_block % kStages), sV(kv_block % kStages), g.k, g.v, g.kv_stride, kv_block,
-          sq.seqlen_k, tid, kWarps * 32);
+      const int stage = kv_block % kStages;
+      load_tile(sK(stage), gK, kv_stride, kv_block * kBlockN, sq.seqlen_k, kBlockN);
+      load_tile(sV(stage), gV, kv_stride, kv_block * kBlockN, sq.seqlen_k, kBlockN);
     };
 
     const int rows = imin(kBlockM, sq.seqlen_q - row_begin);
@@ -143,7 +146,7 @@ class FlashForwardFp32Fp64Kernel
     for (int r = 0; r < kRows; ++r) row_max[r] = -INFINITY, row_sum[r] = 0;
     Tiles<kTilesS> s;
 
-    load_tile(sQ, g.q, g.q_stride, row_begin, sq.seqlen_q, kBlockM);
+    load_tile(sQ, gQ, row_stride, row_begin, sq.seqlen_q, kBlockM);
     if (first_kv_block < end_kv_block) load_kv(first_kv_block);
     cp_async_commit();
     for (int kv_block = first_kv_block; kv_block < end_kv_block; ++kv_block) {

@@ -374,22 +374,6 @@ struct FusedForwardOperands {
     const int q_block = m_num_q_blocks - 1 - m_p.block_of(league_rank, m_num_q_blocks, b, h);
     return {b, h, q_block * block_m, m_p.sequence(b)};
   }
-
-  /// Q of a tile's (sequence, head) and K, V of its k/v head in global
-  /// memory, with the row strides of q and of k, v.
-  struct TileOperands {
-    const T* q;
-    const T* k;
-    const T* v;
-    long q_stride, kv_stride;
-  };
-  KOKKOS_INLINE_FUNCTION TileOperands tile_operands(const FusedQueryTile& tile,
-                                                    int head_dim) const {
-    return {m_q + m_p.q_offset(tile.sq, tile.h, head_dim),
-            m_k + m_kv.offset(m_p, tile.sq, tile.h, head_dim),
-            m_v + m_kv.offset(m_p, tile.sq, tile.h, head_dim), long(m_p.heads) * head_dim,
-            m_kv.row_stride(head_dim)};
-  }
 };
 
 /// The operands of a fused backward: q, k, v, dO (elements T), lse, D, the

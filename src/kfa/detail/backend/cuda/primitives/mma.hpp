@@ -263,18 +263,6 @@ KOKKOS_FORCEINLINE_FUNCTION void load_rows_async(T* dst, const T* src, long row_
   }
 }
 
-/// Key block kv_block of K and V (BlockN rows each from row kv_block·BlockN,
-/// rows past `seqlen_k` zero-filled) into the scratch tiles sK and sV.
-template <int HeadDim, int Pitch, int BlockN, bool Swizzle = false, class T>
-KOKKOS_FORCEINLINE_FUNCTION void load_kv_block_async(T* sK, T* sV, const T* gK, const T* gV,
-                                                     long row_stride, int kv_block, int seqlen_k,
-                                                     int tid, int threads) {
-  load_rows_async<HeadDim, Pitch, Swizzle>(sK, gK, row_stride, kv_block * BlockN, BlockN,
-                                           seqlen_k, tid, threads);
-  load_rows_async<HeadDim, Pitch, Swizzle>(sV, gV, row_stride, kv_block * BlockN, BlockN,
-                                           seqlen_k, tid, threads);
-}
-
 /// A backward query block into a stage, as one commit group: BlockM rows of
 /// Q at sQ and of dO right after them, lse at s_stats and D after it. lse
 /// and D are copied raw and asynchronously too (a plain load would stall
