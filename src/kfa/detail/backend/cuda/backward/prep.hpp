@@ -133,7 +133,7 @@ class ConvertDq16Kernel : public FusedTeamLaunch<ConvertDq16Kernel<Format>> {
   template <class Team>
   KOKKOS_INLINE_FUNCTION void body(const Team& team, void*) const {
 #if KFA_CUDA_MMA_DEVICE
-    const long at = (long(team.league_rank()) * 32 * kWarps + cuda_mma::team_thread_id()) * 8;
+    const long at = (long(team.league_rank()) * 32 * kWarps + threadIdx.y * 32 + threadIdx.x) * 8;
     if (at >= m_values) return;
     const float4 a = reinterpret_cast<const float4*>(m_dq_acc + at)[0];
     const float4 b = reinterpret_cast<const float4*>(m_dq_acc + at)[1];
