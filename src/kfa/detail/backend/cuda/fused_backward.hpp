@@ -74,9 +74,8 @@ struct FusedBackward {
                                                     DV, exact_fp32_dmma_scores(), VariantT>;
   template <class Atom, int D, class VariantT = PlainVariant>
   using fp32_fp64_t = FlashBackwardFp32Fp64Kernel<
-      ExecSpace, D, typename Fp32Fp64BwdAtom<Atom, D>::type, Q, K, V, DO, Lse, Delta, DQ, DK, DV,
-      typename Fp32Fp64BwdDefaultShape<typename Fp32Fp64BwdAtom<Atom, D>::type, D>::type,
-      VariantT>;
+      ExecSpace, D, cuda_mma::fp32_fp64_atom_t<Atom>, Q, K, V, DO, Lse, Delta, DQ, DK, DV,
+      typename Fp32Fp64BwdDefaultShape<cuda_mma::fp32_fp64_atom_t<Atom>, D>::type, VariantT>;
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
   /// head_dim 64 and 128: keys split over the two warpgroups; 256: the
   /// products split over them (one warpgroup's dK and dV would not fit its

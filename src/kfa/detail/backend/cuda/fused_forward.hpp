@@ -135,8 +135,8 @@ struct FusedForward {
                                   VariantT>;
   template <class Atom, int D, class VariantT = PlainVariant>
   using fp32_fp64_t = FlashForwardFp32Fp64Kernel<
-      ExecSpace, D, typename Fp32Fp64FwdAtom<Atom>::type, Q, K, V, O, Lse,
-      typename Fp32Fp64FwdDefaultShape<typename Fp32Fp64FwdAtom<Atom>::type, D>::type, VariantT>;
+      ExecSpace, D, cuda_mma::fp32_fp64_atom_t<Atom>, Q, K, V, O, Lse,
+      typename Fp32Fp64FwdDefaultShape<cuda_mma::fp32_fp64_atom_t<Atom>, D>::type, VariantT>;
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
   template <int D, class VariantT = PlainVariant>
   using wgmma_t = FlashForwardWgmmaKernelIn<WgmmaFwdShape<D>, ExecSpace, D, Format, Q, K, V, O,

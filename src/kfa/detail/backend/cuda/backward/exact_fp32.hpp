@@ -1,14 +1,14 @@
 #ifndef KFA_DETAIL_BACKEND_CUDA_BACKWARD_EXACT_FP32_HPP
 #define KFA_DETAIL_BACKEND_CUDA_BACKWARD_EXACT_FP32_HPP
 
-// Exact fp32 backward on the CUDA backend (dK, dV per key block, dQ by fp32
-// atomics into dq, zeroed by the caller; no tf32): Sᵀ, dPᵀ and dQ on the
-// fp64 tensor cores (sm_90+; exact products, fp64 sums) while dV and dK run
-// on fp32 FMAs tiled in registers and laid out for shared-memory bandwidth
-// as in the exact fp32 forward
-// (kfa/detail/backend/cuda/primitives/fma_tiles.hpp); before sm_90 all
-// five on FMAs. A team of 4 warps owns 64 keys, 16 per warp;
-// per query block of kBlockM:
+// Exact fp32 backward on the CUDA backend (no tf32), in the decomposition of
+// every fused backward (docs/design.md, "The fused CUDA backward"), dQ by
+// fp32 atomics into dq: Sᵀ, dPᵀ and dQ on the fp64 tensor cores (sm_90+;
+// exact products, fp64 sums) while dV and dK run on fp32 FMAs tiled in
+// registers and laid out for shared-memory bandwidth as in the exact fp32
+// forward (kfa/detail/backend/cuda/primitives/fma_tiles.hpp); before sm_90
+// all five on FMAs. A team of 4 warps owns 64 keys, 16 per warp; per query
+// block of kBlockM:
 //   Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ   one after the other, each as the forward's S
 //                             (cuda_mma::RowProducts): a lane ends with 2
 //                             of the warp's keys by kBlockM/4 queries (4
@@ -89,18 +89,17 @@ class FlashBackwardExactFp32Kernel
 
   /// K, V; per stage Q, dO, lse and D; P and dS.
   KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
-    return sizeof(float) * (2 * std::size_t(kBlockN) * kPitch +
-                            2 * kStages * std::size_t(kBlockM) * kPitch + 2 * kStages * kBlockM +
-                            2 * std::size_t(kBlockM) * kPitchP) +
-           16;
+    return cuda_mma::aligned_scratch_bytes(
+        sizeof(float) * (2 * std::size_t(kBlockN) * kPitch +
+                         2 * kStages * std::size_t(kBlockM) * kPitch + 2 * kStages * kBlockM +
+                         2 * std::size_t(kBlockM) * kPitchP));
   }
 
   template <class Team>
   KOKKOS_INLINE_FUNCTION void body(const Team& team, void* raw) const {
 #if KFA_CUDA_MMA_DEVICE
     using namespace cuda_mma;
-    const int lane = threadIdx.x, warp = threadIdx.y;
-    const int tid = warp * 32 + lane;
+    const int lane = lane_id(), warp = warp_id(), tid = team_thread_id();
     // The team's keys and the block's queries of this lane's Sᵀ and dPᵀ.
     auto key_of = [&](int i) { return Scores::row(warp, lane, i); };
     auto query_of = [&](int j) { return Scores::col(lane, j); };

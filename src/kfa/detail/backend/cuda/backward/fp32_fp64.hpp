@@ -1,20 +1,14 @@
 #ifndef KFA_DETAIL_BACKEND_CUDA_BACKWARD_FP32_FP64_HPP
 #define KFA_DETAIL_BACKEND_CUDA_BACKWARD_FP32_FP64_HPP
 
-// Tensor-core backward for fp32 and fp64 on the CUDA backend (dK, dV per key
-// block, dQ by atomics), over the atoms of
-// kfa/detail/backend/cuda/primitives/mma_atoms.hpp: DMMA for fp64, 3xTF32
-// (or tf32) for fp32. The 16-bit backward's decomposition: a
+// Tensor-core backward for fp32 and fp64 on the CUDA backend, over the atoms
+// of kfa/detail/backend/cuda/primitives/mma_atoms.hpp: DMMA for fp64, 3xTF32
+// (or tf32) for fp32, in the decomposition of every fused backward
+// (docs/design.md, "The fused CUDA backward"), dQ by atomics into dq. A
 // team of 4-8 warps owns kBlockN keys (one atom of rows per warp, or per
 // pair of warps with DimSplit 2: 64 keys in fp64, 128 in fp32, so Q, dO and
 // the dQ atomics pass through L2 once per that many keys); K and V stay in
-// scratch; for every query block that sees those keys it computes the
-// transposed tiles
-//   Sᵀ = K·Qᵀ, Pᵀ = exp(Sᵀ·scale - lse), dPᵀ = V·dOᵀ, dSᵀ = Pᵀ ∘ (dPᵀ - D)
-// in registers, accumulates dV += Pᵀ·dO and dK += dSᵀ·Q in registers (Pᵀ
-// and dSᵀ feed the tensor cores from their accumulators), stages dSᵀ in
-// scratch and adds dQ += dS·K·scale to dq (zeroed by the caller) with
-// atomics. With DimSplit 2 the pair's first warp computes Sᵀ, the second
+// scratch. With DimSplit 2 the pair's first warp computes Sᵀ, the second
 // dPᵀ; they swap half of them through scratch (a barrier of the two warps),
 // each computes Pᵀ and dSᵀ for half the query tiles, they swap those, and
 // each accumulates dK and dV for half the head dimension. Q, dO, lse and
@@ -37,21 +31,6 @@
 namespace kfa {
 namespace Impl {
 
-/// The atom the backward runs for the atom family the dispatch picks: fp64
-/// takes m16n8k8 (sm_90+), at head_dim 128 in the DimSplit-2 shape (the dK
-/// and dV accumulators of 16 keys over the whole head dimension would take
-/// 256 registers of one warp).
-template <class Atom, int HeadDim>
-struct Fp32Fp64BwdAtom {
-  using type = Atom;
-};
-#if KFA_CUDA_FP64_M16
-template <int HeadDim>
-struct Fp32Fp64BwdAtom<cuda_mma::Fp64Atom, HeadDim> {
-  using type = cuda_mma::Fp64x16Atom;
-};
-#endif
-
 /// Tile shape of the fp32/fp64 backward: warps per team, query rows per step,
 /// and DimSplit, the warps that share one atom of keys. With DimSplit 1 a
 /// warp owns its keys' dK and dV over the whole head dimension and computes
@@ -70,11 +49,9 @@ struct Fp32Fp64BwdAtom<cuda_mma::Fp64Atom, HeadDim> {
 /// (a shape derived from this one, for the bench): the first warp computes
 /// every exponential while the second waits.
 template <int Warps, int BlockM, int DimSplit, int Stages = 2>
-struct Fp32Fp64BwdShape {
-  static constexpr int kWarps = Warps;
+struct Fp32Fp64BwdShape : FusedTeamShape<Warps, Stages> {
   static constexpr int kBlockM = BlockM;
   static constexpr int kDimSplit = DimSplit;
-  static constexpr int kStages = Stages;
   static constexpr bool kSharedSoftmax = true;
 };
 
@@ -142,11 +119,11 @@ class FlashBackwardFp32Fp64Kernel
         variant_params(variant) {}
 
   KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
-    return sizeof(value_type) *
-               (2 * std::size_t(kBlockN) * kPitch + 2 * kStages * std::size_t(kBlockM) * kPitch +
-                std::size_t(kBlockN) * kPitchS + 2 * kStages * std::size_t(kBlockM) +
-                std::size_t(kWarps) * kSwap) +
-           16;
+    return cuda_mma::aligned_scratch_bytes(
+        sizeof(value_type) *
+        (2 * std::size_t(kBlockN) * kPitch + 2 * kStages * std::size_t(kBlockM) * kPitch +
+         std::size_t(kBlockN) * kPitchS + 2 * kStages * std::size_t(kBlockM) +
+         std::size_t(kWarps) * kSwap));
   }
 
   template <class Team>
@@ -162,8 +139,7 @@ class FlashBackwardFp32Fp64Kernel
     constexpr int kDimGroups = kWarps / kRowGroups;
     constexpr int kTilesDQ = kTilesD / kDimGroups;
     constexpr value_type kLog2e = value_type(1.4426950408889634);
-    const int lane = threadIdx.x, warp = threadIdx.y;
-    const int tid = warp * 32 + lane;
+    const int lane = lane_id(), warp = warp_id(), tid = team_thread_id();
 
     const FusedKeyTile team_tile = this->key_tile(team.league_rank(), kBlockN, kHeadDim);
     if (team_tile.empty()) return;
@@ -264,22 +240,28 @@ class FlashBackwardFp32Fp64Kernel
       // Pᵀ and dSᵀ in registers (rows = keys, columns = queries).
       const bool needs_mask = sq.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin,
                                                      key_begin + kBlockN);
+      // f(n, j, col) for the elements j of the query tiles n with owns(n);
+      // col: the element's query in the block.
+      auto for_owned = [&](auto owns, auto&& f) {
+#pragma unroll
+        for (int n = 0; n < kTilesQ; ++n)
+#pragma unroll
+          for (int j = 0; j < Atom::kC; ++j) {
+            if (!owns(n)) continue;
+            f(n, j, n * 8 + (lane % 4) * 2 + (j & 1));
+          }
+      };
       // Pᵀ of the query tiles n with owns(n).
       auto to_p = [&](auto owns) {
         unswitch_mask(needs_mask, [&](auto masked) {
-#pragma unroll
-          for (int n = 0; n < kTilesQ; ++n)
-#pragma unroll
-            for (int j = 0; j < Atom::kC; ++j) {
-              if (!owns(n)) continue;
-              const int col = n * 8 + (lane % 4) * 2 + (j & 1);
-              value_type p =
-                  exp_base(st[n][j] * scale - (kBase2 ? s_lse[col] * kLog2e : s_lse[col]));
-              if (decltype(masked)::value &&
-                  sq.mask.masked(row_begin + col, key_begin + warp_key + lane / 4 + (j / 2) * 8))
-                p = 0;
-              st[n][j] = p;
-            }
+          for_owned(owns, [&](int n, int j, int col) {
+            value_type p =
+                exp_base(st[n][j] * scale - (kBase2 ? s_lse[col] * kLog2e : s_lse[col]));
+            if (decltype(masked)::value &&
+                sq.mask.masked(row_begin + col, key_begin + warp_key + lane / 4 + (j / 2) * 8))
+              p = 0;
+            st[n][j] = p;
+          });
         });
       };
       // dSᵀ = Pᵀ ∘ (dPᵀ − D) of the query tiles n with owns(n), a quad's
@@ -303,24 +285,19 @@ class FlashBackwardFp32Fp64Kernel
               pipe.visible(b, h, row_begin, imin(row_begin + kBlockM, sq.seqlen_q), key_begin,
                            imin(key_begin + kBlockN, sq.seqlen_k));
           const std::uint64_t head = pipe.dropout() ? pipe.dropout_head(b, h) : 0;
-#pragma unroll
-          for (int n = 0; n < kTilesQ; ++n)
-#pragma unroll
-            for (int j = 0; j < Atom::kC; ++j) {
-              if (!owns(n)) continue;
-              const int col = n * 8 + (lane % 4) * 2 + (j & 1);
-              const int query = row_begin + col;
-              const int key = key_begin + warp_key + lane / 4 + (j / 2) * 8;
-              const bool masked = !visible || query >= sq.seqlen_q || key >= sq.seqlen_k ||
-                                  (needs_mask && sq.mask.masked(query, key));
-              value_type p, ds;
-              pipe.p_and_ds(seq, b, h, query, key, masked,
-                            pipe.dropout() ? pipe.dropout_row_of(head, query) : 0,
-                            st[n][j] * this->m_variant_scale, s_lse[col], s_delta[col],
-                            dpt[n][j], p, ds);
-              st[n][j] = p;
-              dpt[n][j] = ds;
-            }
+          for_owned(owns, [&](int n, int j, int col) {
+            const int query = row_begin + col;
+            const int key = key_begin + warp_key + lane / 4 + (j / 2) * 8;
+            const bool masked = !visible || query >= sq.seqlen_q || key >= sq.seqlen_k ||
+                                (needs_mask && sq.mask.masked(query, key));
+            value_type p, ds;
+            pipe.p_and_ds(seq, b, h, query, key, masked,
+                          pipe.dropout() ? pipe.dropout_row_of(head, query) : 0,
+                          st[n][j] * this->m_variant_scale, s_lse[col], s_delta[col], dpt[n][j],
+                          p, ds);
+            st[n][j] = p;
+            dpt[n][j] = ds;
+          });
         } else {
           to_p(owns);
           to_ds(owns);

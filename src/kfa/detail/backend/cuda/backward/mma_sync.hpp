@@ -1,18 +1,14 @@
 #ifndef KFA_DETAIL_BACKEND_CUDA_BACKWARD_MMA_SYNC_HPP
 #define KFA_DETAIL_BACKEND_CUDA_BACKWARD_MMA_SYNC_HPP
 
-// Tensor-core backward (dK, dV, and dQ by fp32 atomics) for 16-bit types on
-// the CUDA backend. One team of 8 warps (4 in the TeamPolicy shape) owns a
-// block of 128 keys (64), 16 per warp; its K and V rows are A fragments,
-// read from scratch at use (held in registers in the TeamPolicy shape). For every query
-// block that sees those keys it computes the transposed tiles
-//   Sᵀ = K·Qᵀ, Pᵀ = exp2(Sᵀ·scale·log2e - lse·log2e), dPᵀ = V·dOᵀ,
-//   dSᵀ = Pᵀ ∘ (dPᵀ - D)
-// in registers, accumulates dV += Pᵀ·dO and dK += dSᵀ·Q in registers (Pᵀ
-// and dSᵀ feed the tensor cores straight from their accumulators), stages dSᵀ
-// in scratch and adds dQ += dS·K·scale to an fp32 accumulator: with atomics,
-// or (Stages >= 2 on sm_90+) through a dQ tile in scratch that the bulk copy
-// engine adds, one cp.reduce.async.bulk per query row.
+// Tensor-core backward for 16-bit types on the CUDA backend (mma.m16n8k16,
+// base-2 softmax), in the decomposition of every fused backward
+// (docs/design.md, "The fused CUDA backward"). One team of 8 warps (4 in the
+// TeamPolicy shape) owns a block of 128 keys (64), 16 per warp; its K and V
+// rows are A fragments, read from scratch at use (held in registers in the
+// TeamPolicy shape). dQ += dS·K·scale goes to an fp32 accumulator: with
+// atomics, or (Stages >= 2 on sm_90+) through a dQ tile in scratch that the
+// bulk copy engine adds, one cp.reduce.async.bulk per query row.
 // Grouped-query heads: a team of query head h reads K and V of k/v head
 // h / (heads / heads_kv) and writes its dK, dV in fp32 per query head, which
 // the dispatch sums per k/v head (Fused16Backward::store_dk_dv).
@@ -51,13 +47,17 @@ namespace Impl {
 template <class ExecSpace, int HeadDim, class Format, class QView, class KView, class VView,
           class DOView, class LseView, class DeltaView, class DQAccView, class DKView,
           class DVView, int Stages = 1>
-class FlashBackwardMmaKernel : public Fused16Backward {
+class FlashBackwardMmaKernel
+    : public Fused16Backward,
+      public MmaTeamLaunch<FlashBackwardMmaKernel<ExecSpace, HeadDim, Format, QView, KView, VView,
+                                                  DOView, LseView, DeltaView, DQAccView, DKView,
+                                                  DVView, Stages>,
+                           Kokkos::TeamPolicy<ExecSpace>> {
  public:
+  static constexpr const char* kLabel = "kfa::bwd::mma_dk_dv";
   static constexpr int kStages = Stages;
   static_assert(Stages >= 1 && Stages <= 3, "kfa: the mma backward has 1 to 3 stages");
   static constexpr int kMinBlocksPerSM = 1;
-  using policy_t = Kokkos::TeamPolicy<ExecSpace>;
-  using member_t = typename policy_t::member_type;
   static constexpr int kHeadDim = HeadDim;
   /// Warps per team, 16 keys each: 8 (128 keys) with opt-in shared memory,
   /// which halves the Q and dO reads and the dQ atomics per key against 4
@@ -97,29 +97,15 @@ class FlashBackwardMmaKernel : public Fused16Backward {
                          const DKView& dk, const DVView& dv, float scale, FusedWindow window)
       : Fused16Backward(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, window, kBlockN) {}
 
-  /// Whether `space`'s GPU gives a team this shape's scratch.
-  static bool fits(const ExecSpace& space) {
-    return mma_kernel_fits<FlashBackwardMmaKernel>(space);
-  }
-
-  void launch(const ExecSpace& space) const {
-    launch_mma_kernel(space, "kfa::bwd::mma_dk_dv", *this, m_p.league(m_num_kv_blocks));
-  }
-
   /// K (and V with 2 stages), per stage Q and dO, dSᵀ, per stage lse and D,
   /// the dQ tile, the swap.
   KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
-    return sizeof(std::uint16_t) *
-               (std::size_t(kKVTiles * kBlockN) * kPitch +
-                2 * kStages * std::size_t(kBlockM) * kPitch +
-                std::size_t(kBlockN) * kPitchS) +
-           sizeof(float) * (2 * kStages * kBlockM + (kDqTile ? kBlockM * kPitchDQ : 0) +
-                            std::size_t(kWarps) * kSwap) +
-           16;
-  }
-
-  KOKKOS_INLINE_FUNCTION void operator()(const member_t& member) const {
-    body(member, member.team_scratch(0).get_shmem(scratch_bytes()));
+    return cuda_mma::aligned_scratch_bytes(
+        sizeof(std::uint16_t) * (std::size_t(kKVTiles * kBlockN) * kPitch +
+                                 2 * kStages * std::size_t(kBlockM) * kPitch +
+                                 std::size_t(kBlockN) * kPitchS) +
+        sizeof(float) * (2 * kStages * kBlockM + (kDqTile ? kBlockM * kPitchDQ : 0) +
+                         std::size_t(kWarps) * kSwap));
   }
 
   /// The kernel for one team: `team` gives league_rank() and team_barrier(),
@@ -138,8 +124,7 @@ class FlashBackwardMmaKernel : public Fused16Backward {
     constexpr int kDimGroups = kWarps / kRowGroups;
     constexpr int kTilesDQ = kTilesD / kDimGroups;
     constexpr float kLog2e = 1.4426950408889634f;
-    const int lane = threadIdx.x, warp = threadIdx.y;
-    const int tid = warp * 32 + lane;
+    const int lane = lane_id(), warp = warp_id(), tid = team_thread_id();
 
     const FusedKeyTile team_tile = this->key_tile(member.league_rank(), kBlockN, kHeadDim);
     if (team_tile.empty()) return;
@@ -272,8 +257,7 @@ class FlashBackwardMmaKernel : public Fused16Backward {
             std::uint32_t b[4];
             ldmatrix_x4(b, b_tile + (np * 16 + (lane % 8) + (lane / 16) * 8) * kPitch + ks * 16 +
                                ((lane / 8) % 2) * 8);
-            mma_16816<Format>(st[2 * np], a, b[0], b[1]);
-            mma_16816<Format>(st[2 * np + 1], a, b[2], b[3]);
+            mma_16816_x2<Format>(st[2 * np], st[2 * np + 1], a, b);
           }
         }
       } else {
@@ -291,10 +275,8 @@ class FlashBackwardMmaKernel : public Fused16Backward {
             std::uint32_t qb[4], ob[4];
             ldmatrix_x4(qb, sQ + offset);
             ldmatrix_x4(ob, sdO + offset);
-            mma_16816<Format>(st[2 * np], ka, qb[0], qb[1]);
-            mma_16816<Format>(st[2 * np + 1], ka, qb[2], qb[3]);
-            mma_16816<Format>(dpt[2 * np], va, ob[0], ob[1]);
-            mma_16816<Format>(dpt[2 * np + 1], va, ob[2], ob[3]);
+            mma_16816_x2<Format>(st[2 * np], st[2 * np + 1], ka, qb);
+            mma_16816_x2<Format>(dpt[2 * np], dpt[2 * np + 1], va, ob);
           }
         }
       }
@@ -357,10 +339,8 @@ class FlashBackwardMmaKernel : public Fused16Backward {
           std::uint32_t ob[4], qb[4];
           ldmatrix_x4_trans(ob, sdO + offset);
           ldmatrix_x4_trans(qb, sQ + offset);
-          mma_16816<Format>(acc_dv[2 * np], p_frag, ob[0], ob[1]);
-          mma_16816<Format>(acc_dv[2 * np + 1], p_frag, ob[2], ob[3]);
-          mma_16816<Format>(acc_dk[2 * np], ds_frag, qb[0], qb[1]);
-          mma_16816<Format>(acc_dk[2 * np + 1], ds_frag, qb[2], qb[3]);
+          mma_16816_x2<Format>(acc_dv[2 * np], acc_dv[2 * np + 1], p_frag, ob);
+          mma_16816_x2<Format>(acc_dk[2 * np], acc_dk[2 * np + 1], ds_frag, qb);
         }
         // dSᵀ rows of this warp to scratch for dQ = dS·K (with kSplit 2 each
         // warp of the pair writes every other 16 queries).
@@ -392,8 +372,7 @@ class FlashBackwardMmaKernel : public Fused16Backward {
           std::uint32_t kb[4];
           ldmatrix_x4_trans(kb, sK + (kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kPitch +
                                     (n_first + 2 * np) * 8 + (lane / 16) * 8);
-          mma_16816<Format>(acc_dq[2 * np], a, kb[0], kb[1]);
-          mma_16816<Format>(acc_dq[2 * np + 1], a, kb[2], kb[3]);
+          mma_16816_x2<Format>(acc_dq[2 * np], acc_dq[2 * np + 1], a, kb);
         }
       }
       if constexpr (kBulkDq) {

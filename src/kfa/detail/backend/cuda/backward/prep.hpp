@@ -35,14 +35,15 @@ KOKKOS_FORCEINLINE_FUNCTION void unpack2(std::uint32_t v, float& lo, float& hi) 
     hi = f.y;
   }
 #else
-  (void)v;
+  cuda_mma::unused(v);
   lo = hi = 0.f;
 #endif
 }
 
 template <class Format, int HeadDim>
-class BackwardPrep16Kernel {
+class BackwardPrep16Kernel : public FusedTeamLaunch<BackwardPrep16Kernel<Format, HeadDim>> {
  public:
+  static constexpr const char* kLabel = "kfa::bwd::preprocess_16";
   static constexpr int kWarps = 8;
   static constexpr int kMinBlocksPerSM = 1;
   static constexpr int kThreadsPerRow = HeadDim / 8;
@@ -61,15 +62,13 @@ class BackwardPrep16Kernel {
         m_heads(heads),
         m_total(long(batch) * rows * heads) {}
 
-  void launch(const Kokkos::Cuda& space) const {
-    launch_cuda_team(space, "kfa::bwd::preprocess_16", *this,
-                     static_cast<int>((m_total + kRowsPerTeam - 1) / kRowsPerTeam), 0);
-  }
+  int league_size() const { return static_cast<int>((m_total + kRowsPerTeam - 1) / kRowsPerTeam); }
+  KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() { return 0; }
 
   template <class Team>
   KOKKOS_INLINE_FUNCTION void body(const Team& team, void*) const {
 #if KFA_CUDA_MMA_DEVICE
-    const int tid = threadIdx.y * 32 + threadIdx.x;
+    const int tid = cuda_mma::team_thread_id();
     const long row = long(team.league_rank()) * kRowsPerTeam + tid / kThreadsPerRow;
     const int part = tid % kThreadsPerRow;
     float sum = 0.f;
@@ -115,8 +114,9 @@ class BackwardPrep16Kernel {
 };
 
 template <class Format>
-class ConvertDq16Kernel {
+class ConvertDq16Kernel : public FusedTeamLaunch<ConvertDq16Kernel<Format>> {
  public:
+  static constexpr const char* kLabel = "kfa::bwd::convert_dq_16";
   static constexpr int kWarps = 8;
   static constexpr int kMinBlocksPerSM = 1;
   static constexpr int kValuesPerTeam = 32 * kWarps * 8;
@@ -125,10 +125,10 @@ class ConvertDq16Kernel {
   ConvertDq16Kernel(const float* dq_acc, std::uint16_t* dq, long values)
       : m_dq_acc(dq_acc), m_dq(dq), m_values(values) {}
 
-  void launch(const Kokkos::Cuda& space) const {
-    launch_cuda_team(space, "kfa::bwd::convert_dq_16", *this,
-                     static_cast<int>((m_values + kValuesPerTeam - 1) / kValuesPerTeam), 0);
+  int league_size() const {
+    return static_cast<int>((m_values + kValuesPerTeam - 1) / kValuesPerTeam);
   }
+  KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() { return 0; }
 
   template <class Team>
   KOKKOS_INLINE_FUNCTION void body(const Team& team, void*) const {

@@ -104,8 +104,7 @@ class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward {
     using namespace cuda_mma;
     constexpr int kTilesS = kBlockM / 8;  // n-tiles of Sᵀ, dPᵀ (queries) per thread
     constexpr int kDqN = 128;             // dQ columns per warpgroup
-    const int lane = threadIdx.x, warp = threadIdx.y;
-    const int tid = warp * 32 + lane;
+    const int lane = lane_id(), warp = warp_id(), tid = team_thread_id();
     const int wg = warp / 4;
     const int wtid = tid % 128;  // thread in its warpgroup
 

@@ -97,17 +97,16 @@ class FlashForwardExactFp32Kernel
 
   /// Q, K and V per stage, Pᵀ and one row of per-row factors.
   KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
-    return sizeof(float) * (std::size_t(kBlockM + 2 * kStages * kBlockN) * kPitch +
-                            std::size_t(kBlockN + 1) * kPitchP) +
-           16;
+    return cuda_mma::aligned_scratch_bytes(
+        sizeof(float) * (std::size_t(kBlockM + 2 * kStages * kBlockN) * kPitch +
+                         std::size_t(kBlockN + 1) * kPitchP));
   }
 
   template <class Team>
   KOKKOS_INLINE_FUNCTION void body(const Team& team, void* raw) const {
 #if KFA_CUDA_MMA_DEVICE
     using namespace cuda_mma;
-    const int lane = threadIdx.x, warp = threadIdx.y;
-    const int tid = warp * 32 + lane;
+    const int lane = lane_id(), warp = warp_id(), tid = team_thread_id();
     // The block's rows and keys of this lane's scores.
     auto row_of = [&](int i) { return Scores::row(warp, lane, i); };
     auto key_of = [&](int j) { return Scores::col(lane, j); };

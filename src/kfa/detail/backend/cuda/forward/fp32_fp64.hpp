@@ -35,20 +35,6 @@ namespace Impl {
 template <int Warps, int MTiles, int BlockN, int MinBlocksPerSM>
 using Fp32Fp64FwdShape = FusedFwdShape<Warps, MTiles, BlockN, 2, MinBlocksPerSM>;
 
-/// The atom the forward runs for the atom family the dispatch picks: fp64
-/// takes m16n8k8 (Fp64x16Atom), twice m8n8k4's rate on Hopper, in builds
-/// for sm_90+.
-template <class Atom>
-struct Fp32Fp64FwdAtom {
-  using type = Atom;
-};
-#if KFA_CUDA_FP64_M16
-template <>
-struct Fp32Fp64FwdAtom<cuda_mma::Fp64Atom> {
-  using type = cuda_mma::Fp64x16Atom;
-};
-#endif
-
 /// The library's shapes: fp64 m16n8k8 at head_dim 64 with 64 query rows
 /// (16 per warp) and 32-key blocks, two teams per multiprocessor; at 128
 /// one team of 8 warps (128 rows) with 16-key blocks (203 KB), which reads
@@ -110,7 +96,7 @@ class FlashForwardFp32Fp64Kernel
         variant_params(variant) {}
 
   KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
-    return std::size_t(kScratchRows) * kPitch * sizeof(value_type) + 16;
+    return cuda_mma::aligned_scratch_bytes(std::size_t(kScratchRows) * kPitch * sizeof(value_type));
   }
 
   /// The kernel for one team: `team` gives league_rank() and team_barrier(),
@@ -119,8 +105,7 @@ class FlashForwardFp32Fp64Kernel
   KOKKOS_INLINE_FUNCTION void body(const Team& team, void* raw) const {
 #if KFA_CUDA_MMA_DEVICE
     using namespace cuda_mma;
-    const int lane = threadIdx.x, warp = threadIdx.y;
-    const int tid = warp * 32 + lane;
+    const int lane = lane_id(), warp = warp_id(), tid = team_thread_id();
 
     const FusedQueryTile team_tile = this->query_tile(team.league_rank(), kBlockM);
     if (team_tile.empty()) return;
@@ -278,21 +263,16 @@ class FlashForwardFp32Fp64Kernel
         this->m_pipe.visible(b, h, row_begin, imin(row_begin + kBlockM, seq.seqlen_q), key_begin,
                              imin(key_begin + kBlockN, seq.seqlen_k));
     const value_type to_base = kBase2 ? value_type(1.4426950408889634) : value_type(1);
-    #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
-      #pragma unroll
-      for (int n = 0; n < kTilesS; ++n)
-        #pragma unroll
-        for (int j = 0; j < Atom::kC; ++j) {
-          const int row = row0 + mt * Atom::kRows + (j / 2) * 8;
-          const int col = key_begin + n * 8 + (lane % 4) * 2 + (j & 1);
-          value_type x = s[mt][n][j] * this->m_variant_scale;
-          if (row < seq.seqlen_q && col < seq.seqlen_k) {
-            value_type grad;
-            x = this->m_pipe.template score<false>(seq, b, h, row, col, x, grad);
-          }
-          s[mt][n][j] = visible ? x * to_base : value_type(-INFINITY);
-        }
+    for_each_element<kTilesS>([&](int mt, int n, int j) {
+      const int row = row0 + mt * Atom::kRows + (j / 2) * 8;
+      const int col = key_begin + n * 8 + (lane % 4) * 2 + (j & 1);
+      value_type x = s[mt][n][j] * this->m_variant_scale;
+      if (row < seq.seqlen_q && col < seq.seqlen_k) {
+        value_type grad;
+        x = this->m_pipe.template score<false>(seq, b, h, row, col, x, grad);
+      }
+      s[mt][n][j] = visible ? x * to_base : value_type(-INFINITY);
+    });
   }
 
   /// Dropout on P (after the row sums, which take the undropped P): kept
@@ -334,23 +314,18 @@ class FlashForwardFp32Fp64Kernel
     value_type block_max[kRows];
     #pragma unroll
     for (int r = 0; r < kRows; ++r) block_max[r] = row_max[r];
-    #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
-      #pragma unroll
-      for (int n = 0; n < kTilesS; ++n)
-        #pragma unroll
-        for (int j = 0; j < Atom::kC; ++j) {
-          // A variant's scores come scaled and in the softmax's base
-          // (variant_scores).
-          value_type x = kVariant ? s[mt][n][j] : s[mt][n][j] * m_scale;
-          if (needs_mask) {
-            const int row = row0 + mt * Atom::kRows + (j / 2) * 8;
-            const int col = key_begin + n * 8 + (lane % 4) * 2 + (j & 1);
-            if (mask.masked(row, col)) x = -INFINITY;
-          }
-          s[mt][n][j] = x;
-          block_max[mt * kHalves + j / 2] = vmax(block_max[mt * kHalves + j / 2], x);
-        }
+    for_each_element<kTilesS>([&](int mt, int n, int j) {
+      // A variant's scores come scaled and in the softmax's base
+      // (variant_scores).
+      value_type x = kVariant ? s[mt][n][j] : s[mt][n][j] * m_scale;
+      if (needs_mask) {
+        const int row = row0 + mt * Atom::kRows + (j / 2) * 8;
+        const int col = key_begin + n * 8 + (lane % 4) * 2 + (j & 1);
+        if (mask.masked(row, col)) x = -INFINITY;
+      }
+      s[mt][n][j] = x;
+      block_max[mt * kHalves + j / 2] = vmax(block_max[mt * kHalves + j / 2], x);
+    });
     value_type shift[kRows], alpha[kRows];
     bool grows = false;
     #pragma unroll
@@ -377,28 +352,19 @@ class FlashForwardFp32Fp64Kernel
     value_type block_sum[kRows];
     #pragma unroll
     for (int r = 0; r < kRows; ++r) block_sum[r] = 0;
-    #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
-      #pragma unroll
-      for (int n = 0; n < kTilesS; ++n)
-        #pragma unroll
-        for (int j = 0; j < Atom::kC; ++j) {
-          const value_type p = exp_base(s[mt][n][j] - shift[mt * kHalves + j / 2]);
-          s[mt][n][j] = p;
-          block_sum[mt * kHalves + j / 2] += p;
-        }
+    for_each_element<kTilesS>([&](int mt, int n, int j) {
+      const value_type p = exp_base(s[mt][n][j] - shift[mt * kHalves + j / 2]);
+      s[mt][n][j] = p;
+      block_sum[mt * kHalves + j / 2] += p;
+    });
     #pragma unroll
     for (int r = 0; r < kRows; ++r) row_sum[r] = alpha[r] * row_sum[r] + block_sum[r];
     // With the lazy rescale, O moves only with the max (a warp-uniform
     // branch; its multiplies are 64 fp64 operations per lane and block at
     // head_dim 128).
     if (rescale || Shape::kRescaleOAlways) {
-      #pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
-        #pragma unroll
-        for (int n = 0; n < kTilesO; ++n)
-          #pragma unroll
-          for (int j = 0; j < Atom::kC; ++j) acc_o[mt][n][j] *= alpha[mt * kHalves + j / 2];
+      for_each_element<kTilesO>(
+          [&](int mt, int n, int j) { acc_o[mt][n][j] *= alpha[mt * kHalves + j / 2]; });
     }
   }
 
@@ -426,14 +392,21 @@ class FlashForwardFp32Fp64Kernel
     add_part(acc_o, part);
   }
 
-  template <int N>
-  KOKKOS_FORCEINLINE_FUNCTION static void zero(Tiles<N>& x) {
+  /// f(mt, n, j) for every element (m-tile, n-tile, accumulator) of a
+  /// Tiles<N>, unrolled.
+  template <int N, class F>
+  KOKKOS_FORCEINLINE_FUNCTION static void for_each_element(F&& f) {
     #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
       #pragma unroll
       for (int n = 0; n < N; ++n)
         #pragma unroll
-        for (int j = 0; j < Atom::kC; ++j) x[mt][n][j] = 0;
+        for (int j = 0; j < Atom::kC; ++j) f(mt, n, j);
+  }
+
+  template <int N>
+  KOKKOS_FORCEINLINE_FUNCTION static void zero(Tiles<N>& x) {
+    for_each_element<N>([&](int mt, int n, int j) { x[mt][n][j] = 0; });
   }
 
   /// Where a product sums: a zeroed `part` with fresh sums, else `sum` itself.
@@ -452,12 +425,7 @@ class FlashForwardFp32Fp64Kernel
   template <int N>
   KOKKOS_FORCEINLINE_FUNCTION static void add_part(Tiles<N>& sum, const Part<N>& part) {
     if constexpr (Atom::kFreshSums) {
-      #pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
-        #pragma unroll
-        for (int n = 0; n < N; ++n)
-          #pragma unroll
-          for (int j = 0; j < Atom::kC; ++j) sum[mt][n][j] += part[mt][n][j];
+      for_each_element<N>([&](int mt, int n, int j) { sum[mt][n][j] += part[mt][n][j]; });
     } else {
       (void)sum;
       (void)part;

@@ -73,8 +73,16 @@ using FwdMmaPolicyShape = std::conditional_t<(HeadDim > 128), FwdMmaShape<4, 1, 
 template <class ExecSpace, int HeadDim, class Format, class QView, class KView, class VView,
           class OView, class LseView, class Shape = FwdMmaPolicyShape<HeadDim>,
           bool Grouped = false, class VariantT = PlainVariant>
-class FlashForwardMmaKernel : public Fused16Forward, public FusedVariantParams<VariantT> {
+class FlashForwardMmaKernel
+    : public Fused16Forward,
+      public FusedVariantParams<VariantT>,
+      public MmaTeamLaunch<FlashForwardMmaKernel<ExecSpace, HeadDim, Format, QView, KView, VView,
+                                                 OView, LseView, Shape, Grouped, VariantT>,
+                           Kokkos::TeamPolicy<ExecSpace, Kokkos::LaunchBounds<
+                                                             32 * Shape::kWarps,
+                                                             Shape::kMinBlocksPerSM>>> {
  public:
+  static constexpr const char* kLabel = "kfa::fwd::mma_main_loop";
   using variant_params = FusedVariantParams<VariantT>;
   /// The variant's pipeline applied to each score fragment (fwd_variant_*).
   static constexpr bool kVariant = variant_params::kVariant;
@@ -97,30 +105,15 @@ class FlashForwardMmaKernel : public Fused16Forward, public FusedVariantParams<V
   static constexpr int kScratchRows = kStages == 1
                                           ? (2 * kBlockN > kBlockM ? 2 * kBlockN : kBlockM)
                                           : kBlockM + 2 * kStages * kBlockN;
-  using policy_t =
-      Kokkos::TeamPolicy<ExecSpace, Kokkos::LaunchBounds<32 * kWarps, kMinBlocksPerSM>>;
-  using member_t = typename policy_t::member_type;
 
   FlashForwardMmaKernel(const QView& q, const KView& k, const VView& v, const OView& o,
                         const LseView& lse, float scale, FusedWindow window,
                         const variant_params& variant = variant_params())
       : Fused16Forward(q, k, v, o, lse, scale, window, kBlockM), variant_params(variant) {}
 
-  /// Whether `space`'s GPU gives a team this shape's scratch.
-  static bool fits(const ExecSpace& space) {
-    return mma_kernel_fits<FlashForwardMmaKernel>(space);
-  }
-
-  void launch(const ExecSpace& space) const {
-    launch_mma_kernel(space, "kfa::fwd::mma_main_loop", *this, m_p.league(m_num_q_blocks));
-  }
-
   KOKKOS_INLINE_FUNCTION static constexpr std::size_t scratch_bytes() {
-    return std::size_t(kScratchRows) * kPitch * sizeof(std::uint16_t) + 16;
-  }
-
-  KOKKOS_INLINE_FUNCTION void operator()(const member_t& member) const {
-    body(member, member.team_scratch(0).get_shmem(scratch_bytes()));
+    return cuda_mma::aligned_scratch_bytes(std::size_t(kScratchRows) * kPitch *
+                                           sizeof(std::uint16_t));
   }
 
   /// The kernel for one team: `team` gives league_rank() and team_barrier(),
@@ -129,8 +122,7 @@ class FlashForwardMmaKernel : public Fused16Forward, public FusedVariantParams<V
   KOKKOS_INLINE_FUNCTION void body(const Team& team, void* raw) const {
 #if KFA_CUDA_MMA_DEVICE
     using namespace cuda_mma;
-    const int lane = threadIdx.x, warp = threadIdx.y;
-    const int tid = warp * 32 + lane;
+    const int lane = lane_id(), warp = warp_id(), tid = team_thread_id();
 
     const FusedQueryTile team_tile = this->query_tile(team.league_rank(), kBlockM);
     if (team_tile.empty()) return;
@@ -278,8 +270,7 @@ class FlashForwardMmaKernel : public Fused16Forward, public FusedVariantParams<V
         ldmatrix_x4(kb, sK + (np * 16 + (lane % 8) + (lane / 16) * 8) * kPitch + ks * 16 +
                             ((lane / 8) % 2) * 8);
         for (int mt = 0; mt < kMTiles; ++mt) {
-          mma_16816<Format>(s[mt][2 * np], a[mt], kb[0], kb[1]);
-          mma_16816<Format>(s[mt][2 * np + 1], a[mt], kb[2], kb[3]);
+          mma_16816_x2<Format>(s[mt][2 * np], s[mt][2 * np + 1], a[mt], kb);
         }
       }
     }
@@ -330,8 +321,7 @@ class FlashForwardMmaKernel : public Fused16Forward, public FusedVariantParams<V
         ldmatrix_x4_trans(vb, sV + (kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kPitch +
                                   np * 16 + (lane / 16) * 8);
         for (int mt = 0; mt < kMTiles; ++mt) {
-          mma_16816<Format>(acc_o[mt][2 * np], p_frag[mt], vb[0], vb[1]);
-          mma_16816<Format>(acc_o[mt][2 * np + 1], p_frag[mt], vb[2], vb[3]);
+          mma_16816_x2<Format>(acc_o[mt][2 * np], acc_o[mt][2 * np + 1], p_frag[mt], vb);
         }
       }
     }

@@ -258,6 +258,14 @@ struct FusedVariantParams<VariantT, Acc, true> {
   }
 };
 
+/// What every tile shape of a fused kernel names: warps per team and
+/// pipeline stages.
+template <int Warps, int Stages>
+struct FusedTeamShape {
+  static constexpr int kWarps = Warps;
+  static constexpr int kStages = Stages;
+};
+
 /// Tile shape of a tensor-core forward (mma.sync 16-bit, fp32/fp64):
 /// warps per team, m-tiles (one atom of query rows each) per warp, keys per
 /// K/V block, pipeline stages (1: TeamPolicy launch, Q in registers; 2:
@@ -267,11 +275,9 @@ struct FusedVariantParams<VariantT, Acc, true> {
 /// by the factor in every block (true; a shape derived from this one, for
 /// the bench) or only in blocks where the running max moved.
 template <int Warps, int MTiles, int BlockN, int Stages, int MinBlocksPerSM>
-struct FusedFwdShape {
-  static constexpr int kWarps = Warps;
+struct FusedFwdShape : FusedTeamShape<Warps, Stages> {
   static constexpr int kMTiles = MTiles;
   static constexpr int kBlockN = BlockN;
-  static constexpr int kStages = Stages;
   static constexpr int kMinBlocksPerSM = MinBlocksPerSM;
   static constexpr bool kRescaleOAlways = false;
 };
@@ -559,8 +565,10 @@ bool cuda_team_fits(const ExecSpace& space) {
 }
 
 /// fits() and launch() of a kernel that always runs through
-/// launch_cuda_team (the fp32/fp64 and exact fp32 kernels): Kernel names
-/// its label (kLabel) and its league (league_size(), of its operands base).
+/// launch_cuda_team (the fp32/fp64 and exact fp32 kernels, the 16-bit
+/// backward's O(N) passes): Kernel names its label (kLabel), its league
+/// (league_size(), of its operands base for the attention kernels) and its
+/// scratch_bytes().
 template <class Kernel>
 struct FusedTeamLaunch {
   /// Whether `space`'s GPU gives a team the kernel's scratch.
@@ -606,6 +614,32 @@ bool mma_kernel_fits(const ExecSpace& space) {
     return cuda_team_fits<Kernel>(space);
   }
 }
+
+/// fits(), launch() and the TeamPolicy entry of a tensor-core kernel that
+/// runs in its shape (launch_mma_kernel, mma_kernel_fits): Kernel names its
+/// label (kLabel), its league (league_size()), kStages, kWarps,
+/// scratch_bytes() and body(team, scratch); Policy is the TeamPolicy of its
+/// Stages-1 shape.
+template <class Kernel, class Policy>
+struct MmaTeamLaunch {
+  using policy_t = Policy;
+  using member_t = typename Policy::member_type;
+
+  /// Whether `space`'s GPU gives a team the kernel's scratch.
+  static bool fits(const typename Policy::execution_space& space) {
+    return mma_kernel_fits<Kernel>(space);
+  }
+
+  void launch(const typename Policy::execution_space& space) const {
+    const Kernel& kernel = static_cast<const Kernel&>(*this);
+    launch_mma_kernel(space, Kernel::kLabel, kernel, kernel.league_size());
+  }
+
+  KOKKOS_INLINE_FUNCTION void operator()(const member_t& member) const {
+    static_cast<const Kernel&>(*this).body(
+        member, member.team_scratch(0).get_shmem(Kernel::scratch_bytes()));
+  }
+};
 
 }  // namespace Impl
 }  // namespace kfa

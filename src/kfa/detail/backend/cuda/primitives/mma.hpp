@@ -21,6 +21,7 @@
 #include <cuda_fp16.h>
 #endif
 
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
@@ -42,20 +43,29 @@ namespace cuda_mma {
 #define KFA_CUDA_FP64_M16 0
 #endif
 
-/// The lane of the calling thread in its warp (teams are 32 lanes in x).
-KOKKOS_FORCEINLINE_FUNCTION int lane_id() {
+// The calling thread's lane in its warp and warp in its team (teams are 32
+// lanes in x, their warps in y).
 #if KFA_CUDA_MMA_DEVICE
-  return static_cast<int>(threadIdx.x);
+KOKKOS_FORCEINLINE_FUNCTION int lane_id() { return static_cast<int>(threadIdx.x); }
+KOKKOS_FORCEINLINE_FUNCTION int warp_id() { return static_cast<int>(threadIdx.y); }
 #else
-  return 0;
+KOKKOS_FORCEINLINE_FUNCTION int lane_id() { return 0; }
+KOKKOS_FORCEINLINE_FUNCTION int warp_id() { return 0; }
 #endif
-}
+
+/// The calling thread's index in its team: warp_id() · 32 + lane_id().
+KOKKOS_FORCEINLINE_FUNCTION int team_thread_id() { return warp_id() * 32 + lane_id(); }
+
+/// Marks the arguments of a device-only wrapper as used where the wrapper
+/// compiles to nothing (the host pass, older architectures).
+template <class... Args>
+KOKKOS_FORCEINLINE_FUNCTION void unused(const Args&...) {}
 
 KOKKOS_FORCEINLINE_FUNCTION std::uint32_t smem_address(const void* ptr) {
 #if KFA_CUDA_MMA_DEVICE
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(ptr));
 #else
-  (void)ptr;
+  unused(ptr);
   return 0;
 #endif
 }
@@ -69,9 +79,7 @@ KOKKOS_FORCEINLINE_FUNCTION void cp_async_16_shared(std::uint32_t dst, const voi
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(src_bytes));
 #else
-  (void)dst;
-  (void)src;
-  (void)src_bytes;
+  unused(dst, src, src_bytes);
 #endif
 }
 
@@ -89,9 +97,7 @@ KOKKOS_FORCEINLINE_FUNCTION void cp_async_small(void* dst, const void* src, int 
   asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(smem_address(dst)),
                "l"(src), "n"(Bytes), "r"(src_bytes));
 #else
-  (void)dst;
-  (void)src;
-  (void)src_bytes;
+  unused(dst, src, src_bytes);
 #endif
 }
 
@@ -103,6 +109,12 @@ template <class T>
 KOKKOS_FORCEINLINE_FUNCTION T* aligned_scratch(void* raw) {
   char* const p = static_cast<char*>(raw);
   return reinterpret_cast<T*>(p + ((16 - (reinterpret_cast<std::uintptr_t>(p) & 15)) & 15));
+}
+
+/// Team scratch for `bytes` of tiles carved from aligned_scratch: the tiles
+/// and the up to 15 bytes that aligning `raw` skips.
+KOKKOS_INLINE_FUNCTION constexpr std::size_t aligned_scratch_bytes(std::size_t bytes) {
+  return bytes + 16;
 }
 
 /// f(std::true_type()) for a tile with masked elements, f(std::false_type())
@@ -124,7 +136,7 @@ KOKKOS_FORCEINLINE_FUNCTION void named_barrier(int id, int threads) {
 #if KFA_CUDA_MMA_DEVICE
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 #else
-  (void)id, (void)threads;
+  unused(id, threads);
 #endif
 }
 
@@ -172,9 +184,7 @@ KOKKOS_FORCEINLINE_FUNCTION void bulk_reduce_add_f32(float* dst, std::uint32_t s
       "r"(src), "r"(bytes)
       : "memory");
 #else
-  (void)dst;
-  (void)src;
-  (void)bytes;
+  unused(dst, src, bytes);
 #endif
 }
 KOKKOS_FORCEINLINE_FUNCTION void bulk_commit() {
@@ -280,31 +290,44 @@ KOKKOS_FORCEINLINE_FUNCTION void load_query_block_async(T* sQ, S* s_stats, const
   cp_async_commit();
 }
 
+/// Four 8x8 16-bit matrices from scratch, one register each (Trans: each
+/// transposed).
+template <bool Trans = false>
 KOKKOS_FORCEINLINE_FUNCTION void ldmatrix_x4(std::uint32_t (&r)[4], const void* ptr) {
 #if KFA_CUDA_MMA_DEVICE
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_address(ptr)));
+#define KFA_CUDA_LDMATRIX_X4(Op)                                                 \
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4" Op ".shared.b16 {%0, %1, %2, %3}, [%4];\n" \
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])              \
+               : "r"(smem_address(ptr)))
+  if constexpr (Trans) {
+    KFA_CUDA_LDMATRIX_X4(".trans");
+  } else {
+    KFA_CUDA_LDMATRIX_X4("");
+  }
+#undef KFA_CUDA_LDMATRIX_X4
 #else
-  (void)ptr;
+  unused(ptr);
   r[0] = r[1] = r[2] = r[3] = 0;
 #endif
 }
 
 KOKKOS_FORCEINLINE_FUNCTION void ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* ptr) {
-#if KFA_CUDA_MMA_DEVICE
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_address(ptr)));
-#else
-  (void)ptr;
-  r[0] = r[1] = r[2] = r[3] = 0;
-#endif
+  ldmatrix_x4<true>(r, ptr);
 }
 
 /// Operand tags: which 16-bit format the tensor cores read.
 struct Bf16 {};
 struct Fp16 {};
+
+// One m16n8 mma.sync with four accumulators, four A registers and two B
+// registers, c += a·b: Op names the shape and types, Acc and Operand are the
+// asm constraints of the accumulators and the operands.
+#define KFA_CUDA_MMA_M16N8(Op, Acc, Operand)                                          \
+  asm volatile("mma.sync.aligned." Op " {%0, %1, %2, %3}, "                          \
+               "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"                     \
+               : "+" Acc(c[0]), "+" Acc(c[1]), "+" Acc(c[2]), "+" Acc(c[3])          \
+               : Operand(a[0]), Operand(a[1]), Operand(a[2]), Operand(a[3]), Operand(b0), \
+                 Operand(b1))
 
 /// c += a·b for one m16n8k16 tile.
 template <class Format>
@@ -312,24 +335,23 @@ KOKKOS_FORCEINLINE_FUNCTION void mma_16816(float (&c)[4], const std::uint32_t (&
                                            std::uint32_t b0, std::uint32_t b1) {
 #if KFA_CUDA_MMA_DEVICE
   if constexpr (std::is_same<Format, Bf16>::value) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    KFA_CUDA_MMA_M16N8("m16n8k16.row.col.f32.bf16.bf16.f32", "f", "r");
   } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    KFA_CUDA_MMA_M16N8("m16n8k16.row.col.f32.f16.f16.f32", "f", "r");
   }
 #else
-  (void)c;
-  (void)a;
-  (void)b0;
-  (void)b1;
+  unused(c, a, b0, b1);
 #endif
+}
+
+/// c0 += a·b and c1 += a·b for the two n-tiles of B that one ldmatrix_x4
+/// loads: b[0], b[1] the first, b[2], b[3] the second.
+template <class Format>
+KOKKOS_FORCEINLINE_FUNCTION void mma_16816_x2(float (&c0)[4], float (&c1)[4],
+                                              const std::uint32_t (&a)[4],
+                                              const std::uint32_t (&b)[4]) {
+  mma_16816<Format>(c0, a, b[0], b[1]);
+  mma_16816<Format>(c1, a, b[2], b[3]);
 }
 
 /// Two floats rounded to the operand format, packed low-first.
@@ -344,8 +366,7 @@ KOKKOS_FORCEINLINE_FUNCTION std::uint32_t pack2(float lo, float hi) {
     return *reinterpret_cast<std::uint32_t*>(&v);
   }
 #else
-  (void)lo;
-  (void)hi;
+  unused(lo, hi);
   return 0;
 #endif
 }
@@ -359,9 +380,7 @@ KOKKOS_FORCEINLINE_FUNCTION void mma_884_f64(double (&c)[2], double a, double b)
       : "+d"(c[0]), "+d"(c[1])
       : "d"(a), "d"(b));
 #else
-  (void)c;
-  (void)a;
-  (void)b;
+  unused(c, a, b);
 #endif
 }
 
@@ -372,24 +391,14 @@ KOKKOS_FORCEINLINE_FUNCTION void mma_884_f64(double (&c)[2], double a, double b)
 KOKKOS_FORCEINLINE_FUNCTION void mma_1688_f64(double (&c)[4], const double (&a)[4], double b0,
                                               double b1) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-  asm volatile(
-      "mma.sync.aligned.m16n8k8.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, "
-      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-      : "+d"(c[0]), "+d"(c[1]), "+d"(c[2]), "+d"(c[3])
-      : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(b0), "d"(b1));
+  KFA_CUDA_MMA_M16N8("m16n8k8.row.col.f64.f64.f64.f64", "d", "d");
 #elif defined(__CUDA_ARCH__)
   // Never reached: the dispatch picks this atom only for sm_90+ builds
   // (KFA_CUDA_FP64_M16); a call on an older device stops the kernel.
-  (void)c;
-  (void)a;
-  (void)b0;
-  (void)b1;
+  unused(c, a, b0, b1);
   __trap();
 #else
-  (void)c;
-  (void)a;
-  (void)b0;
-  (void)b1;
+  unused(c, a, b0, b1);
 #endif
 }
 
@@ -399,18 +408,12 @@ KOKKOS_FORCEINLINE_FUNCTION void mma_1688_f64(double (&c)[4], const double (&a)[
 KOKKOS_FORCEINLINE_FUNCTION void mma_1688_tf32(float (&c)[4], const std::uint32_t (&a)[4],
                                                std::uint32_t b0, std::uint32_t b1) {
 #if KFA_CUDA_MMA_DEVICE
-  asm volatile(
-      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, "
-      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  KFA_CUDA_MMA_M16N8("m16n8k8.row.col.f32.tf32.tf32.f32", "f", "r");
 #else
-  (void)c;
-  (void)a;
-  (void)b0;
-  (void)b1;
+  unused(c, a, b0, b1);
 #endif
 }
+#undef KFA_CUDA_MMA_M16N8
 
 /// x rounded to tf32 (10 mantissa bits, round to nearest), as a 32-bit
 /// pattern the tensor cores read.
@@ -420,7 +423,7 @@ KOKKOS_FORCEINLINE_FUNCTION std::uint32_t to_tf32(float x) {
   asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
   return r;
 #else
-  (void)x;
+  unused(x);
   return 0;
 #endif
 }
@@ -433,7 +436,7 @@ KOKKOS_FORCEINLINE_FUNCTION void split_tf32(float x, std::uint32_t& big, std::ui
   big = to_tf32(x);
   small = to_tf32(x - __uint_as_float(big));
 #else
-  (void)x;
+  unused(x);
   big = small = 0;
 #endif
 }
@@ -451,20 +454,15 @@ KOKKOS_FORCEINLINE_FUNCTION float exp2_fast(float x) {
 #endif
 }
 
-KOKKOS_FORCEINLINE_FUNCTION double shfl_xor(double v, int mask) {
+/// v of lane (lane_id() ^ mask) of the warp.
+template <class T>
+KOKKOS_FORCEINLINE_FUNCTION T shfl_xor(T v, int mask) {
+  static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value,
+                "shfl_xor: float or double");
 #if KFA_CUDA_MMA_DEVICE
   return __shfl_xor_sync(0xffffffffu, v, mask);
 #else
-  (void)mask;
-  return v;
-#endif
-}
-
-KOKKOS_FORCEINLINE_FUNCTION float shfl_xor(float v, int mask) {
-#if KFA_CUDA_MMA_DEVICE
-  return __shfl_xor_sync(0xffffffffu, v, mask);
-#else
-  (void)mask;
+  unused(mask);
   return v;
 #endif
 }

@@ -50,10 +50,15 @@ namespace kfa {
 namespace Impl {
 namespace cuda_mma {
 
-struct Fp64Atom {
+/// What the fp64 atoms share: double operands and accumulators, summed in
+/// place.
+struct Fp64AtomBase {
   using value_type = double;
-  static constexpr int kRows = 8, kDepth = 4, kC = 2, kSlices = 2;
   static constexpr bool kFreshSums = false;
+};
+
+struct Fp64Atom : Fp64AtomBase {
+  static constexpr int kRows = 8, kDepth = 4, kC = 2, kSlices = 2;
   static constexpr bool kSwizzle = false;
   struct A {
     double a;
@@ -88,10 +93,8 @@ struct Fp64Atom {
 };
 
 /// m16n8k8 fp64 (sm_90): the tf32 m16n8k8 fragment layout with doubles.
-struct Fp64x16Atom {
-  using value_type = double;
+struct Fp64x16Atom : Fp64AtomBase {
   static constexpr int kRows = 16, kDepth = 8, kC = 4, kSlices = 1;
-  static constexpr bool kFreshSums = false;
   /// Tiles are stored with swizzle_col (rows of 16·k + 4 doubles); `row`,
   /// `n`, `key` and `k` below are multiples of 8.
   static constexpr bool kSwizzle = true;
@@ -132,6 +135,22 @@ struct Fp64x16Atom {
     mma_1688_f64(c, a.a, b.b0, b.b1);
   }
 };
+
+/// The atom the fp32/fp64 kernels run for the atom family the dispatch
+/// picks: fp64 takes m16n8k8 (Fp64x16Atom), twice m8n8k4's rate on Hopper,
+/// in builds for sm_90+.
+template <class Atom>
+struct Fp32Fp64KernelAtom {
+  using type = Atom;
+};
+#if KFA_CUDA_FP64_M16
+template <>
+struct Fp32Fp64KernelAtom<Fp64Atom> {
+  using type = Fp64x16Atom;
+};
+#endif
+template <class Atom>
+using fp32_fp64_atom_t = typename Fp32Fp64KernelAtom<Atom>::type;
 
 /// Passes = 3: 3xTF32 (fp32 precision); Passes = 1: plain tf32.
 /// FreshSums (3xTF32's default): the forward sums the products of a few

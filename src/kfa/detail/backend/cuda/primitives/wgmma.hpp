@@ -199,100 +199,64 @@ struct Wgmma;
 #define KFA_WGMMA_R16_7 "%112, %113, %114, %115, %116, %117, %118, %119, " \
   "%120, %121, %122, %123, %124, %125, %126, %127"
 
+// One wrapper, D = A·B (+ D if scale_d), for wgmma.m64n<N>k16 with R fp32
+// accumulators (operands KFA_WGMMA_D<R>, numbered KFA_WGMMA_REGS_<R>). ss:
+// A and B in scratch (Major: the transpose flags, "0, 0" K-major, "1, 1" A
+// M-major and B N-major), operands %DescA, %DescB, %Pred; rs: A in
+// registers %A0..%A3, B N-major in scratch %Desc, %Pred.
+#define KFA_WGMMA_SS(Name, Type, N, R, DescA, DescB, Pred, Major)                              \
+  __device__ static void Name(float (&d)[R], std::uint64_t desc_a, std::uint64_t desc_b,      \
+                              int scale_d) {                                                  \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #Pred ", 0;\n"                          \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." Type "." Type " {"         \
+                 KFA_WGMMA_REGS_##R "}, %" #DescA ", %" #DescB ", p, 1, 1, " Major ";\n}\n"   \
+                 : KFA_WGMMA_D##R                                                             \
+                 : "l"(desc_a), "l"(desc_b), "r"(scale_d));                                   \
+  }
+#define KFA_WGMMA_RS(Type, N, R, A0, A1, A2, A3, Desc, Pred)                                  \
+  __device__ static void rs(float (&d)[R], const std::uint32_t (&a)[4], std::uint64_t desc_b, \
+                            int scale_d) {                                                    \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #Pred ", 0;\n"                          \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." Type "." Type " {"         \
+                 KFA_WGMMA_REGS_##R "}, {%" #A0 ", %" #A1 ", %" #A2 ", %" #A3 "}, %" #Desc    \
+                 ", p, 1, 1, 1;\n}\n"                                                         \
+                 : KFA_WGMMA_D##R                                                             \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));    \
+  }
+// ss, ss_mn and rs of the m64n<N>k16 shape: the R accumulators are operands
+// %0..%(R-1), the instruction's other operands follow them.
+#define KFA_WGMMA_SS_RS(Format, Type, N, R, X0, X1, X2, X3, X4, X5)                           \
+  template <>                                                                                 \
+  struct Wgmma<Format, N> {                                                                   \
+    KFA_WGMMA_SS(ss, Type, N, R, X0, X1, X2, "0, 0")                                          \
+    KFA_WGMMA_SS(ss_mn, Type, N, R, X0, X1, X2, "1, 1")                                       \
+    KFA_WGMMA_RS(Type, N, R, X0, X1, X2, X3, X4, X5)                                          \
+  };
+#define KFA_WGMMA_REGS_32 KFA_WGMMA_R16_0 ", " KFA_WGMMA_R16_1
+#define KFA_WGMMA_REGS_64 KFA_WGMMA_REGS_32 ", " KFA_WGMMA_R16_2 ", " KFA_WGMMA_R16_3
+#define KFA_WGMMA_REGS_128                                                       \
+  KFA_WGMMA_REGS_64 ", " KFA_WGMMA_R16_4 ", " KFA_WGMMA_R16_5 ", " KFA_WGMMA_R16_6 \
+                    ", " KFA_WGMMA_R16_7
+
 // The wrappers of one operand format (Type: its PTX type name), defined
 // once and instantiated for both formats.
-#define KFA_CUDA_WGMMA_FORMAT(Format, Type) \
-template <>                                                                                                    \
-struct Wgmma<Format, 64> {                                                                                     \
-  /* D = A·B (+ D if scale_d), A and B K-major in scratch. */                                                  \
-  __device__ static void ss(float (&d)[32], std::uint64_t desc_a, std::uint64_t desc_b, int scale_d) {         \
-    asm volatile(                                                                                              \
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                           \
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32." Type "." Type " {"                                       \
-        KFA_WGMMA_R16_0 ", " KFA_WGMMA_R16_1                                                                   \
-        "}, %32, %33, p, 1, 1, 0, 0;\n}\n"                                                                     \
-        : KFA_WGMMA_D32                                                                                        \
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));                                                             \
-  }                                                                                                            \
-  /* D = A·B (+ D if scale_d), A M-major and B N-major in scratch. */                                          \
-  __device__ static void ss_mn(float (&d)[32], std::uint64_t desc_a, std::uint64_t desc_b, int scale_d) {      \
-    asm volatile(                                                                                              \
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                           \
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32." Type "." Type " {"                                       \
-        KFA_WGMMA_R16_0 ", " KFA_WGMMA_R16_1                                                                   \
-        "}, %32, %33, p, 1, 1, 1, 1;\n}\n"                                                                     \
-        : KFA_WGMMA_D32                                                                                        \
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));                                                             \
-  }                                                                                                            \
-  /* D = A·B (+ D if scale_d), A in registers, B N-major in scratch. */                                        \
-  __device__ static void rs(float (&d)[32], const std::uint32_t (&a)[4], std::uint64_t desc_b, int scale_d) {  \
-    asm volatile(                                                                                              \
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                           \
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32." Type "." Type " {"                                       \
-        KFA_WGMMA_R16_0 ", " KFA_WGMMA_R16_1                                                                   \
-        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                                                       \
-        : KFA_WGMMA_D32                                                                                        \
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));                              \
-  }                                                                                                            \
-};                                                                                                             \
-                                                                                                               \
-template <>                                                                                                    \
-struct Wgmma<Format, 128> {                                                                                    \
-  /* D = A·B (+ D if scale_d), A and B K-major in scratch. */                                                  \
-  __device__ static void ss(float (&d)[64], std::uint64_t desc_a, std::uint64_t desc_b, int scale_d) {         \
-    asm volatile(                                                                                              \
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                           \
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32." Type "." Type " {"                                      \
-        KFA_WGMMA_R16_0 ", " KFA_WGMMA_R16_1 ", "                                                              \
-        KFA_WGMMA_R16_2 ", " KFA_WGMMA_R16_3                                                                   \
-        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"                                                                     \
-        : KFA_WGMMA_D64                                                                                        \
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));                                                             \
-  }                                                                                                            \
-  /* D = A·B (+ D if scale_d), A M-major and B N-major in scratch. */                                          \
-  __device__ static void ss_mn(float (&d)[64], std::uint64_t desc_a, std::uint64_t desc_b, int scale_d) {      \
-    asm volatile(                                                                                              \
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                           \
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32." Type "." Type " {"                                      \
-        KFA_WGMMA_R16_0 ", " KFA_WGMMA_R16_1 ", "                                                              \
-        KFA_WGMMA_R16_2 ", " KFA_WGMMA_R16_3                                                                   \
-        "}, %64, %65, p, 1, 1, 1, 1;\n}\n"                                                                     \
-        : KFA_WGMMA_D64                                                                                        \
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));                                                             \
-  }                                                                                                            \
-  /* D = A·B (+ D if scale_d), A in registers, B N-major in scratch. */                                        \
-  __device__ static void rs(float (&d)[64], const std::uint32_t (&a)[4], std::uint64_t desc_b, int scale_d) {  \
-    asm volatile(                                                                                              \
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                                           \
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32." Type "." Type " {"                                      \
-        KFA_WGMMA_R16_0 ", " KFA_WGMMA_R16_1 ", "                                                              \
-        KFA_WGMMA_R16_2 ", " KFA_WGMMA_R16_3                                                                   \
-        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"                                                       \
-        : KFA_WGMMA_D64                                                                                        \
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));                              \
-  }                                                                                                            \
-};                                                                                                             \
-                                                                                                               \
-template <>                                                                                                    \
-struct Wgmma<Format, 256> {                                                                                    \
-  /* D = A·B (+ D if scale_d), A in registers, B N-major in scratch. */                                        \
-  __device__ static void rs(float (&d)[128], const std::uint32_t (&a)[4], std::uint64_t desc_b, int scale_d) { \
-    asm volatile(                                                                                              \
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"                                                          \
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32." Type "." Type " {"                                      \
-        KFA_WGMMA_R16_0 ", " KFA_WGMMA_R16_1 ", "                                                              \
-        KFA_WGMMA_R16_2 ", " KFA_WGMMA_R16_3 ", "                                                              \
-        KFA_WGMMA_R16_4 ", " KFA_WGMMA_R16_5 ", "                                                              \
-        KFA_WGMMA_R16_6 ", " KFA_WGMMA_R16_7                                                                   \
-        "}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"                                                  \
-        : KFA_WGMMA_D128                                                                                       \
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));                              \
-  }                                                                                                            \
-};
+#define KFA_CUDA_WGMMA_FORMAT(Format, Type)                                 \
+  KFA_WGMMA_SS_RS(Format, Type, 64, 32, 32, 33, 34, 35, 36, 37)             \
+  KFA_WGMMA_SS_RS(Format, Type, 128, 64, 64, 65, 66, 67, 68, 69)            \
+  template <>                                                               \
+  struct Wgmma<Format, 256> {                                               \
+    KFA_WGMMA_RS(Type, 256, 128, 128, 129, 130, 131, 132, 133)              \
+  };
 
 KFA_CUDA_WGMMA_FORMAT(Bf16, "bf16")
 KFA_CUDA_WGMMA_FORMAT(Fp16, "f16")
 #undef KFA_CUDA_WGMMA_FORMAT
+#undef KFA_WGMMA_SS
+#undef KFA_WGMMA_RS
+#undef KFA_WGMMA_SS_RS
+#undef KFA_WGMMA_REGS_32
+#undef KFA_WGMMA_REGS_64
+#undef KFA_WGMMA_REGS_128
 #undef KFA_WGMMA_D8
 #undef KFA_WGMMA_D32_AT
 #undef KFA_WGMMA_D32
