@@ -349,18 +349,7 @@ KOKKOS_FORCEINLINE_FUNCTION void wgmma_bwd_variant_p(
     else
       elements(softcap, dropout, std::false_type());
   };
-  const bool softcap = pipe.softcap_on(), dropout = pipe.dropout();
-  if (softcap) {
-    if (dropout)
-      with_test(std::true_type(), std::true_type());
-    else
-      with_test(std::true_type(), std::false_type());
-  } else {
-    if (dropout)
-      with_test(std::false_type(), std::true_type());
-    else
-      with_test(std::false_type(), std::false_type());
-  }
+  cuda_mma::unswitch2(pipe.softcap_on(), pipe.dropout(), with_test);
   if (needs_mask) {
     int first[2], last[2];
     wgmma_bwd_visible_columns(mask, row_of_lane, key0, first, last);

@@ -82,17 +82,9 @@ KOKKOS_FORCEINLINE_FUNCTION float fwd_variant_scores(float (&s)[MTiles][TilesS][
     });
   };
   const bool inside = row_begin + BlockM <= seq.seqlen_q && key_begin + BlockN <= seq.seqlen_k;
-  if (variant.m_pipe.softcap_on()) {
-    if (inside)
-      apply(std::false_type(), std::true_type());
-    else
-      apply(std::true_type(), std::true_type());
-  } else {
-    if (inside)
-      apply(std::false_type(), std::false_type());
-    else
-      apply(std::true_type(), std::false_type());
-  }
+  cuda_mma::unswitch2(variant.m_pipe.softcap_on(), inside, [&](auto softcap, auto in) {
+    apply(std::integral_constant<bool, !decltype(in)::value>(), softcap);
+  });
   return kLog2e;
 }
 
