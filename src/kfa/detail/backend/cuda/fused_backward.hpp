@@ -86,11 +86,11 @@ struct FusedBackward {
       FlashBackwardWgmmaProductSplitKernel<ExecSpace, Format, Q, K, V, DO, Lse, Delta, AccView, DK,
                                            DV>,
       FlashBackwardWgmmaKernel<ExecSpace, D, Format, Q, K, V, DO, Lse, Delta, AccView, DK, DV>>;
-  /// A variant's backward (head_dim 64 and 128).
+  /// A variant's backward (head_dim 64 and 128): the library's shape.
   template <int D, class VariantT>
   using wgmma_variant_t =
       FlashBackwardWgmmaKernel<ExecSpace, D, Format, Q, K, V, DO, Lse, Delta, AccView, DK, DV,
-                               WgmmaBwdVariantShape<D>, NoProbe, VariantT>;
+                               WgmmaBwdShape<D>, NoProbe, VariantT>;
 #endif
 
   /// Whether `family`'s kernel for the call fits `space`'s GPU (see
