@@ -86,11 +86,14 @@ struct FusedBackward {
       FlashBackwardWgmmaProductSplitKernel<ExecSpace, Format, Q, K, V, DO, Lse, Delta, AccView, DK,
                                            DV>,
       FlashBackwardWgmmaKernel<ExecSpace, D, Format, Q, K, V, DO, Lse, Delta, AccView, DK, DV>>;
-  /// A variant's backward (head_dim 64 and 128): the library's shape.
+  /// A variant's backward: the same kernels with its pipeline.
   template <int D, class VariantT>
-  using wgmma_variant_t =
+  using wgmma_variant_t = std::conditional_t<
+      D == 256,
+      FlashBackwardWgmmaProductSplitKernel<ExecSpace, Format, Q, K, V, DO, Lse, Delta, AccView,
+                                           DK, DV, false, true, VariantT>,
       FlashBackwardWgmmaKernel<ExecSpace, D, Format, Q, K, V, DO, Lse, Delta, AccView, DK, DV,
-                               WgmmaBwdShape<D>, NoProbe, VariantT>;
+                               WgmmaBwdShape<D>, NoProbe, VariantT>>;
 #endif
 
   /// Whether `family`'s kernel for the call fits `space`'s GPU (see
@@ -103,11 +106,8 @@ struct FusedBackward {
         if constexpr (k16Bit)
           return wgmma_family_fits(space, call, [&](auto d) {
             constexpr int D = decltype(d)::value;
-            if constexpr (D == 256)
-              return !call.variant && wgmma_t<D>::fits(space);
-            else
-              return call.variant ? wgmma_variant_t<D, Variant<true>>::fits(space)
-                                  : wgmma_t<D>::fits(space);
+            return call.variant ? wgmma_variant_t<D, Variant<true>>::fits(space)
+                                : wgmma_t<D>::fits(space);
           });
 #endif
         return false;
@@ -235,10 +235,9 @@ struct FusedBackward {
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
       if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
         if constexpr (kVariant) {
-          // The choice table sends variants here only (wgmma, head_dim 64, 128).
-          if constexpr (D != 256)
-            run(wgmma_variant_t<D, VariantT>(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale,
-                                             call.window, variant));
+          // The choice table sends variants here only (wgmma).
+          run(wgmma_variant_t<D, VariantT>(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale,
+                                           call.window, variant));
           return;
         } else if (family == KernelFamily::wgmma) {
           run(wgmma_t<D>(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, call.window));

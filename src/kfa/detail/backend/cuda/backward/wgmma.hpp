@@ -364,10 +364,11 @@ KOKKOS_FORCEINLINE_FUNCTION void wgmma_bwd_variant_p(
 }
 
 /// The second half after wgmma_bwd_variant_p<false>: dSᵀ = st ∘ (dPᵀ ∘
-/// Z/(1-p) - D) in place in dpt.
-template <int Tiles, class Variant>
+/// Z/(1-p) - D) into ds (which may be st), dPᵀ's element (n, e) from
+/// dp(n, e).
+template <int Tiles, class Variant, class Dp>
 KOKKOS_FORCEINLINE_FUNCTION void wgmma_bwd_variant_ds(const float (&st)[Tiles][4],
-                                                      float (&dpt)[Tiles][4],
+                                                      float (&ds)[Tiles][4], Dp&& dp,
                                                       const WgmmaBwdKeepBits<Tiles>& keep,
                                                       const float* s_delta,
                                                       const Variant& variant, int lane) {
@@ -377,10 +378,10 @@ KOKKOS_FORCEINLINE_FUNCTION void wgmma_bwd_variant_ds(const float (&st)[Tiles][4
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int col = n * 8 + (lane % 4) * 2 + (e & 1);
-        float dp = dpt[n][e];
+        float x = dp(n, e);
         if constexpr (decltype(dropout)::value)
-          dp = keep.kept(n, e) ? dp * variant.m_pipe.keep_scale() : 0.f;
-        dpt[n][e] = st[n][e] * (dp - s_delta[col]);
+          x = keep.kept(n, e) ? x * variant.m_pipe.keep_scale() : 0.f;
+        ds[n][e] = st[n][e] * (x - s_delta[col]);
       }
   };
   if (variant.m_pipe.dropout())
@@ -907,7 +908,8 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
         fence_operands(dpt_flat);
         probe_block(q_block, 4);
         if constexpr (kVariant) {
-          wgmma_bwd_variant_ds(st, dpt, keep, s_delta, *this, lane);
+          wgmma_bwd_variant_ds(st, dpt, [&](int n, int e) { return dpt[n][e]; }, keep, s_delta,
+                               *this, lane);
         } else {
 #pragma unroll
           for (int n = 0; n < kTilesS; ++n)
