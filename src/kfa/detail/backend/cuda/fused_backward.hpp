@@ -65,10 +65,11 @@ struct FusedBackward {
                                Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 
   /// mma.sync with Stages 3 (opt-in shared memory; at head_dim 256 the
-  /// head-dim split over warp pairs) or 1 (TeamPolicy scratch).
-  template <int D, int Stages>
+  /// head-dim split over warp pairs) or 1 (TeamPolicy scratch); a variant's
+  /// with Stages 3.
+  template <int D, int Stages, class VariantT = PlainVariant>
   using mma_sync_t = FlashBackwardMmaKernel<ExecSpace, D, Format, Q, K, V, DO, Lse, Delta, AccView,
-                                            DK, DV, Stages>;
+                                            DK, DV, Stages, VariantT>;
   template <int D, class VariantT = PlainVariant>
   using exact_fp32_t = FlashBackwardExactFp32Kernel<ExecSpace, D, Q, K, V, DO, Lse, Delta, DQ, DK,
                                                     DV, exact_fp32_dmma_scores(), VariantT>;
@@ -113,9 +114,11 @@ struct FusedBackward {
         return false;
       case KernelFamily::mma_sync:
         if constexpr (k16Bit) {
-          return !call.variant && with_fused_head_dim<true>(call.head_dim, [&](auto d) {
-                   return mma_sync_t<decltype(d)::value, 3>::fits(space);
-                 });
+          return with_fused_head_dim<true>(call.head_dim, [&](auto d) {
+            constexpr int D = decltype(d)::value;
+            return call.variant ? mma_sync_t<D, 3, Variant<true>>::fits(space)
+                                : mma_sync_t<D, 3>::fits(space);
+          });
         }
         return false;
       case KernelFamily::mma_sync_team_policy:
@@ -235,17 +238,22 @@ struct FusedBackward {
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
       if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
         if constexpr (kVariant) {
-          // The choice table sends variants here only (wgmma).
-          run(wgmma_variant_t<D, VariantT>(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale,
-                                           call.window, variant));
-          return;
+          if (family == KernelFamily::wgmma) {
+            run(wgmma_variant_t<D, VariantT>(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale,
+                                             call.window, variant));
+            return;
+          }
         } else if (family == KernelFamily::wgmma) {
           run(wgmma_t<D>(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, call.window));
           return;
         }
       }
 #endif
-      if constexpr (!kVariant) {
+      if constexpr (kVariant) {
+        // The choice table sends variants to the staged shape only.
+        run(mma_sync_t<D, 3, VariantT>(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale,
+                                       call.window, variant));
+      } else {
         if constexpr (D != 256) {
           if (family == KernelFamily::mma_sync_team_policy) {
             run(mma_sync_t<D, 1>(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, call.window));

@@ -9,7 +9,7 @@
 //   warpgroup 0: Sᵀ = K·Qᵀ, Pᵀ = exp2(Sᵀ·scale·log2e - lse·log2e),
 //                dSᵀ = Pᵀ ∘ (dPᵀ - D) (dPᵀ from warpgroup 1, fp32 through
 //                scratch), dSᵀ to scratch, dV += Pᵀ·dO (a variant: its
-//                pipeline's P and dS, wgmma_bwd_variant_p / _ds)
+//                pipeline's P and dS, bwd_variant_p / _ds)
 //   warpgroup 1: dPᵀ = V·dOᵀ (to scratch), dK += dSᵀ·Q (dSᵀ read back
 //                from scratch in its register fragments)
 //   both:        dQ = dS·K·scale over the 64 keys, 128 head dims each
@@ -49,8 +49,8 @@ class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward,
                                              public FusedVariantParams<VariantT> {
  public:
   using variant_params = FusedVariantParams<VariantT>;
-  /// Pᵀ and dSᵀ of the variant's pipeline (warpgroup 0): wgmma_bwd_variant_p
-  /// from Sᵀ, wgmma_bwd_variant_ds once warpgroup 1's dPᵀ is in.
+  /// Pᵀ and dSᵀ of the variant's pipeline (warpgroup 0): bwd_variant_p
+  /// from Sᵀ, bwd_variant_ds once warpgroup 1's dPᵀ is in.
   static constexpr bool kVariant = variant_params::kVariant;
   static constexpr int kHeadDim = 256;
   static constexpr int kWarps = 8;    // 2 warpgroups
@@ -318,14 +318,14 @@ class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward,
 #pragma unroll
         for (int kk = 0; kk < kBlockM / 16; ++kk) get_frag(sdS, kk, frag[kk]);
       } else {
-        [[maybe_unused]] WgmmaBwdKeepBits<kTilesS> keep;
+        [[maybe_unused]] BwdKeepBits<kTilesS> keep;
         if constexpr (kVariant) {
           // (sc as Sᵀ in, Pᵀ ∘ pipeline' out; the dPᵀ argument is not used.)
-          wgmma_bwd_variant_p<false, Format>(sc, sc, frag, keep, s_lse, s_delta, *this, sq.mask,
+          bwd_variant_p<false, Format>(sc, sc, frag, keep, s_lse, s_delta, *this, sq.mask,
                                              b, h, row_begin, key_begin, key_begin + kBlockN,
                                              key0, lane);
         } else {
-          wgmma_bwd_probabilities(sc, s_lse, m_scale, sq.mask, row_begin, key_begin,
+          bwd_probabilities(sc, s_lse, m_scale, sq.mask, row_begin, key_begin,
                                   key_begin + kBlockN, key0, lane, [](int, int, int) {});
 #pragma unroll
           for (int kk = 0; kk < kBlockM / 16; ++kk)
@@ -334,7 +334,7 @@ class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward,
         // dSᵀ = Pᵀ ∘ (dPᵀ - D) from warpgroup 1's dPᵀ, to the tile.
         named_barrier_sync(1, 256);
         if constexpr (kVariant) {
-          wgmma_bwd_variant_ds(
+          bwd_variant_ds(
               sc, sc, [&](int n, int e) { return sdP[4 * (128 * n + wtid) + e]; }, keep, s_delta,
               *this, lane);
         } else {
