@@ -641,15 +641,15 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
       // once dPᵀ is in.
       [[maybe_unused]] BwdKeepBits<kTilesS> keep;
       if constexpr (kVariant) {
-        bwd_variant_p<!kEarlyDv, Format>(st, dpt, p_frag, keep, s_lse, s_delta, *this,
-                                               sq.mask, b, h, row_begin, key_begin,
-                                               key_begin + kBlockN, key0, lane);
+        bwd_variant_p<!kEarlyDv, Format>(st, dpt, p_frag, keep, s_lse, s_delta, *this, sq.mask, b,
+                                         h, row_begin, key_begin, key_begin + kBlockN, key0,
+                                         lane);
       } else {
-        bwd_probabilities(st, s_lse, m_scale, sq.mask, row_begin, key_begin,
-                                key_begin + kBlockN, key0, lane, [&](int n, int e, int col) {
-                                  if constexpr (!kEarlyDv)
-                                    dpt[n][e] = st[n][e] * (dpt[n][e] - s_delta[col]);
-                                });
+        bwd_probabilities(st, s_lse, m_scale, sq.mask, row_begin, key_begin, key_begin + kBlockN,
+                          key0, lane, [&](int n, int e, int col) {
+                            if constexpr (!kEarlyDv)
+                              dpt[n][e] = st[n][e] * (dpt[n][e] - s_delta[col]);
+                          });
       }
       // 16 query columns per k-step: n-tiles 2·kk and 2·kk + 1.
       auto pack_frags = [&](bool p, bool ds) {

@@ -321,12 +321,11 @@ class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward,
         [[maybe_unused]] BwdKeepBits<kTilesS> keep;
         if constexpr (kVariant) {
           // (sc as Sᵀ in, Pᵀ ∘ pipeline' out; the dPᵀ argument is not used.)
-          bwd_variant_p<false, Format>(sc, sc, frag, keep, s_lse, s_delta, *this, sq.mask,
-                                             b, h, row_begin, key_begin, key_begin + kBlockN,
-                                             key0, lane);
+          bwd_variant_p<false, Format>(sc, sc, frag, keep, s_lse, s_delta, *this, sq.mask, b, h,
+                                       row_begin, key_begin, key_begin + kBlockN, key0, lane);
         } else {
           bwd_probabilities(sc, s_lse, m_scale, sq.mask, row_begin, key_begin,
-                                  key_begin + kBlockN, key0, lane, [](int, int, int) {});
+                            key_begin + kBlockN, key0, lane, [](int, int, int) {});
 #pragma unroll
           for (int kk = 0; kk < kBlockM / 16; ++kk)
             pack_frag(sc[2 * kk], sc[2 * kk + 1], frag[kk]);
