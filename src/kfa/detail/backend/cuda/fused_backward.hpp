@@ -65,8 +65,7 @@ struct FusedBackward {
                                Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 
   /// mma.sync with Stages 3 (opt-in shared memory; at head_dim 256 the
-  /// head-dim split over warp pairs) or 1 (TeamPolicy scratch); a variant's
-  /// with Stages 3.
+  /// head-dim split over warp pairs) or 1 (TeamPolicy scratch).
   template <int D, int Stages, class VariantT = PlainVariant>
   using mma_sync_t = FlashBackwardMmaKernel<ExecSpace, D, Format, Q, K, V, DO, Lse, Delta, AccView,
                                             DK, DV, Stages, VariantT>;
@@ -80,16 +79,9 @@ struct FusedBackward {
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
   /// head_dim 64 and 128: keys split over the two warpgroups; 256: the
   /// products split over them (one warpgroup's dK and dV would not fit its
-  /// registers).
-  template <int D>
+  /// registers). A variant's: the same kernels with its pipeline.
+  template <int D, class VariantT = PlainVariant>
   using wgmma_t = std::conditional_t<
-      D == 256,
-      FlashBackwardWgmmaProductSplitKernel<ExecSpace, Format, Q, K, V, DO, Lse, Delta, AccView, DK,
-                                           DV>,
-      FlashBackwardWgmmaKernel<ExecSpace, D, Format, Q, K, V, DO, Lse, Delta, AccView, DK, DV>>;
-  /// A variant's backward: the same kernels with its pipeline.
-  template <int D, class VariantT>
-  using wgmma_variant_t = std::conditional_t<
       D == 256,
       FlashBackwardWgmmaProductSplitKernel<ExecSpace, Format, Q, K, V, DO, Lse, Delta, AccView,
                                            DK, DV, false, true, VariantT>,
@@ -107,7 +99,7 @@ struct FusedBackward {
         if constexpr (k16Bit)
           return wgmma_family_fits(space, call, [&](auto d) {
             constexpr int D = decltype(d)::value;
-            return call.variant ? wgmma_variant_t<D, Variant<true>>::fits(space)
+            return call.variant ? wgmma_t<D, Variant<true>>::fits(space)
                                 : wgmma_t<D>::fits(space);
           });
 #endif
@@ -122,7 +114,7 @@ struct FusedBackward {
         }
         return false;
       case KernelFamily::mma_sync_team_policy:
-        return k16Bit && call.head_dim != 256 && !call.variant;
+        return k16Bit && call.head_dim != 256;
       case KernelFamily::fp32_fp64:
       case KernelFamily::exact_fp32: return fp32_fp64_family_fits<FusedBackward>(family, space, call);
       case KernelFamily::portable: return false;
@@ -197,8 +189,6 @@ struct FusedBackward {
                            const DK& dk, const DV& dv, const Delta& delta, float scale,
                            const FusedCall& call, const Preprocess& preprocess,
                            const FusedVariantParams<VariantT>& variant) {
-    constexpr bool kVariant = FusedVariantParams<VariantT>::kVariant;
-    (void)variant;
     Kokkos::View<unsigned char*, typename ExecSpace::memory_space> dq_bytes;
     AccView dq_acc;
     // D and a zeroed accumulator: on CUDA in one pass with 16-byte accesses
@@ -237,31 +227,22 @@ struct FusedBackward {
       constexpr int D = decltype(d)::value;
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
       if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
-        if constexpr (kVariant) {
-          if (family == KernelFamily::wgmma) {
-            run(wgmma_variant_t<D, VariantT>(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale,
-                                             call.window, variant));
-            return;
-          }
-        } else if (family == KernelFamily::wgmma) {
-          run(wgmma_t<D>(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, call.window));
+        if (family == KernelFamily::wgmma) {
+          run(wgmma_t<D, VariantT>(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, call.window,
+                                   variant));
           return;
         }
       }
 #endif
-      if constexpr (kVariant) {
-        // The choice table sends variants to the staged shape only.
-        run(mma_sync_t<D, 3, VariantT>(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale,
-                                       call.window, variant));
-      } else {
-        if constexpr (D != 256) {
-          if (family == KernelFamily::mma_sync_team_policy) {
-            run(mma_sync_t<D, 1>(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, call.window));
-            return;
-          }
+      if constexpr (D != 256) {
+        if (family == KernelFamily::mma_sync_team_policy) {
+          run(mma_sync_t<D, 1, VariantT>(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale,
+                                         call.window, variant));
+          return;
         }
-        run(mma_sync_t<D, 3>(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, call.window));
       }
+      run(mma_sync_t<D, 3, VariantT>(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, call.window,
+                                     variant));
     });
     if (call.grouped) grouped.sum(space, dk, dv);
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)

@@ -17,7 +17,7 @@
 // Br = 64, but 32 at head_dim 128 in the TeamPolicy shape (registers: its K
 // and V fragments and the dK, dV accumulators fill them) and at head_dim 256.
 //
-// Variants (softcap, dropout, score modifiers; staged shapes only): P and dS
+// Variants (softcap, dropout, score modifiers): P and dS
 // of the variant's pipeline from Sᵀ and dPᵀ in registers (bwd_variant_p,
 // score_fragment.hpp), with the modifier's block predicate skipping query
 // blocks.
@@ -78,8 +78,6 @@ class FlashBackwardMmaKernel
   static constexpr int kSplit = HeadDim > 128 ? 2 : 1;
   static_assert(kSplit == 1 || Stages >= 2,
                 "kfa: the mma backward at head_dim 256 needs the staged (opt-in scratch) shape");
-  static_assert(!kVariant || Stages >= 2,
-                "kfa: the mma backward takes variants in the staged (opt-in scratch) shape");
   static constexpr int kBlockN = 16 * kWarps / kSplit;     // keys per team
   /// Queries per step: 64, but 32 at head_dim 128 in the TeamPolicy shape,
   /// whose K and V fragments live in registers, and at head_dim 256
