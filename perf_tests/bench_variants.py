@@ -84,6 +84,9 @@ def rows(args):
          {"softcap": 30.0}, ("flex",)),
         ("dropout 0.1, d 256, causal", (1, 4096, 16, 256), True, ["--dropout", "0.1"],
          {"dropout": 0.1}, ("flash",)),
+        # The mma.sync kernels (what GPUs without Hopper code run).
+        ("dropout 0.1, causal, mma.sync", big, True, ["--dropout", "0.1", "--no-wgmma"],
+         {"dropout": 0.1}, ("flash",)),
     ]
     if args.rows:
         keep = [int(x) for x in args.rows.split(",")]
