@@ -513,7 +513,7 @@ TYPED_TEST(NnLayers, PairwiseBiasGradientMatchesDifferences) {
   if constexpr (!std::is_same<T, double>::value) {
     GTEST_SKIP() << "central differences need double";
   } else {
-    const int B = 2, S = 19, d = 12;
+    const int B = 2, S = 19, d = 16;
     kfa::nn::MultiHeadAttentionOptions options;
     options.d_model = d;
     options.heads = 4;
