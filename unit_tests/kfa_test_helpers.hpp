@@ -206,6 +206,9 @@ struct RefExtras {
   std::function<double(int b, int h, int i, int j, double s, int seqlen_q, int seqlen_k)> mod;
   std::function<double(int b, int h, int i, int j, double s)> mod_grad;
   int batch_offset = 0;
+  /// Where set, reference_backward writes dL/d(modified score) of every
+  /// element here, [batch][heads][seqlen_q][seqlen_k] (0 where P = 0).
+  Tensor* dscore = nullptr;
 };
 
 /// The score pipeline in arithmetic A: softcap, then the modifier; `grad`
@@ -301,6 +304,7 @@ void reference_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
   dv = Tensor({B, Sk, Hkv, D});
   std::vector<acc> p(Sk), ds(Sk);
   std::vector<acc> dk_acc(std::size_t(Sk) * D), dv_acc(std::size_t(Sk) * D);
+  if (extras.dscore) *extras.dscore = Tensor({B, H, Sq, Sk});
   for (int b = 0; b < B; ++b)
     for (int hk = 0; hk < Hkv; ++hk) {
       std::fill(dk_acc.begin(), dk_acc.end(), acc(0));
@@ -327,6 +331,8 @@ void reference_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
             const acc keep = ref_keep<acc>(opt, extras, b, h, i, j);
             p[j] = rnd(pr * keep);
             ds[j] = pr == acc(0) ? acc(0) : rnd(pr * (dp * keep - delta) * grad);
+            if (extras.dscore && pr != acc(0))
+              extras.dscore->at(b, h, i, j) = double(pr * (dp * keep - delta));
           }
           for (int d = 0; d < D; ++d) {
             acc g = 0;

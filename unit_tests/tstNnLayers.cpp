@@ -502,6 +502,90 @@ TYPED_TEST(NnLayers, ScoreModifiersThroughTheLayersMatchOracle) {
   }
 }
 
+// The bias's gradient through the layer (kfa::nn::pairwise_bias(bias,
+// grad)): central differences of L = sum(y ∘ dy) in double, at entries of
+// a bias shared by the batch entries and of one per entry and head, with a
+// causal mask and grouped-query heads; grad accumulates across backwards.
+TYPED_TEST(NnLayers, PairwiseBiasGradientMatchesDifferences) {
+  using Space = typename TypeParam::space;
+  using T = typename TypeParam::value_type;
+  using memory_space = typename Space::memory_space;
+  if constexpr (!std::is_same<T, double>::value) {
+    GTEST_SKIP() << "central differences need double";
+  } else {
+    const int B = 2, S = 19, d = 16;
+    kfa::nn::MultiHeadAttentionOptions options;
+    options.d_model = d;
+    options.heads = 4;
+    options.kv_heads = 2;
+    options.attention.causal = true;
+    kfa::nn::MultiHeadAttention<Space, T> layer(options);
+    std::mt19937_64 rng(test_seed("nn_pairwise_grad"));
+    randomize_parameters(layer.parameters(), rng);
+    const Tensor x = random_tensor({B, S, d}, rng), dy = random_tensor({B, S, d}, rng);
+    auto xv = make_view<DeviceView3<T, Space>>(x, "x");
+    auto dyv = make_view<DeviceView3<T, Space>>(dy, "dy");
+    DeviceView3<T, Space> yv("y", B, S, d), dxv("dx", B, S, d);
+    for (const bool shared : {true, false}) {
+      const int bb = shared ? 1 : B, bh = shared ? 1 : options.heads;
+      using BiasView = Kokkos::View<double****, Kokkos::LayoutRight, memory_space>;
+      BiasView bias("bias", bb, bh, S, S), grad("grad", bb, bh, S, S);
+      auto host_bias = Kokkos::create_mirror_view(bias);
+      std::uniform_real_distribution<double> dist(-1.0, 1.0);
+      for (std::size_t n = 0; n < host_bias.span(); ++n) host_bias.data()[n] = dist(rng);
+      Kokkos::deep_copy(bias, host_bias);
+      typename kfa::nn::MultiHeadAttention<Space, T>::context_type context;
+      const auto mod = kfa::nn::pairwise_bias(bias, grad);
+      layer.forward(Space(), xv, yv, context, mod);
+      layer.backward(Space(), dyv, dxv, context, mod);
+      layer.backward(Space(), dyv, dxv, context, mod);  // accumulates: twice the gradient
+      const auto g = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), grad);
+      auto loss = [&] {
+        typename kfa::nn::MultiHeadAttention<Space, T>::context_type c;
+        layer.forward(Space(), xv, yv, c, kfa::nn::pairwise_bias(bias));
+        const Tensor y = to_host(yv);
+        double sum = 0;
+        for (std::size_t n = 0; n < y.data.size(); ++n) sum += y.data[n] * dy.data[n];
+        return sum;
+      };
+      const double eps = 1e-5;
+      double largest = 0;
+      for (int t = 0; t < 12; ++t) {
+        // (causal: above the diagonal the gradient is 0, checked below)
+        const int b = int(rng() % bb), h = int(rng() % bh), i = int(rng() % S);
+        const int j = int(rng() % (i + 1));
+        const double at = host_bias(b, h, i, j);
+        auto set = [&](double value) {
+          host_bias(b, h, i, j) = value;
+          Kokkos::deep_copy(bias, host_bias);
+        };
+        set(at + eps);
+        const double up = loss();
+        set(at - eps);
+        const double down = loss();
+        set(at);
+        const double diff = (up - down) / (2 * eps);
+        largest = std::max(largest, std::abs(diff));
+        EXPECT_NEAR(g(b, h, i, j), 2 * diff, 1e-6 * std::max(1.0, std::abs(diff)))
+            << (shared ? "shared" : "per entry and head") << " bias (" << b << "," << h << ","
+            << i << "," << j << ")";
+      }
+      EXPECT_GT(largest, 1e-4) << "differences too small to test anything";
+      for (int b = 0; b < bb; ++b)
+        for (int h = 0; h < bh; ++h)
+          for (int i = 0; i < S; ++i)
+            for (int j = i + 1; j < S; ++j) ASSERT_EQ(g(b, h, i, j), 0.0) << "masked entry";
+    }
+    // A grad of the wrong shape is refused when the modifier is built.
+    Kokkos::View<double****, memory_space> bias("bias", 1, 1, S, S), wrong("wrong", 1, 1, S, S + 1);
+    expect_invalid_argument([&] { (void)kfa::nn::pairwise_bias(bias, wrong); },
+                            "kfa::nn::pairwise_bias: grad must have bias's extents [1][1][19][19], "
+                            "got [1][1][19][20]");
+    expect_invalid_argument([&] { (void)kfa::nn::pairwise_bias(bias, bias); },
+                            "grad must not overlap bias");
+  }
+}
+
 TYPED_TEST(NnLayers, ScoreModifierErrorsThrowAndWriteNothing) {
   using Space = typename TypeParam::space;
   using T = typename TypeParam::value_type;

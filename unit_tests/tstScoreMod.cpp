@@ -6,6 +6,8 @@
 
 #include "kfa_test_helpers.hpp"
 
+#include <kfa/nn/score_mods.hpp>
+
 namespace kfa_test {
 
 /// One modifier type for every test (each type compiles its own kernels):
@@ -266,6 +268,178 @@ TYPED_TEST(ScoreMod, BlockPredicateSkipsTiles) {
   }
   Kokkos::deep_copy(calls, setup.calls);
   EXPECT_EQ(calls(0), 0);
+}
+
+// The gradient of an additive bias (add_grad; kfa::nn::pairwise_bias with a
+// grad View): dL/d(score + bias) of every element, summed over the batch
+// entries and heads that share a bias entry, against the fp64 oracle's, by
+// the flash backward (both kernels of the deterministic one, which must not
+// count an element twice) and by the materialised standard backward; with
+// softcap (whose derivative the bias's gradient must not carry), dropout,
+// a window and grouped-query heads; fixed-length and packed batches.
+template <class C>
+void check_bias_gradient(const Shape& s, kfa::AttentionOptions opt, bool shared,
+                         const std::string& tag) {
+  using Space = typename C::space;
+  using T = typename C::value_type;
+  using Acc = kfa::accumulator_t<T>;
+  using mem = typename Space::memory_space;
+  opt.team_size = test_team_size<Space>();
+  const int bb = shared ? 1 : s.batch, bh = shared ? 1 : s.heads;
+  Kokkos::View<float****, mem> bias("bias", bb, bh, s.seqlen_q, s.seqlen_k);
+  Kokkos::View<double****, mem> grad("grad", bb, bh, s.seqlen_q, s.seqlen_k);
+  auto host_bias = Kokkos::create_mirror_view(bias);
+  std::mt19937_64 rng(test_seed("bias-grad" + tag + to_string(s)));
+  std::uniform_real_distribution<float> dist(-2.f, 2.f);
+  for (std::size_t n = 0; n < host_bias.span(); ++n) host_bias.data()[n] = dist(rng);
+  Kokkos::deep_copy(bias, host_bias);
+  RefExtras extras;
+  extras.mod = [&](int b, int h, int i, int j, double x, int, int) {
+    return x + double(host_bias(shared ? 0 : b, shared ? 0 : h, i, j));
+  };
+  Tensor keep, dscore;
+  if (opt.dropout_p > 0) {
+    keep = dropout_keep_mask<Space>(s.batch, s.heads, s.seqlen_q, s.seqlen_k, opt);
+    extras.keep = &keep;
+  }
+  const Case c = make_case<T>(s, opt, tag, extras);
+  extras.dscore = &dscore;
+  Tensor dq_ref, dk_ref, dv_ref;
+  reference_backward<double, true>(c.q, c.k, c.v, c.o_ref, c.lse_ref, c.d_o, opt, dq_ref, dk_ref,
+                                   dv_ref, extras);
+  Tensor expected({bb, bh, s.seqlen_q, s.seqlen_k});
+  for (int b = 0; b < s.batch; ++b)
+    for (int h = 0; h < s.heads; ++h)
+      for (int i = 0; i < s.seqlen_q; ++i)
+        for (int j = 0; j < s.seqlen_k; ++j)
+          expected.at(shared ? 0 : b, shared ? 0 : h, i, j) += dscore.at(b, h, i, j);
+  const double size = std::max(1e-3, max_abs(expected));
+  // fp64 and fp32 inputs: the oracle's own arithmetic; 16-bit: D comes from
+  // the rounded O, P from 16-bit q and k.
+  const double tol = std::is_same<T, double>::value ? 1e-10
+                     : std::is_same<T, float>::value ? 2e-4
+                                                     : 3e-2;
+  const auto mod = kfa::nn::pairwise_bias(bias, grad);
+  auto q = to_device<T, Space>(c.q, "q");
+  auto k = to_device<T, Space>(c.k, "k");
+  auto v = to_device<T, Space>(c.v, "v");
+  auto d_o = to_device<T, Space>(c.d_o, "d_o");
+  const int hk = kv_heads(s);
+  DeviceView4<T, Space> o("o", s.batch, s.seqlen_q, s.heads, s.head_dim);
+  DeviceView3<Acc, Space> lse("lse", s.batch, s.heads, s.seqlen_q);
+  DeviceView4<T, Space> dq("dq", s.batch, s.seqlen_q, s.heads, s.head_dim),
+      dk("dk", s.batch, s.seqlen_k, hk, s.head_dim), dv("dv", s.batch, s.seqlen_k, hk, s.head_dim);
+  const std::string what = tag + " " + type_name<T>() + " " + Space::name() + " " + to_string(s) +
+                           to_string(opt) + (shared ? " shared bias" : "");
+  kfa::flash_attention_forward(Space(), q, k, v, o, lse, opt, mod);
+  for (const bool deterministic : {false, true}) {
+    kfa::AttentionOptions bwd = opt;
+    bwd.deterministic = deterministic;
+    Kokkos::deep_copy(grad, 1.0);  // gradients accumulate: start from 1
+    kfa::flash_attention_backward(Space(), q, k, v, o, lse, d_o, dq, dk, dv, bwd, mod);
+    Tensor got = to_host(grad);
+    for (double& x : got.data) x -= 1.0;
+    EXPECT_LE(max_abs_diff(got, expected), tol * size)
+        << what << (deterministic ? " deterministic" : "") << " flash dbias";
+  }
+  Kokkos::deep_copy(grad, 0.0);
+  kfa::standard_attention_forward(Space(), q, k, v, o, lse, opt, mod);
+  kfa::standard_attention_backward(Space(), q, k, v, o, lse, d_o, dq, dk, dv, opt, mod);
+  EXPECT_LE(max_abs_diff(to_host(grad), expected), tol * size) << what << " standard dbias";
+}
+
+TYPED_TEST(ScoreMod, GradientOfAnAdditiveBias) {
+  if (is_duplicate_config<TypeParam>()) GTEST_SKIP() << "half is float here";
+  kfa::AttentionOptions causal, all;
+  causal.causal = true;
+  all.window_left = 40;
+  all.window_right = 9;
+  all.softcap = 3;
+  all.dropout_p = 0.2;
+  all.dropout_seed = 21;
+  for (const bool shared : {false, true}) {
+    check_bias_gradient<TypeParam>({2, 97, 113, 4, 48, 2}, causal, shared, "bias-grad");
+    check_bias_gradient<TypeParam>({1, 130, 70, 2, 64}, all, shared, "bias-grad-all");
+  }
+}
+
+// The same through a packed batch: b is the sequence, i and j count from
+// its starts.
+TYPED_TEST(ScoreMod, GradientOfAnAdditiveBiasPacked) {
+  using Space = typename TypeParam::space;
+  using T = typename TypeParam::value_type;
+  using Acc = kfa::accumulator_t<T>;
+  using mem = typename Space::memory_space;
+  if (is_duplicate_config<TypeParam>()) GTEST_SKIP() << "half is float here";
+  const std::vector<int> lq = {40, 0, 77, 13}, lk = {55, 20, 60, 13};
+  const int seqs = int(lq.size()), heads = 2, d = 32, max_q = 77, max_k = 60;
+  int total_q = 0, total_k = 0;
+  for (int b = 0; b < seqs; ++b) total_q += lq[b], total_k += lk[b];
+  // Fixed-length twins of each sequence give the oracle.
+  Kokkos::View<float****, mem> bias("bias", seqs, heads, max_q, max_k);
+  Kokkos::View<double****, mem> grad("grad", seqs, heads, max_q, max_k);
+  auto host_bias = Kokkos::create_mirror_view(bias);
+  std::mt19937_64 rng(test_seed("bias-grad-packed"));
+  std::uniform_real_distribution<float> dist(-2.f, 2.f);
+  for (std::size_t n = 0; n < host_bias.span(); ++n) host_bias.data()[n] = dist(rng);
+  Kokkos::deep_copy(bias, host_bias);
+  kfa::AttentionOptions opt;
+  opt.causal = true;
+  opt.team_size = test_team_size<Space>();
+  Tensor qp({1, total_q, heads, d}), kp({1, total_k, heads, d}), vp({1, total_k, heads, d}),
+      dop({1, total_q, heads, d});
+  Tensor expected({seqs, heads, max_q, max_k});
+  std::vector<int> cu_q{0}, cu_k{0};
+  for (int b = 0; b < seqs; ++b) {
+    const Shape s{1, lq[b], lk[b], heads, d};
+    RefExtras extras;
+    extras.mod = [&, b](int, int h, int i, int j, double x, int, int) {
+      return x + double(host_bias(b, h, i, j));
+    };
+    const Case c = make_case<T>(s, opt, "bias-grad-packed" + std::to_string(b), extras);
+    Tensor dscore, dq_ref, dk_ref, dv_ref;
+    extras.dscore = &dscore;
+    reference_backward<double, true>(c.q, c.k, c.v, c.o_ref, c.lse_ref, c.d_o, opt, dq_ref,
+                                     dk_ref, dv_ref, extras);
+    for (int h = 0; h < heads; ++h)
+      for (int i = 0; i < lq[b]; ++i)
+        for (int j = 0; j < lk[b]; ++j) expected.at(b, h, i, j) = dscore.at(0, h, i, j);
+    for (int h = 0; h < heads; ++h)
+      for (int x = 0; x < d; ++x) {
+        for (int i = 0; i < lq[b]; ++i) {
+          qp.at(0, cu_q.back() + i, h, x) = c.q.at(0, i, h, x);
+          dop.at(0, cu_q.back() + i, h, x) = c.d_o.at(0, i, h, x);
+        }
+        for (int j = 0; j < lk[b]; ++j) {
+          kp.at(0, cu_k.back() + j, h, x) = c.k.at(0, j, h, x);
+          vp.at(0, cu_k.back() + j, h, x) = c.v.at(0, j, h, x);
+        }
+      }
+    cu_q.push_back(cu_q.back() + lq[b]);
+    cu_k.push_back(cu_k.back() + lk[b]);
+  }
+  const auto cq = offsets_to_device<Space>(cu_q, "cu_q");
+  const auto ck = offsets_to_device<Space>(cu_k, "cu_k");
+  auto q4 = to_device<T, Space>(qp, "q");
+  auto k4 = to_device<T, Space>(kp, "k");
+  auto v4 = to_device<T, Space>(vp, "v");
+  auto do4 = to_device<T, Space>(dop, "d_o");
+  auto packed = [](const DeviceView4<T, Space>& x) {
+    return DeviceView3<T, Space>(x.data(), x.extent(1), x.extent(2), x.extent(3));
+  };
+  const auto q = packed(q4), k = packed(k4), v = packed(v4), d_o = packed(do4);
+  DeviceView3<T, Space> o("o", total_q, heads, d), dq("dq", total_q, heads, d),
+      dk("dk", total_k, heads, d), dv("dv", total_k, heads, d);
+  DeviceView2<Acc, Space> lse("lse", heads, total_q);
+  const auto mod = kfa::nn::pairwise_bias(bias, grad);
+  kfa::flash_attention_varlen_forward(Space(), q, k, v, cq, ck, max_q, max_k, o, lse, opt, mod);
+  kfa::flash_attention_varlen_backward(Space(), q, k, v, cq, ck, max_q, max_k, o, lse, d_o, dq, dk,
+                                       dv, opt, mod);
+  const double tol = std::is_same<T, double>::value ? 1e-10
+                     : std::is_same<T, float>::value ? 2e-4
+                                                     : 3e-2;
+  EXPECT_LE(max_abs_diff(to_host(grad), expected), tol * std::max(1e-3, max_abs(expected)))
+      << type_name<T>() << " " << Space::name() << " packed dbias";
 }
 
 #ifdef KOKKOS_ENABLE_CUDA

@@ -32,8 +32,19 @@
 ///     The derivative of the new score with respect to `score`, for the
 ///     backward pass. Without it the modifier must be additive: it returns
 ///     score + bias(batch, head, i, j) or masks (derivative 1), which covers
-///     masks, relative position biases and ALiBi. The bias itself gets no
-///     gradient.
+///     masks, relative position biases and ALiBi.
+///
+///   template <class Acc>
+///   KOKKOS_FUNCTION void add_grad(int batch, int head, int i, int j, Acc g) const;
+///     Receives g = dL/d(new score) of every element the backward pass
+///     computes with a nonzero probability, once per call (batch, head as in
+///     operator(); g is P ∘ (dP∘Z/(1-p) - D), the gradient the score gets
+///     before the modifier's and the softcap's derivatives): the gradient
+///     of a bias the modifier adds, which it accumulates where it likes
+///     (e.g. Kokkos::atomic_add into a View; calls for different elements
+///     run concurrently). kfa::nn::pairwise_bias(bias, grad) is one. On
+///     CUDA such calls run the portable backward, the only one that hands
+///     over each element once.
 ///
 /// A modifier that needs the lengths of the sequence (positions aligned to
 /// the bottom-right corner, as FlashAttention-2 aligns causal masks and ALiBi)

@@ -83,7 +83,9 @@ struct BackwardTiles {
   /// P = exp(pipeline(q·kᵀ·scale) - lse), dS = P ∘ (dO·vᵀ - D) ∘ pipeline'.
   /// With dropout sP receives the dropped P (for dV). Masked entries and rows
   /// that saw no key in the forward pass (lse = -inf) get P = dS = 0.
-  template <class Member, class Pipeline>
+  /// GradOut: hand a modifier with add_grad its gradient (the dK/dV
+  /// kernel; the dQ kernel sees the same elements again).
+  template <bool GradOut, class Member, class Pipeline>
   KOKKOS_FORCEINLINE_FUNCTION static void p_and_ds_row(
       const Member& member, int i, const TileRows& sQ, const TileRows& sdO,
       const TileKeysT& sKt, const TileKeysT& sVt, const RowVec& s_lse,
@@ -99,9 +101,10 @@ struct BackwardTiles {
     if constexpr (Pipeline::kModifiers || Pipeline::kScoreMod) {
       const std::uint64_t dropout_row = pipeline.dropout() ? pipeline.dropout_row(b, h, row) : 0;
       Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, BlockN), [&](const int j) {
-        pipeline.p_and_ds(seq, b, h, row, key_begin + j,
-                          needs_mask && mask.masked(row, key_begin + j), dropout_row,
-                          p[j] * scale, lse, delta, ds[j], p[j], ds[j]);
+        pipeline.template p_and_ds<GradOut>(seq, b, h, row, key_begin + j,
+                                            needs_mask && mask.masked(row, key_begin + j),
+                                            dropout_row, p[j] * scale, lse, delta, ds[j], p[j],
+                                            ds[j]);
       });
     } else {
       Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, BlockN), [&](const int j) {
@@ -279,9 +282,9 @@ class FlashBackwardKVKernel {
             VariantT::kScoreMod ||
             mask.tile_needs_mask(row_begin, row_begin + rows, key_begin, key_begin + kBlockN);
         Kokkos::parallel_for(Kokkos::TeamThreadRange(member, kBlockM), [&](const int i) {
-          tiles::p_and_ds_row(member, i, sQ, sdO, sKt, sVt, s_lse, s_delta, sP, sdS, m_scale,
-                              needs_mask, mask, m_pipeline, seq, b, h, row_begin + i,
-                              key_begin);
+          tiles::template p_and_ds_row<true>(member, i, sQ, sdO, sKt, sVt, s_lse, s_delta, sP,
+                                             sdS, m_scale, needs_mask, mask, m_pipeline, seq,
+                                             b, h, row_begin + i, key_begin);
         });
         // P and dS of the whole tile are visible: the key rows read them by column.
         member.team_barrier();
@@ -429,8 +432,9 @@ class FlashBackwardQKernel {
           VariantT::kScoreMod ||
           mask.tile_needs_mask(row_begin, row_begin + rows, key_begin, key_begin + kBlockN);
       Kokkos::parallel_for(Kokkos::TeamThreadRange(member, kBlockM), [&](const int i) {
-        tiles::p_and_ds_row(member, i, sQ, sdO, sKt, sVt, s_lse, s_delta, sP, sdS, m_scale,
-                            needs_mask, mask, m_pipeline, seq, b, h, row_begin + i, key_begin);
+        tiles::template p_and_ds_row<false>(member, i, sQ, sdO, sKt, sVt, s_lse, s_delta, sP,
+                                            sdS, m_scale, needs_mask, mask, m_pipeline, seq, b,
+                                            h, row_begin + i, key_begin);
       });
       // Whole rows of dS are visible to every vector lane.
       member.team_barrier();

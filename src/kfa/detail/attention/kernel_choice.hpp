@@ -170,7 +170,9 @@ KernelFamily choose_backward_kernel(const ExecSpace& space, const Q& q, const K&
   // The 16-bit kernels write dq from their own accumulator; the others add
   // into dq itself, so it must be aligned too.
   const void* dq_data = fused_t::k16Bit ? nullptr : dq.data();
-  if (options.deterministic ||
+  // A modifier that takes its gradient (add_grad) runs on the portable
+  // kernels, which hand it each element once.
+  if (options.deterministic || score_mod_takes_gradient<ScoreMod>() ||
       !fused_shape_applies(
           head_dim, options,
           {q.data(), k.data(), v.data(), d_o.data(), dq_data, dk.data(), dv.data()},

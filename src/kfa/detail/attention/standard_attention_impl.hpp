@@ -270,7 +270,9 @@ void standard_attention_backward_impl(const ExecSpace& space, const Q& q, const 
           const acc_t keep = pipeline.dropout()
                                  ? pipeline.keep_factor(pipeline.dropout_row(b, h, i), j)
                                  : acc_t(1);
-          const acc_t ds = p == acc_t(0) ? acc_t(0) : p * (dp_buf(bh, i, j) * keep - delta(bh, i)) * grad;
+          const acc_t ds_score = p * (dp_buf(bh, i, j) * keep - delta(bh, i));
+          if (p != acc_t(0)) pipeline.add_grad(b, h, i, j, ds_score);
+          const acc_t ds = p == acc_t(0) ? acc_t(0) : ds_score * grad;
           p_buf(bh, i, j) = to_acc<acc_t>(from_acc<value_type>(p * keep));
           dp_buf(bh, i, j) = to_acc<acc_t>(from_acc<value_type>(ds));
         });

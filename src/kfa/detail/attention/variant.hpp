@@ -5,7 +5,8 @@
 // kernels, the materialised baseline): from the scaled score s = scale·q·k,
 //   softcap:   s <- c·tanh(s/c)                 d/ds = 1 - tanh²(s/c)
 //   modifier:  s <- score_mod(b, h, i, j, s)    d/ds = score_grad(...) or 1
-// then the mask, the softmax, and dropout on P. Which of these a kernel
+// then the mask, the softmax, and dropout on P. A modifier with add_grad is
+// handed dL/d(its result) of every element the backward sees. Which of these a kernel
 // instantiation contains is its Variant; their run-time parameters travel in
 // KernelParams.
 
@@ -73,6 +74,20 @@ struct score_mod_has_grad<Mod, Acc,
                           std::void_t<decltype(std::declval<const Mod&>().score_grad(
                               0, 0, 0, 0, std::declval<Acc>()))>> : std::true_type {};
 
+template <class Mod, class Acc, class = void>
+struct score_mod_has_add_grad : std::false_type {};
+template <class Mod, class Acc>
+struct score_mod_has_add_grad<Mod, Acc,
+                              std::void_t<decltype(std::declval<const Mod&>().add_grad(
+                                  0, 0, 0, 0, std::declval<Acc>()))>> : std::true_type {};
+
+/// True when the modifier takes the gradient of its result (add_grad):
+/// such calls run backward kernels that visit each element once.
+template <class Mod>
+constexpr bool score_mod_takes_gradient() {
+  return score_mod_has_add_grad<Mod, float>::value || score_mod_has_add_grad<Mod, double>::value;
+}
+
 /// kfa::alibi's modifier, which the fused kernels apply from float
 /// distances (ScorePipeline::score_alibi).
 template <class Mod>
@@ -107,6 +122,9 @@ struct ScorePipeline {
   using score_mod_type = typename VariantT::score_mod_type;
   static constexpr bool kModifiers = VariantT::kModifiers;
   static constexpr bool kScoreMod = VariantT::kScoreMod;
+  /// The modifier takes dL/d(its result) (add_grad).
+  static constexpr bool kGradOut =
+      kScoreMod && score_mod_has_add_grad<score_mod_type, Acc>::value;
 
   Acc m_softcap = 0, m_inv_softcap = 0;
   bool m_dropout = false;
@@ -205,13 +223,27 @@ struct ScorePipeline {
   /// The backward pass's P and dS of element (i, j) from its scaled score s,
   /// the row's lse and D, and dP = dO·v: P = exp(pipeline(s) - lse) (the
   /// dropped P with dropout, for dV), dS = P ∘ (dP∘Z/(1-p) - D) ∘ pipeline'.
-  /// Masked elements and rows that saw no key (lse = -inf) give 0.
+  /// Masked elements and rows that saw no key (lse = -inf) give 0. With
+  /// GradOut a modifier with add_grad gets P ∘ (dP∘Z/(1-p) - D), dL/d(its
+  /// result), of each element that has P > 0 (a kernel that computes an
+  /// element twice passes GradOut = false in one of the passes).
+  template <bool GradOut = true>
   KOKKOS_FORCEINLINE_FUNCTION void p_and_ds(const SequenceInfo& seq, int b, int h, int i, int j,
                                             bool masked, std::uint64_t dropout_row, Acc s,
                                             Acc lse, Acc delta, Acc dp, Acc& p, Acc& ds) const {
     Acc grad = 1, pj = 0;
     if (!masked) pj = OnlineSoftmax<Acc>::probability(score<true>(seq, b, h, i, j, s, grad), lse);
-    p_and_ds_of(pj, grad, dropout() ? keep_factor(dropout_row, j) : Acc(1), delta, dp, p, ds);
+    const Acc keep = dropout() ? keep_factor(dropout_row, j) : Acc(1);
+    if constexpr (GradOut && kGradOut) {
+      if (pj != Acc(0)) add_grad(b, h, i, j, pj * (dp * keep - delta));
+    }
+    p_and_ds_of(pj, grad, keep, delta, dp, p, ds);
+  }
+  /// Hands the modifier dL/d(its result) g of element (i, j) (kGradOut).
+  KOKKOS_FORCEINLINE_FUNCTION void add_grad([[maybe_unused]] int b, [[maybe_unused]] int h,
+                                            [[maybe_unused]] int i, [[maybe_unused]] int j,
+                                            [[maybe_unused]] Acc g) const {
+    if constexpr (kGradOut) m_mod.add_grad(b, h, i, j, g);
   }
   /// The rest of p_and_ds from the element's undropped probability pj, the
   /// pipeline's derivative and the dropout factor.
