@@ -5,6 +5,8 @@
 
 #include "kfa_test_helpers.hpp"
 
+#include <kfa/nn/score_mods.hpp>
+
 #include <kfa/detail/attention/kernel_choice.hpp>
 
 namespace kfa_test {
@@ -181,6 +183,14 @@ TYPED_TEST(KernelChoice, VariantsOnTheFusedKernels) {
   }
   EXPECT_EQ((families<TypeParam, RelativeBias>(dense, {}).first), variant_fwd);
   EXPECT_EQ((families<TypeParam, RelativeBias>(dense, {}).second), variant_bwd);
+  // A modifier that takes its gradient: the forward as any modifier's, the
+  // backward on the host kernels or the portable ones.
+  using mem = typename Space::memory_space;
+  using GradBias = kfa::nn::PairwiseBiasWithGrad<Kokkos::View<float****, mem>,
+                                                 Kokkos::View<double****, mem>>;
+  EXPECT_EQ((families<TypeParam, GradBias>(dense, {}).first), variant_fwd);
+  EXPECT_EQ((families<TypeParam, GradBias>(dense, {}).second),
+            host ? KernelFamily::host_tiled : KernelFamily::portable);
   const KernelFamily elsewhere = host ? KernelFamily::host_tiled : KernelFamily::portable;
   EXPECT_EQ(families<TypeParam>(dense, team).first, KernelFamily::portable);
   EXPECT_EQ(families<TypeParam>(dense, team).second, KernelFamily::portable);
