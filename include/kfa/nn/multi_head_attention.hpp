@@ -721,19 +721,26 @@ class MultiHeadAttention {
       static_assert(Impl::same_value_type<T, X, Y>() && Impl::all_non_const<Y>(),
                     "kfa::nn::MultiHeadAttention: inputs and outputs must be Views of the "
                     "layer's T, outputs non-const");
-      if (x.extent(1) != std::size_t(m_options.d_model)) {
-        Impl::throw_invalid(function, "x must be [total_tokens][d_model] with d_model = " +
-                                          std::to_string(m_options.d_model) + ", got " +
-                                          Impl::extents_string(x));
-      }
-      Impl::check_extents(function, "y", shape, y, {x.extent(0), x.extent(1)});
-      if (!x.span_is_contiguous() || !y.span_is_contiguous()) {
-        Impl::throw_invalid(function, "x and y must be contiguous (LayoutRight Views without "
-                                      "padding)");
-      }
-      Impl::check_disjoint(function, "y", y, "x", x);
+      check_packed_queries(function, x, y);
       pack(function, cu_seqlens, max_seqlen, x.extent(0), c, axial_points());
     }
+  }
+
+  /// The queries and output of both packed forwards: x and y
+  /// [total_tokens][d_model], contiguous, apart.
+  template <class X, class Y>
+  void check_packed_queries(const char* function, const X& x, const Y& y) const {
+    if (x.extent(1) != std::size_t(m_options.d_model)) {
+      Impl::throw_invalid(function, "x must be [total_tokens][d_model] with d_model = " +
+                                        std::to_string(m_options.d_model) + ", got " +
+                                        Impl::extents_string(x));
+    }
+    Impl::check_extents(function, "y", "[total_tokens][d_model]", y, {x.extent(0), x.extent(1)});
+    if (!x.span_is_contiguous() || !y.span_is_contiguous()) {
+      Impl::throw_invalid(function, "x and y must be contiguous (LayoutRight Views without "
+                                    "padding)");
+    }
+    Impl::check_disjoint(function, "y", y, "x", x);
   }
 
   /// Reads packed offsets on the host and checks them (names: the View, its
@@ -826,22 +833,16 @@ class MultiHeadAttention {
       static_assert(Impl::same_value_type<T, X, M, Y>() && Impl::all_non_const<Y>(),
                     "kfa::nn::MultiHeadAttention: inputs and outputs must be Views of the "
                     "layer's T, outputs non-const");
-      if (x.extent(1) != std::size_t(m_options.d_model)) {
-        Impl::throw_invalid(function, "x must be [total_tokens][d_model] with d_model = " +
-                                          std::to_string(m_options.d_model) + ", got " +
-                                          Impl::extents_string(x));
-      }
-      Impl::check_extents(function, "y", shape, y, {x.extent(0), x.extent(1)});
+      check_packed_queries(function, x, y);
       if (memory.extent(1) != std::size_t(m_options.d_model_kv)) {
         Impl::throw_invalid(function, "memory must be [total_tokens_kv][d_model_kv] with "
                                       "d_model_kv = " + std::to_string(m_options.d_model_kv) +
                                           ", got " + Impl::extents_string(memory));
       }
-      if (!x.span_is_contiguous() || !y.span_is_contiguous() || !memory.span_is_contiguous()) {
-        Impl::throw_invalid(function, "x, memory and y must be contiguous (LayoutRight Views "
-                                      "without padding)");
+      if (!memory.span_is_contiguous()) {
+        Impl::throw_invalid(function, "memory must be contiguous (a LayoutRight View without "
+                                      "padding)");
       }
-      Impl::check_disjoint(function, "y", y, "x", x);
       Impl::check_disjoint(function, "y", y, "memory", memory);
       if (cu_seqlens_kv.extent(0) != cu_seqlens.extent(0)) {
         Impl::throw_invalid(function, "cu_seqlens_kv must be [batch + 1] = " +
