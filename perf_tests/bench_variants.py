@@ -79,6 +79,14 @@ def rows(args):
         # The compiled head dim at the odd head dims' shape: what padding costs.
         ("head_dim 128, not causal (reference)", (1, 4096, 16, 128), False, [], {},
          ("cudnn", "flash")),
+        # Variants at head_dim 256 (the product-split backward).
+        ("softcap 30, d 256, causal", (1, 4096, 16, 256), True, ["--softcap", "30"],
+         {"softcap": 30.0}, ("flex",)),
+        ("dropout 0.1, d 256, causal", (1, 4096, 16, 256), True, ["--dropout", "0.1"],
+         {"dropout": 0.1}, ("flash",)),
+        # The mma.sync kernels (what GPUs without Hopper code run).
+        ("dropout 0.1, causal, mma.sync", big, True, ["--dropout", "0.1", "--no-wgmma"],
+         {"dropout": 0.1}, ("flash",)),
     ]
     if args.rows:
         keep = [int(x) for x in args.rows.split(",")]

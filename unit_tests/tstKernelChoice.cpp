@@ -124,7 +124,7 @@ TYPED_TEST(KernelChoice, TablePerTypeAndPolicy) {
 }
 
 // Windows run on every fused family; softcap, dropout and score modifiers on
-// every fused family but the mma_sync backward (and the wgmma one at 256).
+// every fused family but the TeamPolicy-shaped mma_sync backward.
 // What the fused kernels do not take goes to the portable kernels on GPUs:
 // head dims outside 64/128(/256), an explicit team size, deterministic
 // backward. Host backends run all of it on the host
@@ -157,21 +157,26 @@ TYPED_TEST(KernelChoice, VariantsOnTheFusedKernels) {
     variant_bwd = dense_families.second;
 #ifdef KOKKOS_ENABLE_CUDA
     if constexpr (k16) {
-      // The mma_sync backward takes no variant; nor does the wgmma one at 256.
-      if (!kfa::Impl::wgmma_available(Space())) variant_bwd = KernelFamily::portable;
+      // The staged mma_sync backward and the wgmma ones take variants (256
+      // too); the TeamPolicy-shaped mma_sync backward does not.
+      if (variant_bwd == KernelFamily::mma_sync_team_policy) variant_bwd = KernelFamily::portable;
       auto policy_only = dropout;
       policy_only.kernel_policy.wgmma = false;
       EXPECT_EQ(families<TypeParam>(dense, policy_only).first, KernelFamily::mma_sync);
-      EXPECT_EQ(families<TypeParam>(dense, policy_only).second, KernelFamily::portable);
+      EXPECT_EQ(families<TypeParam>(dense, policy_only).second, KernelFamily::mma_sync);
+      EXPECT_EQ(families<TypeParam>({1, 100, 100, 2, 256}, policy_only).second,
+                KernelFamily::mma_sync);
       EXPECT_EQ(families<TypeParam>({1, 100, 100, 2, 256}, softcap).first,
                 dense_families.first);
       EXPECT_EQ(families<TypeParam>({1, 100, 100, 2, 256}, softcap).second,
-                KernelFamily::portable);
+                families<TypeParam>({1, 100, 100, 2, 256}, {}).second);
       // Grouped-query heads with a variant: wgmma, not mma_sync.
       auto grouped_policy_only = softcap;
       grouped_policy_only.kernel_policy.wgmma = false;
       EXPECT_EQ(families<TypeParam>({1, 100, 100, 4, 64, 2}, grouped_policy_only).first,
                 KernelFamily::portable);
+      EXPECT_EQ(families<TypeParam>({1, 100, 100, 4, 64, 2}, grouped_policy_only).second,
+                KernelFamily::mma_sync);
       EXPECT_EQ(families<TypeParam>({1, 100, 100, 4, 64, 2}, softcap).first,
                 dense_families.first);
     }

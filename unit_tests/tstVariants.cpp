@@ -152,7 +152,7 @@ TYPED_TEST(Variants, GroupedQueryAttention) {
 // Grouped-query attention through every 16-bit tensor-core kernel, forward
 // and backward: wgmma (on Hopper with sm_90a code, the typed test's path
 // there; d 64/128), mma.sync in its large shape, and the TeamPolicy shape
-// (d 256: the portable backward).
+// (d 256, and variants: the portable backward).
 TEST(VariantsCuda, GroupedQueryAttentionInEveryTensorCoreKernel) {
   using C16 = Config<Kokkos::Cuda, kfa::bfloat16>;
   using C16h = Config<Kokkos::Cuda, kfa::half, true>;
@@ -164,6 +164,14 @@ TEST(VariantsCuda, GroupedQueryAttentionInEveryTensorCoreKernel) {
       check_variant<C16>({2, 190, 333, 8, 64, 2}, opt, "gqa-kernels");
       check_variant<C16h>({1, 129, 300, 6, 128, 3}, plain, "gqa-kernels");
       check_variant<C16>({1, 257, 200, 4, 256, 1}, plain, "gqa-kernels");
+      // With a variant (the mma.sync forward leaves grouped heads with a
+      // variant to the portable kernel; its backward takes them).
+      kfa::AttentionOptions variant = opt;
+      variant.softcap = 4;
+      variant.dropout_p = 0.15;
+      variant.dropout_seed = 5;
+      check_variant<C16>({2, 190, 333, 8, 64, 2}, variant, "gqa-variant-kernels");
+      check_variant<C16h>({1, 129, 300, 6, 128, 3}, variant, "gqa-variant-kernels");
     }
 }
 

@@ -25,10 +25,8 @@
 // the GPU (FusedForward::fits / FusedBackward::fits in backend/cuda/).
 // Causal masks, windows, grouped-query heads and packed variable-length
 // batches run on every fused family. Variants (softcap, dropout,
-// score modifiers) run on the wgmma, fp32_fp64 and exact_fp32 forwards and
-// backwards (the wgmma backward at head_dim 64 and 128) and on the mma_sync
-// forward with as many k/v heads as q heads; the mma_sync backwards leave
-// them to the portable kernel. "opt-in shared
+// score modifiers) run on every fused family but the mma_sync forward with
+// grouped-query heads, which leaves them to the portable kernel. "opt-in shared
 // memory" is more team scratch than Kokkos' TeamPolicy grants, which the
 // call's KernelPolicy can forbid. Host backends have no fused row; their
 // host_tiled row takes every shape and variant.

@@ -159,11 +159,18 @@ struct ScorePipeline {
   /// Score of element (i, j) of sequence b, head h from the scaled score s;
   /// `grad` receives d(result)/ds. Only for unmasked elements.
   template <bool WithGrad>
-  KOKKOS_FORCEINLINE_FUNCTION Acc score([[maybe_unused]] const SequenceInfo& seq,
-                                        [[maybe_unused]] int b, [[maybe_unused]] int h,
-                                        [[maybe_unused]] int i, [[maybe_unused]] int j, Acc s,
-                                        [[maybe_unused]] Acc& grad) const {
-    s = softcapped<WithGrad>(s, grad);
+  KOKKOS_FORCEINLINE_FUNCTION Acc score(const SequenceInfo& seq, int b, int h, int i, int j,
+                                        Acc s, Acc& grad) const {
+    return modified<WithGrad>(seq, b, h, i, j, softcapped<WithGrad>(s, grad), grad);
+  }
+
+  /// The modifier step of score<WithGrad>: grad is multiplied by its
+  /// derivative (where it has score_grad).
+  template <bool WithGrad>
+  KOKKOS_FORCEINLINE_FUNCTION Acc modified([[maybe_unused]] const SequenceInfo& seq,
+                                           [[maybe_unused]] int b, [[maybe_unused]] int h,
+                                           [[maybe_unused]] int i, [[maybe_unused]] int j, Acc s,
+                                           [[maybe_unused]] Acc& grad) const {
     if constexpr (kScoreMod) {
       Acc modified;
       if constexpr (score_mod_takes_lengths<score_mod_type, Acc>::value) {
@@ -177,6 +184,13 @@ struct ScorePipeline {
       s = modified;
     }
     return s;
+  }
+
+  /// True when the softcap is on (a kernel may take this test out of its
+  /// element loops and call softcapped only then).
+  KOKKOS_FORCEINLINE_FUNCTION bool softcap_on() const {
+    if constexpr (kModifiers) return m_softcap != Acc(0);
+    return false;
   }
 
   /// The softcap step of score<WithGrad>.
@@ -266,6 +280,13 @@ struct ScorePipeline {
   }
   KOKKOS_FORCEINLINE_FUNCTION static std::uint64_t dropout_row_of(std::uint64_t head, int i) {
     return DropoutGenerator::row_of(head, i);
+  }
+  /// The dropped P's factor of a kept element, 1/(1-p).
+  KOKKOS_FORCEINLINE_FUNCTION Acc keep_scale() const { return m_keep_scale; }
+  /// Whether element j of a row is kept, from the bits of its pair
+  /// (DropoutGenerator::pair_bits of the row's key and j / 2).
+  KOKKOS_FORCEINLINE_FUNCTION bool kept_bits(std::uint32_t bits, int j) const {
+    return m_generator.kept_bits(bits, j);
   }
   /// Factor of element j of that row in the dropped P: 1/(1-p) or 0.
   KOKKOS_FORCEINLINE_FUNCTION Acc keep_factor(std::uint64_t row, int j) const {

@@ -66,9 +66,9 @@ struct FusedBackward {
 
   /// mma.sync with Stages 3 (opt-in shared memory; at head_dim 256 the
   /// head-dim split over warp pairs) or 1 (TeamPolicy scratch).
-  template <int D, int Stages>
+  template <int D, int Stages, class VariantT = PlainVariant>
   using mma_sync_t = FlashBackwardMmaKernel<ExecSpace, D, Format, Q, K, V, DO, Lse, Delta, AccView,
-                                            DK, DV, Stages>;
+                                            DK, DV, Stages, VariantT>;
   template <int D, class VariantT = PlainVariant>
   using exact_fp32_t = FlashBackwardExactFp32Kernel<ExecSpace, D, Q, K, V, DO, Lse, Delta, DQ, DK,
                                                     DV, exact_fp32_dmma_scores(), VariantT>;
@@ -79,18 +79,14 @@ struct FusedBackward {
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
   /// head_dim 64 and 128: keys split over the two warpgroups; 256: the
   /// products split over them (one warpgroup's dK and dV would not fit its
-  /// registers).
-  template <int D>
+  /// registers). A variant's: the same kernels with its pipeline.
+  template <int D, class VariantT = PlainVariant>
   using wgmma_t = std::conditional_t<
       D == 256,
-      FlashBackwardWgmmaProductSplitKernel<ExecSpace, Format, Q, K, V, DO, Lse, Delta, AccView, DK,
-                                           DV>,
-      FlashBackwardWgmmaKernel<ExecSpace, D, Format, Q, K, V, DO, Lse, Delta, AccView, DK, DV>>;
-  /// A variant's backward (head_dim 64 and 128).
-  template <int D, class VariantT>
-  using wgmma_variant_t =
+      FlashBackwardWgmmaProductSplitKernel<ExecSpace, Format, Q, K, V, DO, Lse, Delta, AccView,
+                                           DK, DV, false, true, VariantT>,
       FlashBackwardWgmmaKernel<ExecSpace, D, Format, Q, K, V, DO, Lse, Delta, AccView, DK, DV,
-                               WgmmaBwdVariantShape<D>, NoProbe, VariantT>;
+                               WgmmaBwdShape<D>, NoProbe, VariantT>>;
 #endif
 
   /// Whether `family`'s kernel for the call fits `space`'s GPU (see
@@ -103,23 +99,22 @@ struct FusedBackward {
         if constexpr (k16Bit)
           return wgmma_family_fits(space, call, [&](auto d) {
             constexpr int D = decltype(d)::value;
-            if constexpr (D == 256)
-              return !call.variant && wgmma_t<D>::fits(space);
-            else
-              return call.variant ? wgmma_variant_t<D, Variant<true>>::fits(space)
-                                  : wgmma_t<D>::fits(space);
+            return call.variant ? wgmma_t<D, Variant<true>>::fits(space)
+                                : wgmma_t<D>::fits(space);
           });
 #endif
         return false;
       case KernelFamily::mma_sync:
         if constexpr (k16Bit) {
-          return !call.variant && with_fused_head_dim<true>(call.head_dim, [&](auto d) {
-                   return mma_sync_t<decltype(d)::value, 3>::fits(space);
-                 });
+          return with_fused_head_dim<true>(call.head_dim, [&](auto d) {
+            constexpr int D = decltype(d)::value;
+            return call.variant ? mma_sync_t<D, 3, Variant<true>>::fits(space)
+                                : mma_sync_t<D, 3>::fits(space);
+          });
         }
         return false;
       case KernelFamily::mma_sync_team_policy:
-        return k16Bit && call.head_dim != 256 && !call.variant;
+        return k16Bit && call.head_dim != 256;
       case KernelFamily::fp32_fp64:
       case KernelFamily::exact_fp32: return fp32_fp64_family_fits<FusedBackward>(family, space, call);
       case KernelFamily::portable: return false;
@@ -194,8 +189,6 @@ struct FusedBackward {
                            const DK& dk, const DV& dv, const Delta& delta, float scale,
                            const FusedCall& call, const Preprocess& preprocess,
                            const FusedVariantParams<VariantT>& variant) {
-    constexpr bool kVariant = FusedVariantParams<VariantT>::kVariant;
-    (void)variant;
     Kokkos::View<unsigned char*, typename ExecSpace::memory_space> dq_bytes;
     AccView dq_acc;
     // D and a zeroed accumulator: on CUDA in one pass with 16-byte accesses
@@ -234,27 +227,22 @@ struct FusedBackward {
       constexpr int D = decltype(d)::value;
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
       if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
-        if constexpr (kVariant) {
-          // The choice table sends variants here only (wgmma, head_dim 64, 128).
-          if constexpr (D != 256)
-            run(wgmma_variant_t<D, VariantT>(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale,
-                                             call.window, variant));
-          return;
-        } else if (family == KernelFamily::wgmma) {
-          run(wgmma_t<D>(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, call.window));
+        if (family == KernelFamily::wgmma) {
+          run(wgmma_t<D, VariantT>(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, call.window,
+                                   variant));
           return;
         }
       }
 #endif
-      if constexpr (!kVariant) {
-        if constexpr (D != 256) {
-          if (family == KernelFamily::mma_sync_team_policy) {
-            run(mma_sync_t<D, 1>(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, call.window));
-            return;
-          }
+      if constexpr (D != 256) {
+        if (family == KernelFamily::mma_sync_team_policy) {
+          run(mma_sync_t<D, 1, VariantT>(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale,
+                                         call.window, variant));
+          return;
         }
-        run(mma_sync_t<D, 3>(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, call.window));
       }
+      run(mma_sync_t<D, 3, VariantT>(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, call.window,
+                                     variant));
     });
     if (call.grouped) grouped.sum(space, dk, dv);
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)

@@ -17,6 +17,11 @@
 // Br = 64, but 32 at head_dim 128 in the TeamPolicy shape (registers: its K
 // and V fragments and the dK, dV accumulators fill them) and at head_dim 256.
 //
+// Variants (softcap, dropout, score modifiers): P and dS
+// of the variant's pipeline from Sᵀ and dPᵀ in registers (bwd_variant_p,
+// score_fragment.hpp), with the modifier's block predicate skipping query
+// blocks.
+//
 // Head dim 256 (staged shapes only) splits the head dimension over pairs of
 // warps, as the fp32/fp64 backward's DimSplit 2 does: the dK and dV accumulators
 // of 16 keys over 256 columns would take 256 registers of one warp. The two
@@ -36,6 +41,7 @@
 #include <kfa/detail/attention/mask.hpp>
 #include <kfa/detail/attention/traits.hpp>
 
+#include <kfa/detail/backend/cuda/backward/score_fragment.hpp>
 #include <kfa/detail/backend/cuda/primitives/launch.hpp>
 #include <kfa/detail/backend/cuda/primitives/mma.hpp>
 
@@ -46,14 +52,17 @@ namespace Impl {
 
 template <class ExecSpace, int HeadDim, class Format, class QView, class KView, class VView,
           class DOView, class LseView, class DeltaView, class DQAccView, class DKView,
-          class DVView, int Stages = 1>
+          class DVView, int Stages = 1, class VariantT = PlainVariant>
 class FlashBackwardMmaKernel
     : public Fused16Backward,
+      public FusedVariantParams<VariantT>,
       public MmaTeamLaunch<FlashBackwardMmaKernel<ExecSpace, HeadDim, Format, QView, KView, VView,
                                                   DOView, LseView, DeltaView, DQAccView, DKView,
-                                                  DVView, Stages>,
+                                                  DVView, Stages, VariantT>,
                            Kokkos::TeamPolicy<ExecSpace>> {
  public:
+  using variant_params = FusedVariantParams<VariantT>;
+  static constexpr bool kVariant = variant_params::kVariant;
   static constexpr const char* kLabel = "kfa::bwd::mma_dk_dv";
   static constexpr int kStages = Stages;
   static_assert(Stages >= 1 && Stages <= 3, "kfa: the mma backward has 1 to 3 stages");
@@ -94,8 +103,10 @@ class FlashBackwardMmaKernel
 
   FlashBackwardMmaKernel(const QView& q, const KView& k, const VView& v, const DOView& d_o,
                          const LseView& lse, const DeltaView& delta, const DQAccView& dq_acc,
-                         const DKView& dk, const DVView& dv, float scale, FusedWindow window)
-      : Fused16Backward(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, window, kBlockN) {}
+                         const DKView& dk, const DVView& dv, float scale, FusedWindow window,
+                         const variant_params& variant = variant_params())
+      : Fused16Backward(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, window, kBlockN),
+        variant_params(variant) {}
 
   /// K (and V with 2 stages), per stage Q and dO, dSᵀ, per stage lse and D,
   /// the dQ tile, the swap.
@@ -128,7 +139,7 @@ class FlashBackwardMmaKernel
 
     const FusedKeyTile team_tile = this->key_tile(member.league_rank(), kBlockN, kHeadDim);
     if (team_tile.empty()) return;
-    const int h = team_tile.h, key_begin = team_tile.key_begin;
+    const int b = team_tile.b, h = team_tile.h, key_begin = team_tile.key_begin;
     const FusedSeq sq = team_tile.sq;
     const long row_stride = team_tile.row_stride;
     const long q_offset = team_tile.q_offset, k_offset = team_tile.k_offset;
@@ -194,7 +205,7 @@ class FlashBackwardMmaKernel
     const int key0 = key_begin + group * 16 + lane / 4, key1 = key0 + 8;
     // The query blocks that see these keys: [first_q_block, num_q_blocks).
     int first_q_block, num_q_blocks;
-    team_tile.query_blocks(kBlockN, kBlockM, first_q_block, num_q_blocks);
+    team_tile.query_blocks(kBlockN, kBlockM, first_q_block, num_q_blocks, *this);
     // Q, dO, lse and D of a query block into a stage (one commit group).
     auto load_q_block = [&](int q_block, int stage) {
       load_query_block_async<kHeadDim, kPitch, kBlockM>(
@@ -298,7 +309,8 @@ class FlashBackwardMmaKernel
             st[n][e] = p;
           }
       };
-      if (kSplit == 1 || part == 0) unswitch_mask(needs_mask, to_p);
+      // (A variant: Sᵀ and dPᵀ stay raw until both are in this warp.)
+      if (!kVariant && (kSplit == 1 || part == 0)) unswitch_mask(needs_mask, to_p);
       if constexpr (kSplit == 2) {
         // Swap the pair's tiles: the same lane of both warps holds the same
         // (key, query) elements, so each lane writes its own and reads its
@@ -316,11 +328,20 @@ class FlashBackwardMmaKernel
             st[n][e] = part == 0 ? st[n][e] : other;
           }
       }
-      for (int n = 0; n < kTilesS; ++n)
-        for (int e = 0; e < 4; ++e) {
-          const int col = n * 8 + (lane % 4) * 2 + (e & 1);
-          dpt[n][e] = st[n][e] * (dpt[n][e] - s_delta[col]);
-        }
+      if constexpr (kVariant) {
+        // Pᵀ ∘ Z/(1-p) into st, dSᵀ into dpt (both warps of a pair alike).
+        std::uint32_t unused_frag[kTilesS / 2][4];
+        BwdKeepBits<kTilesS> unused_keep;
+        bwd_variant_p<true, Format>(st, dpt, unused_frag, unused_keep, s_lse, s_delta, *this,
+                                    sq.mask, b, h, row_begin, key_begin, key_begin + kBlockN,
+                                    key0, lane);
+      } else {
+        for (int n = 0; n < kTilesS; ++n)
+          for (int e = 0; e < 4; ++e) {
+            const int col = n * 8 + (lane % 4) * 2 + (e & 1);
+            dpt[n][e] = st[n][e] * (dpt[n][e] - s_delta[col]);
+          }
+      }
 
       // dV += Pᵀ·dO and dK += dSᵀ·Q: A from the accumulators, B = dO, Q
       // rows (k = query) through ldmatrix.trans.

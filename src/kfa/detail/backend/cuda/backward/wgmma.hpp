@@ -36,6 +36,7 @@
 
 #include <kfa/detail/attention/mask.hpp>
 
+#include <kfa/detail/backend/cuda/backward/score_fragment.hpp>
 #include <kfa/detail/backend/cuda/primitives/launch.hpp>
 #include <kfa/detail/backend/cuda/primitives/mma.hpp>
 #include <kfa/detail/backend/cuda/primitives/tma.hpp>
@@ -79,14 +80,6 @@ struct WgmmaBwdShape {
   static constexpr bool kEarlyDv = HeadDim == 128;
   static constexpr bool kPipelined = HeadDim == 128;
   static constexpr bool kDqWide = HeadDim == 128;
-};
-
-/// The shape of a variant's backward: its dSᵀ needs Sᵀ and dPᵀ together,
-/// so dV's products do not start early (nor the pipeline built on that).
-template <int HeadDim>
-struct WgmmaBwdVariantShape : WgmmaBwdShape<HeadDim> {
-  static constexpr bool kEarlyDv = false;
-  static constexpr bool kPipelined = false;
 };
 
 /// FlashBackwardWgmmaKernel's Probe, the library's: no hooks, no data. The
@@ -166,111 +159,6 @@ class WgmmaBwdLoads {
   const float* m_lse;
   const float* m_delta;
 };
-
-/// Pᵀ = exp2(Sᵀ·scale·log2e - lse·log2e) in place in a wgmma backward's
-/// m64 accumulator of Sᵀ (rows: the keys key0 and key0 + 8 of this lane;
-/// columns: queries row_begin + 8·n + 2·(lane % 4) + (e & 1), whose lse
-/// is s_lse[column]), 0 where the mask hides the pair; then(n, e, column)
-/// after each value (dSᵀ where it is computed in the same pass). The tile
-/// of queries [row_begin, +8·Tiles) and keys [key_begin, key_end) is
-/// tested against the mask once (unswitch_mask).
-template <int Tiles, class Mask, class Then>
-KOKKOS_FORCEINLINE_FUNCTION void wgmma_bwd_probabilities(float (&s)[Tiles][4], const float* s_lse,
-                                                         float scale, const Mask& mask,
-                                                         int row_begin, int key_begin,
-                                                         int key_end, int key0, int lane,
-                                                         Then&& then) {
-  constexpr float kLog2e = 1.4426950408889634f;
-  const bool needs_mask =
-      mask.tile_needs_mask(row_begin, row_begin + 8 * Tiles, key_begin, key_end);
-  const float scale_log2 = scale * kLog2e;
-  cuda_mma::unswitch_mask(needs_mask, [&](auto masked) {
-    // Where masked: the queries that see each of the lane's two keys
-    // (AttentionMask::visible_rows), moved to its columns, so that a value
-    // costs two compares of constants and a select.
-    int first[2] = {0, 0}, last[2] = {0, 0};
-    if constexpr (decltype(masked)::value) {
-      const int row_of_lane = row_begin + (lane % 4) * 2;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        mask.visible_rows(key0 + 8 * r, first[r], last[r]);
-        first[r] -= row_of_lane;
-        last[r] -= row_of_lane;
-      }
-    }
-#pragma unroll
-    for (int n = 0; n < Tiles; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = n * 8 + (lane % 4) * 2 + (e & 1);
-        float p = cuda_mma::exp2_fast(fmaf(s[n][e], scale_log2, -s_lse[col] * kLog2e));
-        if constexpr (decltype(masked)::value) {
-          const int c = n * 8 + (e & 1), r = e / 2;
-          if (c < first[r] || c > last[r]) p = 0.f;
-        }
-        s[n][e] = p;
-        then(n, e, col);
-      }
-  });
-}
-
-/// The variant form of wgmma_bwd_probabilities, in one pass over Sᵀ and dPᵀ
-/// (same layout): st becomes the dropped Pᵀ (for dV) and dpt becomes dSᵀ =
-/// P ∘ (dP ∘ Z/(1-p) - D) ∘ pipeline' (ScorePipeline::p_and_ds, the
-/// portable kernels' arithmetic), from the unscaled products Sᵀ, each
-/// query's lse and D, and the variant's pipeline.
-template <int Tiles, class Variant>
-KOKKOS_FORCEINLINE_FUNCTION void wgmma_bwd_variant_probabilities(
-    float (&st)[Tiles][4], float (&dpt)[Tiles][4], const float* s_lse, const float* s_delta,
-    const Variant& variant, const AttentionMask& mask, int b, int h, int row_begin,
-    int key_begin, int key_end, int key0, int lane) {
-  const bool needs_mask =
-      mask.tile_needs_mask(row_begin, row_begin + 8 * Tiles, key_begin, key_end);
-  const SequenceInfo seq = Variant::sequence(mask, b);
-  // A tile the modifier's block predicate hides has P = dS = 0.
-  if (!variant.m_pipe.visible(b, h, row_begin, imin(row_begin + 8 * Tiles, seq.seqlen_q),
-                              key_begin, imin(key_end, seq.seqlen_k))) {
-#pragma unroll
-    for (int n = 0; n < Tiles; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.f;
-    return;
-  }
-  const auto& pipe = variant.m_pipe;
-  const std::uint64_t dropout_head = pipe.dropout() ? pipe.dropout_head(b, h) : 0;
-  // kfa::alibi: distances from one integer per lane and a constant per
-  // element (ScorePipeline::score_alibi).
-  [[maybe_unused]] const float slope = pipe.alibi_slope(b, h);
-  [[maybe_unused]] const float base =
-      float(row_begin + (lane % 4) * 2 + seq.seqlen_k - seq.seqlen_q - key0);
-#pragma unroll
-  for (int n = 0; n < Tiles; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int col = n * 8 + (lane % 4) * 2 + (e & 1);
-      const int query = row_begin + col, key = key0 + 8 * (e / 2);
-      const bool masked = needs_mask && mask.masked(query, key);
-      const std::uint64_t dropout_row =
-          pipe.dropout() ? pipe.dropout_row_of(dropout_head, query) : 0;
-      const float s = st[n][e] * variant.m_variant_scale;
-      float p, ds;
-      if constexpr (std::decay_t<decltype(pipe)>::kAlibi) {
-        float grad = 1;
-        const float distance = fabsf(base + float(n * 8 + (e & 1) - 8 * (e / 2)));
-        const float pj =
-            masked ? 0.f
-                   : OnlineSoftmax<float>::probability(
-                         pipe.template score_alibi<true>(s, slope, distance, grad), s_lse[col]);
-        pipe.p_and_ds_of(pj, grad, pipe.dropout() ? pipe.keep_factor(dropout_row, key) : 1.f,
-                         s_delta[col], dpt[n][e], p, ds);
-      } else {
-        pipe.p_and_ds(seq, b, h, query, key, masked, dropout_row, s, s_lse[col], s_delta[col],
-                      dpt[n][e], p, ds);
-      }
-      st[n][e] = p;
-      dpt[n][e] = ds;
-    }
-}
 
 #if KFA_CUDA_WGMMA_DEVICE  // sm_90a device code only (float2, uint4: CUDA types)
 /// A team's dK or dV rows on their way from a wgmma backward's m64nHeadDim
@@ -379,8 +267,8 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
                                  public FusedVariantParams<VariantT> {
  public:
   using variant_params = FusedVariantParams<VariantT>;
-  /// Pᵀ and dSᵀ of the variant's pipeline (wgmma_bwd_variant_probabilities),
-  /// in one pass once Sᵀ and dPᵀ are both in.
+  /// Pᵀ and dSᵀ of the variant's pipeline: bwd_variant_p once Sᵀ is
+  /// in, bwd_variant_ds once dPᵀ is.
   static constexpr bool kVariant = variant_params::kVariant;
   static constexpr int kHeadDim = HeadDim;
   static constexpr bool kDqTma = Shape::kDqTma;
@@ -391,7 +279,6 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
   static_assert(!kPipelined || (kEarlyDv && kDqTma && HeadDim == 128),
                 "kfa: the pipelined backward runs head_dim 128 with kEarlyDv and kDqTma");
   static_assert(!kDqWide || kDqTma, "kfa: the wide dQ boxes are tensor reductions (kDqTma)");
-  static_assert(!kVariant || !kEarlyDv, "kfa: a variant's dSᵀ needs Sᵀ and dPᵀ together");
   static constexpr int kWarps = 8;     // 2 warpgroups
   static constexpr int kBlockN = 128;  // keys per team, 64 per warpgroup
   /// Queries per step: 128 at head_dim 64 (Sᵀ and dPᵀ 64 registers each,
@@ -752,15 +639,17 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
       // Pᵀ and dSᵀ in registers (rows = keys, columns = queries): in one
       // pass, or with kEarlyDv Pᵀ first, dV's products issued, then dSᵀ
       // once dPᵀ is in.
+      [[maybe_unused]] BwdKeepBits<kTilesS> keep;
       if constexpr (kVariant) {
-        wgmma_bwd_variant_probabilities(st, dpt, s_lse, s_delta, *this, sq.mask, b, h,
-                                        row_begin, key_begin, key_begin + kBlockN, key0, lane);
+        bwd_variant_p<!kEarlyDv, Format>(st, dpt, p_frag, keep, s_lse, s_delta, *this, sq.mask, b,
+                                         h, row_begin, key_begin, key_begin + kBlockN, key0,
+                                         lane);
       } else {
-        wgmma_bwd_probabilities(st, s_lse, m_scale, sq.mask, row_begin, key_begin,
-                                key_begin + kBlockN, key0, lane, [&](int n, int e, int col) {
-                                  if constexpr (!kEarlyDv)
-                                    dpt[n][e] = st[n][e] * (dpt[n][e] - s_delta[col]);
-                                });
+        bwd_probabilities(st, s_lse, m_scale, sq.mask, row_begin, key_begin, key_begin + kBlockN,
+                          key0, lane, [&](int n, int e, int col) {
+                            if constexpr (!kEarlyDv)
+                              dpt[n][e] = st[n][e] * (dpt[n][e] - s_delta[col]);
+                          });
       }
       // 16 query columns per k-step: n-tiles 2·kk and 2·kk + 1.
       auto pack_frags = [&](bool p, bool ds) {
@@ -780,20 +669,26 @@ class FlashBackwardWgmmaKernel : public Fused16Backward,
           }
         }
       };
+      // (kEarlyDv: a variant's Pᵀ is packed already.)
       if constexpr (kEarlyDv) {
-        pack_frags(true, false);
+        pack_frags(!kVariant, false);
         issue_dv_dk(true, false);
         probe_block(q_block, 3);
         wgmma_wait<1>();  // dPᵀ; dV runs on
         fence_operands(dpt_flat);
         probe_block(q_block, 4);
+        if constexpr (kVariant) {
+          bwd_variant_ds(st, dpt, [&](int n, int e) { return dpt[n][e]; }, keep, s_delta,
+                               *this, lane);
+        } else {
 #pragma unroll
-        for (int n = 0; n < kTilesS; ++n)
+          for (int n = 0; n < kTilesS; ++n)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int col = n * 8 + (lane % 4) * 2 + (e & 1);
-            dpt[n][e] = st[n][e] * (dpt[n][e] - s_delta[col]);
-          }
+            for (int e = 0; e < 4; ++e) {
+              const int col = n * 8 + (lane % 4) * 2 + (e & 1);
+              dpt[n][e] = st[n][e] * (dpt[n][e] - s_delta[col]);
+            }
+        }
         pack_frags(false, true);
       } else {
         pack_frags(true, true);

@@ -8,7 +8,8 @@
 // 64 keys and split the work by product instead of by keys:
 //   warpgroup 0: Sᵀ = K·Qᵀ, Pᵀ = exp2(Sᵀ·scale·log2e - lse·log2e),
 //                dSᵀ = Pᵀ ∘ (dPᵀ - D) (dPᵀ from warpgroup 1, fp32 through
-//                scratch), dSᵀ to scratch, dV += Pᵀ·dO
+//                scratch), dSᵀ to scratch, dV += Pᵀ·dO (a variant: its
+//                pipeline's P and dS, bwd_variant_p / _ds)
 //   warpgroup 1: dPᵀ = V·dOᵀ (to scratch), dK += dSᵀ·Q (dSᵀ read back
 //                from scratch in its register fragments)
 //   both:        dQ = dS·K·scale over the 64 keys, 128 head dims each
@@ -43,9 +44,14 @@ namespace Impl {
 
 template <class ExecSpace, class Format, class QView, class KView, class VView, class DOView,
           class LseView, class DeltaView, class DQAccView, class DKView, class DVView,
-          bool DqOverlap = false, bool DqStaged = true>
-class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward {
+          bool DqOverlap = false, bool DqStaged = true, class VariantT = PlainVariant>
+class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward,
+                                             public FusedVariantParams<VariantT> {
  public:
+  using variant_params = FusedVariantParams<VariantT>;
+  /// Pᵀ and dSᵀ of the variant's pipeline (warpgroup 0): bwd_variant_p
+  /// from Sᵀ, bwd_variant_ds once warpgroup 1's dPᵀ is in.
+  static constexpr bool kVariant = variant_params::kVariant;
   static constexpr int kHeadDim = 256;
   static constexpr int kWarps = 8;    // 2 warpgroups
   static constexpr int kBlockN = 64;  // keys per team, shared by both warpgroups
@@ -69,8 +75,10 @@ class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward {
   FlashBackwardWgmmaProductSplitKernel(const QView& q, const KView& k, const VView& v, const DOView& d_o,
                               const LseView& lse, const DeltaView& delta,
                               const DQAccView& dq_acc, const DKView& dk, const DVView& dv,
-                              float scale, FusedWindow window)
-      : Fused16Backward(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, window, kBlockN) {}
+                              float scale, FusedWindow window,
+                              const variant_params& variant = variant_params())
+      : Fused16Backward(q, k, v, d_o, lse, delta, dq_acc, dk, dv, scale, window, kBlockN),
+        variant_params(variant) {}
 
   /// The GPU gives a team its scratch.
   static bool fits(const ExecSpace& space) {
@@ -110,7 +118,7 @@ class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward {
 
     const FusedKeyTile team_tile = this->key_tile(team.league_rank(), kBlockN, kHeadDim);
     if (team_tile.empty()) return;
-    const int h = team_tile.h, key_begin = team_tile.key_begin;
+    const int b = team_tile.b, h = team_tile.h, key_begin = team_tile.key_begin;
     const FusedSeq sq = team_tile.sq;
     const long row_stride = team_tile.row_stride, q_offset = team_tile.q_offset;
 
@@ -151,7 +159,7 @@ class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward {
     const int key0 = key_begin + key_row0;
     // The query blocks that see these keys: [first_q_block, num_q_blocks).
     int first_q_block, num_q_blocks;
-    team_tile.query_blocks(kBlockN, kBlockM, first_q_block, num_q_blocks);
+    team_tile.query_blocks(kBlockN, kBlockM, first_q_block, num_q_blocks, *this);
     // Sᵀ = K·Qᵀ (warpgroup 0) or dPᵀ = V·dOᵀ (1) of a stage, issued
     // (reduction over head_dim, K-major).
     const std::uint32_t kv_addr = addr(wg == 0 ? sK : sV);
@@ -310,20 +318,34 @@ class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward {
 #pragma unroll
         for (int kk = 0; kk < kBlockM / 16; ++kk) get_frag(sdS, kk, frag[kk]);
       } else {
-        wgmma_bwd_probabilities(sc, s_lse, m_scale, sq.mask, row_begin, key_begin,
-                                key_begin + kBlockN, key0, lane, [](int, int, int) {});
+        [[maybe_unused]] BwdKeepBits<kTilesS> keep;
+        if constexpr (kVariant) {
+          // (sc as Sᵀ in, Pᵀ ∘ pipeline' out; the dPᵀ argument is not used.)
+          bwd_variant_p<false, Format>(sc, sc, frag, keep, s_lse, s_delta, *this, sq.mask, b, h,
+                                       row_begin, key_begin, key_begin + kBlockN, key0, lane);
+        } else {
+          bwd_probabilities(sc, s_lse, m_scale, sq.mask, row_begin, key_begin,
+                            key_begin + kBlockN, key0, lane, [](int, int, int) {});
 #pragma unroll
-        for (int kk = 0; kk < kBlockM / 16; ++kk) pack_frag(sc[2 * kk], sc[2 * kk + 1], frag[kk]);
+          for (int kk = 0; kk < kBlockM / 16; ++kk)
+            pack_frag(sc[2 * kk], sc[2 * kk + 1], frag[kk]);
+        }
         // dSᵀ = Pᵀ ∘ (dPᵀ - D) from warpgroup 1's dPᵀ, to the tile.
         named_barrier_sync(1, 256);
+        if constexpr (kVariant) {
+          bwd_variant_ds(
+              sc, sc, [&](int n, int e) { return sdP[4 * (128 * n + wtid) + e]; }, keep, s_delta,
+              *this, lane);
+        } else {
 #pragma unroll
-        for (int n = 0; n < kTilesS; ++n) {
-          const float4 dp = *reinterpret_cast<const float4*>(sdP + 4 * (128 * n + wtid));
-          const int col = n * 8 + (lane % 4) * 2;
-          sc[n][0] *= dp.x - s_delta[col];
-          sc[n][1] *= dp.y - s_delta[col + 1];
-          sc[n][2] *= dp.z - s_delta[col];
-          sc[n][3] *= dp.w - s_delta[col + 1];
+          for (int n = 0; n < kTilesS; ++n) {
+            const float4 dp = *reinterpret_cast<const float4*>(sdP + 4 * (128 * n + wtid));
+            const int col = n * 8 + (lane % 4) * 2;
+            sc[n][0] *= dp.x - s_delta[col];
+            sc[n][1] *= dp.y - s_delta[col + 1];
+            sc[n][2] *= dp.z - s_delta[col];
+            sc[n][3] *= dp.w - s_delta[col + 1];
+          }
         }
 #pragma unroll
         for (int kk = 0; kk < kBlockM / 16; ++kk) {

@@ -288,10 +288,10 @@ class FlashForwardMmaKernel
     const bool needs_mask =
         mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin, key_begin + kBlockN);
     if constexpr (kVariant) {
-      fwd_variant_scores<kBlockM, kBlockN>(s, *this, mask, b, h, row_begin, row0,
-                                               key_begin);
+      const float scale_log2 = fwd_variant_scores<kBlockM, kBlockN>(s, *this, mask, b, h,
+                                                                    row_begin, row0, key_begin);
       fwd_softmax_update<(kHeadDim >= 128)>(s, acc_o, row_max, row_sum, mask, needs_mask,
-                                            1.4426950408889634f, row0, key_begin);
+                                            scale_log2, row0, key_begin);
       fwd_variant_dropout(s, *this, b, h, row0, key_begin);
     } else {
       // The mask inside the loop over the scores at head_dim 128 and up

@@ -34,18 +34,23 @@ KOKKOS_FORCEINLINE_FUNCTION void for_each_score(F&& f) {
 /// nowhere else); the mask is applied after it, as the options promise.
 /// The team's tile is rows [row_begin, +BlockM) x keys [key_begin,
 /// +BlockN): where the modifier's block predicate hides it, every score is
-/// -inf and the modifier is not called.
+/// -inf and the modifier is not called. Returns the scale, in log2 units,
+/// that the softmax applies next: log2(e), or, where the pipeline leaves
+/// the scores alone (dropout only), the softmax scale, which the scores
+/// then still need.
 template <int BlockM, int BlockN, class Variant, int MTiles, int TilesS>
-KOKKOS_FORCEINLINE_FUNCTION void fwd_variant_scores(float (&s)[MTiles][TilesS][4],
-                                                    const Variant& variant,
-                                                    const AttentionMask& mask, int b, int h,
-                                                    int row_begin, int row0, int key_begin) {
+KOKKOS_FORCEINLINE_FUNCTION float fwd_variant_scores(float (&s)[MTiles][TilesS][4],
+                                                     const Variant& variant,
+                                                     const AttentionMask& mask, int b, int h,
+                                                     int row_begin, int row0, int key_begin) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  if (!variant.m_pipe.modifies_scores()) return variant.m_variant_scale * kLog2e;
   const int col0 = key_begin + (cuda_mma::lane_id() % 4) * 2;
   const SequenceInfo seq = Variant::sequence(mask, b);
   if (!variant.m_pipe.visible(b, h, row_begin, imin(row_begin + BlockM, seq.seqlen_q), key_begin,
                               imin(key_begin + BlockN, seq.seqlen_k))) {
     for_each_score<MTiles, TilesS>([&](int mt, int n, int e) { s[mt][n][e] = -INFINITY; });
-    return;
+    return kLog2e;
   }
   if constexpr (std::decay_t<decltype(variant.m_pipe)>::kAlibi) {
     // Distances from one integer per lane and a constant per element: no
@@ -59,24 +64,28 @@ KOKKOS_FORCEINLINE_FUNCTION void fwd_variant_scores(float (&s)[MTiles][TilesS][4
       s[mt][n][e] = variant.m_pipe.template score_alibi<false>(
           s[mt][n][e] * variant.m_variant_scale, slope, distance, grad);
     });
-    return;
+    return kLog2e;
   }
-  auto apply = [&](auto inside_test) {
+  // The softcap's run-time test and the per-element bounds test (only
+  // where the tile crosses a sequence's end) outside the element loop.
+  auto apply = [&](auto inside_test, auto softcap) {
     for_each_score<MTiles, TilesS>([&](int mt, int n, int e) {
       const int row = row0 + mt * 16 + (e / 2) * 8, col = col0 + n * 8 + (e & 1);
       float x = s[mt][n][e] * variant.m_variant_scale;
       if (!decltype(inside_test)::value || (row < seq.seqlen_q && col < seq.seqlen_k)) {
         float grad;
-        x = variant.m_pipe.template score<false>(seq, b, h, row, col, x, grad);
+        if constexpr (decltype(softcap)::value)
+          x = variant.m_pipe.template softcapped<false>(x, grad);
+        x = variant.m_pipe.template modified<false>(seq, b, h, row, col, x, grad);
       }
       s[mt][n][e] = x;
     });
   };
-  // The per-element bounds test only where the tile crosses a sequence's end.
-  if (row_begin + BlockM <= seq.seqlen_q && key_begin + BlockN <= seq.seqlen_k)
-    apply(std::false_type());
-  else
-    apply(std::true_type());
+  const bool inside = row_begin + BlockM <= seq.seqlen_q && key_begin + BlockN <= seq.seqlen_k;
+  cuda_mma::unswitch2(variant.m_pipe.softcap_on(), inside, [&](auto softcap, auto in) {
+    apply(std::integral_constant<bool, !decltype(in)::value>(), softcap);
+  });
+  return kLog2e;
 }
 
 /// Dropout on the probabilities P of a fragment (after the row sums, which

@@ -357,9 +357,10 @@ class FlashForwardWgmmaKernel : public Fused16Forward,
       const bool needs_mask =
           mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin, key_begin + kBlockN);
       if constexpr (kVariant) {
-        fwd_variant_scores<kBlockM, kBlockN>(s, *this, mask, b, h, row_begin, row0, key_begin);
-        fwd_softmax_scores(s, row_max, row_sum, alpha, mask, needs_mask, 1.4426950408889634f,
-                           row0, key_begin);
+        const float scale_log2 = fwd_variant_scores<kBlockM, kBlockN>(s, *this, mask, b, h,
+                                                                      row_begin, row0, key_begin);
+        fwd_softmax_scores(s, row_max, row_sum, alpha, mask, needs_mask, scale_log2, row0,
+                           key_begin);
         fwd_variant_dropout(s, *this, b, h, row0, key_begin);
       } else if constexpr (kFoldScale)
         fwd_softmax_scores_folded(s, row_max, row_sum, alpha, mask, needs_mask, m_scale,

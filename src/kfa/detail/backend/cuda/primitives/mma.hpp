@@ -129,6 +129,23 @@ KOKKOS_FORCEINLINE_FUNCTION void unswitch_mask(bool needs_mask, F&& f) {
     f(std::false_type());
 }
 
+/// f(a, b) with both flags as compile-time constants (std::true_type or
+/// std::false_type): a loop in four copies, each free of two run-time tests.
+template <class F>
+KOKKOS_FORCEINLINE_FUNCTION void unswitch2(bool a, bool b, F&& f) {
+  if (a) {
+    if (b)
+      f(std::true_type(), std::true_type());
+    else
+      f(std::true_type(), std::false_type());
+  } else {
+    if (b)
+      f(std::false_type(), std::true_type());
+    else
+      f(std::false_type(), std::false_type());
+  }
+}
+
 /// Barrier `id` (1-15; 0 is the team barrier's) for the `threads` threads,
 /// whole warps, that call it: a barrier for some warps of a team. Also
 /// orders their scratch accesses, as the team barrier does.
@@ -457,8 +474,9 @@ KOKKOS_FORCEINLINE_FUNCTION float exp2_fast(float x) {
 /// v of lane (lane_id() ^ mask) of the warp.
 template <class T>
 KOKKOS_FORCEINLINE_FUNCTION T shfl_xor(T v, int mask) {
-  static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value,
-                "shfl_xor: float or double");
+  static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value ||
+                    std::is_same<T, std::uint32_t>::value,
+                "shfl_xor: float, double or std::uint32_t");
 #if KFA_CUDA_MMA_DEVICE
   return __shfl_xor_sync(0xffffffffu, v, mask);
 #else
