@@ -1,39 +1,89 @@
 #!/usr/bin/env bash
 # NVIDIA compute-sanitizer over the Cuda unit tests of a CUDA build, every
 # kernel family included (wgmma with TMA and bulk reductions, mma.sync, the
-# exact fp32 and fp64 kernels, the portable kernel), one tool after another:
+# exact fp32 and fp64 kernels, the padded head dims, the portable kernel),
+# one tool after another, one process per test, JOBS processes at a time:
 #
 #   perf_tests/compute_sanitizer.sh <kfa_unit_tests> [tools]   # default: all four
 #
 # memcheck, synccheck and initcheck run the tests that name a kernel family
 # (CUDA_SANITIZER_FILTER to change it); racecheck, which serialises every
-# shared-memory access and is about 100x slower, runs one test per family
-# (RACECHECK_FILTER). A tool that reports an error, or a test that fails
-# under it, fails the run. Logs go to $OUT (or ./sanitizer-out).
+# shared-memory access and is about 100x slower, the tests that name CUDA
+# (RACECHECK_FILTER). A tool that reports an error, a test that fails under
+# it, or a test still running after SANITIZER_SECONDS (per tool; default no
+# limit) fails the run. Logs go to $OUT (or ./sanitizer-out), one per tool
+# and test, with a summary line per test in <tool>.summary.
 set -uo pipefail
 tests="${1:?usage: $0 <kfa_unit_tests> [memcheck,racecheck,synccheck,initcheck]}"
 tools="${2:-memcheck,synccheck,initcheck,racecheck}"
 out="${OUT:-sanitizer-out}"
+jobs_at_once="${JOBS:-$(( $(nproc) > 2 ? $(nproc) * 3 / 4 : 1 ))}"
+limit="${SANITIZER_SECONDS:-0}"
 mkdir -p "$out"
 sanitizer="${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}"
-filter="${CUDA_SANITIZER_FILTER:-KernelChoice.*:Varlen.*:*Cuda*.*:FlashForward/3.*:FlashBackward/3.*:FlashForward/1.*:FlashBackward/0.*}"
-race_filter="${RACECHECK_FILTER:-FlashForwardCuda.HopperWgmmaTma:FlashBackwardCuda.HopperWgmma:FlashForwardCuda.Fp32Fp64TensorCoreTileShapes}"
+filter="${CUDA_SANITIZER_FILTER:-*Cuda*.*:KernelChoice.*:Varlen.*:FlashForward/3.*:FlashBackward/3.*:FlashForward/1.*:FlashBackward/0.*}"
+race_filter="${RACECHECK_FILTER:-*Cuda*.*}"
+
+# One test per line, as gtest names them (typed tests: Suite/N.Test).
+list_tests() {
+  "$tests" --gtest_list_tests --gtest_filter="$1" 2>/dev/null |
+    awk '/^[^ ]/ { suite = $1 } /^  / { print suite $1 }'
+}
+
 status=0
+"$sanitizer" --version | tail -1
 for tool in ${tools//,/ }; do
   f="$filter"
   extra=()
   case "$tool" in
-    racecheck) f="$race_filter"; extra=(--racecheck-report=all) ;;
+    racecheck) f="$race_filter"; extra=(--racecheck-report=hazard) ;;
     initcheck) extra=(--track-unused-memory=no) ;;
   esac
+  mapfile -t names < <(list_tests "$f")
   start=$SECONDS
-  # Tests that catch CUDA errors would hide a report behind a pass: the tool's
-  # own exit code (--error-exitcode) counts.
-  "$sanitizer" --tool "$tool" --error-exitcode 86 --print-limit 20 "${extra[@]}" \
-    "$tests" --gtest_filter="$f" --gtest_brief=1 > "$out/$tool.log" 2>&1
-  rc=$?
-  summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/$tool.log" | tail -1)
-  echo "$tool: exit $rc, $((SECONDS - start)) s, ${summary:-no summary}; tests: $(grep -cE '^\[       OK|^\[  PASSED' "$out/$tool.log") passed lines, $(grep -c 'FAILED' "$out/$tool.log") failed lines"
-  [ "$rc" -eq 0 ] || status=1
+  summary="$out/$tool.summary"
+  : > "$summary"
+  for name in "${names[@]}"; do
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs_at_once" ]; do sleep 0.5; done
+    left=0
+    if [ "$limit" -gt 0 ]; then
+      left=$(( limit - (SECONDS - start) ))
+      if [ "$left" -lt 5 ]; then
+        echo "NOT clean $name: not started (SANITIZER_SECONDS)" >> "$summary"
+        continue
+      fi
+    fi
+    (
+      log="$out/$tool.${name//\//_}.log"
+      # Tests that catch CUDA errors would hide a report behind a pass: the
+      # tool's own exit code (--error-exitcode) counts.
+      if [ "$left" -gt 0 ]; then
+        timeout "$left" "$sanitizer" --tool "$tool" --error-exitcode 86 --print-limit 20 \
+          "${extra[@]}" "$tests" --gtest_filter="$name" > "$log" 2>&1
+      else
+        "$sanitizer" --tool "$tool" --error-exitcode 86 --print-limit 20 "${extra[@]}" \
+          "$tests" --gtest_filter="$name" > "$log" 2>&1
+      fi
+      rc=$?
+      report=$(grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1)
+      [ "$rc" -eq 124 ] && report="timed out"
+      if grep -q '^\[  FAILED  \]' "$log"; then verdict=failed
+      elif grep -q '^\[  SKIPPED \] 1 test' "$log"; then verdict=skipped
+      elif grep -q '^\[  PASSED  \] 1 test' "$log"; then verdict=passed
+      else verdict="no verdict"; fi
+      clean="NOT clean"
+      if [ "$rc" -eq 0 ] && [[ "$verdict" == passed || "$verdict" == skipped ]] &&
+         [[ "$report" =~ (SUMMARY:\ 0\ errors|\ 0\ hazards) ]]; then
+        clean=clean
+      fi
+      echo "$clean $name: exit $rc, ${report:-no summary}, $verdict" >> "$summary"
+    ) &
+  done
+  wait
+  failed=$(grep -c "^NOT clean" "$summary")
+  echo "$tool: ${#names[@]} tests, $((SECONDS - start)) s, $failed not clean," \
+    "$(grep -c ', skipped$' "$summary") skipped (JOBS=$jobs_at_once)"
+  grep "^NOT clean" "$summary" | sort | sed 's/^/  /'
+  [ "$failed" -eq 0 ] || status=1
 done
 exit $status
