@@ -460,9 +460,16 @@ inline double max_abs(const Tensor& a) {
 /// same precision, plus a floor of a few units in the last place of the
 /// value type relative to `magnitude`: the output's, or for gradients the
 /// larger magnitude of the terms that cancel in them (gradient_magnitude).
+/// In float and double the floor grows with `terms`, the terms of the sums
+/// behind the result (head_dim + seqlen_k for dQ and dK): two correct
+/// implementations that sum in other orders differ by about terms·eps·
+/// magnitude, and the 2x rule against a baseline a few units in the last
+/// place off would otherwise be decided by compiler flags. 16-bit types
+/// keep one ulp (their eps would make that floor vacuous).
 template <class T>
-double allowed_error(double baseline_error, double magnitude) {
-  const double ulps = std::is_same<T, double>::value ? 64 : std::is_same<T, float>::value ? 8 : 1;
+double allowed_error(double baseline_error, double magnitude, int terms = 0) {
+  const bool fp64 = std::is_same<T, double>::value, fp32 = std::is_same<T, float>::value;
+  const double ulps = fp64 ? std::max(64, terms) : fp32 ? std::max(8, terms) : 1;
   return 2 * baseline_error + ulps * epsilon<T>() * std::max(1.0, magnitude);
 }
 
@@ -492,29 +499,16 @@ double baseline_sanity_bound(const Tensor& ref) {
   return 256 * epsilon<T>() * std::max(1.0, max_abs(ref));
 }
 
-/// A float or double gradient whose sums have `terms` terms (head_dim +
-/// seqlen_k for dQ and dK: dP, D and the sum over keys) may be off by
-/// about terms·eps·magnitude whatever the plain baseline's luck: two correct
-/// implementations that sum in other orders (a GEMM, a tiled kernel) differ
-/// by that much, and the 2x rule against a baseline a few units in the last
-/// place off is then decided by the compiler's flags. 16-bit types keep the
-/// 2x rule alone (their eps would make this bound vacuous).
-template <class T>
-double summation_bound(int terms, double magnitude) {
-  if (!std::is_same<T, double>::value && !std::is_same<T, float>::value) return 0;
-  return terms * epsilon<T>() * std::max(1.0, magnitude);
-}
-
 /// Checks `got` against the oracle `ref` with the error rule, `baseline`
 /// being the same-precision plain implementation's result; `terms`: see
-/// summation_bound (0: the rule alone).
+/// allowed_error.
 template <class T>
 void expect_close(const std::string& what, const char* name, const Tensor& got,
                   const Tensor& baseline, const Tensor& ref, double magnitude = -1,
                   int terms = 0) {
   const double err = max_abs_diff(got, ref), err_base = max_abs_diff(baseline, ref);
   const double size = std::max(magnitude, max_abs(ref));
-  EXPECT_LE(err, std::max(allowed_error<T>(err_base, size), summation_bound<T>(terms, size)))
+  EXPECT_LE(err, allowed_error<T>(err_base, size, terms))
       << what << ": " << name << " error " << err << ", baseline's " << err_base;
   EXPECT_LE(err_base, baseline_sanity_bound<T>(ref))
       << what << ": " << name << " baseline error " << err_base << " is not plausible";
