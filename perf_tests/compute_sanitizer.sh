@@ -2,7 +2,10 @@
 # NVIDIA compute-sanitizer over the Cuda unit tests of a CUDA build, every
 # kernel family included (wgmma with TMA and bulk reductions, mma.sync, the
 # exact fp32 and fp64 kernels, the padded head dims, the portable kernel),
-# one tool after another, one process per test, JOBS processes at a time:
+# one tool after another, one process per test (or, with SHARDS=n, the
+# tests split into n processes by gtest's sharding: the tool instruments a
+# process's kernels once, which dominates short tests), JOBS processes at a
+# time:
 #
 #   perf_tests/compute_sanitizer.sh <kfa_unit_tests> [tools]   # default: all four
 #
@@ -12,7 +15,8 @@
 # (RACECHECK_FILTER). A tool that reports an error, a test that fails under
 # it, or a test still running after SANITIZER_SECONDS (per tool; default no
 # limit) fails the run. Logs go to $OUT (or ./sanitizer-out), one per tool
-# and test, with a summary line per test in <tool>.summary.
+# and test (or shard), with a summary line per test (shard) in
+# <tool>.summary.
 set -uo pipefail
 tests="${1:?usage: $0 <kfa_unit_tests> [memcheck,racecheck,synccheck,initcheck]}"
 tools="${2:-memcheck,synccheck,initcheck,racecheck}"
@@ -39,7 +43,13 @@ for tool in ${tools//,/ }; do
     racecheck) f="$race_filter"; extra=(--racecheck-report=hazard) ;;
     initcheck) extra=(--track-unused-memory=no) ;;
   esac
-  mapfile -t names < <(list_tests "$f")
+  shards="${SHARDS:-0}"
+  if [ "$shards" -gt 0 ]; then
+    names=()
+    for ((i = 0; i < shards; ++i)); do names+=("shard$i"); done
+  else
+    mapfile -t names < <(list_tests "$f")
+  fi
   start=$SECONDS
   summary="$out/$tool.summary"
   : > "$summary"
@@ -55,20 +65,29 @@ for tool in ${tools//,/ }; do
     fi
     (
       log="$out/$tool.${name//\//_}.log"
+      if [ "$shards" -gt 0 ]; then
+        export GTEST_TOTAL_SHARDS="$shards" GTEST_SHARD_INDEX="${name#shard}"
+        gtest_filter="$f"
+      else
+        gtest_filter="$name"
+      fi
       # Tests that catch CUDA errors would hide a report behind a pass: the
       # tool's own exit code (--error-exitcode) counts.
       # (timeout 0: no limit.)
       timeout "$left" "$sanitizer" --tool "$tool" --error-exitcode 86 --print-limit 20 \
-        "${extra[@]}" "$tests" --gtest_filter="$name" > "$log" 2>&1
+        "${extra[@]}" "$tests" --gtest_filter="$gtest_filter" > "$log" 2>&1
       rc=$?
       report=$(grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1)
       [ "$rc" -eq 124 ] && report="timed out"
-      if grep -q '^\[  FAILED  \]' "$log"; then verdict=failed
-      elif grep -q '^\[  SKIPPED \] 1 test' "$log"; then verdict=skipped
-      elif grep -q '^\[  PASSED  \] 1 test' "$log"; then verdict=passed
+      ran=$(grep -c '^\[       OK \]' "$log")
+      failed_tests=$(grep -c '^\[  FAILED  \] .* ([0-9]* ms)$' "$log")
+      skipped=$(grep -c '^\[  SKIPPED \] .* ([0-9]* ms)$' "$log")
+      if [ "$failed_tests" -gt 0 ]; then verdict="$failed_tests failed"
+      elif grep -q '^\[  PASSED  \]' "$log"; then verdict="$ran passed, $skipped skipped"
       else verdict="no verdict"; fi
+      [ "$shards" -gt 0 ] || { [ "$skipped" -gt 0 ] && verdict=skipped; }
       clean="NOT clean"
-      if [ "$rc" -eq 0 ] && [[ "$verdict" == passed || "$verdict" == skipped ]] &&
+      if [ "$rc" -eq 0 ] && [[ "$verdict" =~ passed|skipped ]] &&
          [[ "$report" =~ (SUMMARY:\ 0\ errors|\ 0\ hazards) ]]; then
         clean=clean
       fi
@@ -77,8 +96,8 @@ for tool in ${tools//,/ }; do
   done
   wait
   failed=$(grep -c "^NOT clean" "$summary")
-  echo "$tool: ${#names[@]} tests, $((SECONDS - start)) s, $failed not clean," \
-    "$(grep -c ', skipped$' "$summary") skipped (JOBS=$jobs_at_once)"
+  echo "$tool: ${#names[@]} $([ "$shards" -gt 0 ] && echo shards || echo tests)," \
+    "$((SECONDS - start)) s, $failed not clean (JOBS=$jobs_at_once)"
   grep "^NOT clean" "$summary" | sort | sed 's/^/  /'
   [ "$failed" -eq 0 ] || status=1
 done

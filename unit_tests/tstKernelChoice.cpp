@@ -8,6 +8,7 @@
 #include <kfa/nn/score_mods.hpp>
 
 #include <kfa/detail/attention/kernel_choice.hpp>
+#include <kfa/detail/attention/padded_head_dim.hpp>
 
 namespace kfa_test {
 namespace {
@@ -289,6 +290,55 @@ TYPED_TEST(KernelChoice, OddHeadDimsOnTheFusedKernels) {
                   choices<TypeParam>({1, 100, 120, 2, bucket}, softcap).first.family);
       }
     }
+  }
+}
+
+/// The padded copies (padded_head_dim.hpp) of one [batch][rows][heads][d]
+/// tensor: padded to `padded` columns of zeros and cropped back, on the
+/// 16-byte-chunk path (rows of whole chunks, aligned) and on the
+/// per-element one (odd head dims, a source one element off alignment).
+template <class C>
+void check_pad_and_crop(int head_dim, int padded, int offset) {
+  using Space = typename C::space;
+  using T = typename C::value_type;
+  using mem = typename Space::memory_space;
+  using Unmanaged = Kokkos::View<T****, Kokkos::LayoutRight, mem, Kokkos::MemoryUnmanaged>;
+  const int batch = 2, rows = 5, heads = 3;
+  const std::size_t n = std::size_t(batch) * rows * heads * head_dim;
+  Kokkos::View<T*, mem> storage("storage", n + offset);
+  const Unmanaged src(storage.data() + offset, batch, rows, heads, head_dim);
+  auto host = Kokkos::create_mirror_view(storage);
+  // Small integers: exact in every value type.
+  for (std::size_t i = 0; i < n; ++i)
+    host(i + offset) = from_double<T>(double(int((i * 7) % 251) - 125));
+  Kokkos::deep_copy(storage, host);
+  Kokkos::View<T****, Kokkos::LayoutRight, mem> wide("wide", batch, rows, heads, padded),
+      back("back", batch, rows, heads, head_dim);
+  poison(wide);
+  poison(back);
+  kfa::Impl::copy_head_dim(Space(), "test::pad", src, wide);
+  kfa::Impl::copy_head_dim(Space(), "test::crop", wide, back);
+  const Tensor w = to_host(wide), b = to_host(back);
+  const std::string what = "head_dim " + std::to_string(head_dim) + " -> " +
+                           std::to_string(padded) + ", offset " + std::to_string(offset);
+  for (std::size_t r = 0; r < std::size_t(batch) * rows * heads; ++r) {
+    for (int c = 0; c < padded; ++c) {
+      const double expected =
+          c < head_dim ? double(int(((r * head_dim + c) * 7) % 251) - 125) : 0.0;
+      ASSERT_EQ(w.data[r * padded + c], expected) << what << ", row " << r << ", column " << c;
+    }
+    for (int c = 0; c < head_dim; ++c)
+      ASSERT_EQ(b.data[r * head_dim + c], w.data[r * padded + c])
+          << what << ", row " << r << ", column " << c;
+  }
+}
+
+TYPED_TEST(KernelChoice, PaddedHeadDimCopies) {
+  if (is_duplicate_config<TypeParam>()) GTEST_SKIP();
+  for (const auto& shape : {std::pair<int, int>{96, 128}, {80, 128}, {32, 64}, {40, 64},
+                            {33, 64}, {1, 64}, {160, 256}, {200, 256}}) {
+    check_pad_and_crop<TypeParam>(shape.first, shape.second, 0);
+    check_pad_and_crop<TypeParam>(shape.first, shape.second, 1);
   }
 }
 

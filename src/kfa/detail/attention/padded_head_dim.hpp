@@ -16,6 +16,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <stdexcept>
 #include <type_traits>
 
@@ -40,23 +41,64 @@ View padded_shape(const View& view, int head_dim) {
               view.extent(2), head_dim);
 }
 
+/// 16 bytes of a row, the unit copy_head_dim moves where it can: one
+/// 2-byte element per thread left the copies bound by instruction issue.
+struct alignas(16) HeadDimChunk {
+  unsigned int word[4];
+};
+
 /// dst = src with columns [src.extent(3), dst.extent(3)) zero (pad), or
 /// dst = the first dst.extent(3) columns of src (crop); both contiguous
 /// [batch][rows][heads][head_dim], as the fused kernels take them, so that
 /// they are copied as [batch·rows·heads][head_dim] matrices. One flat range
-/// over the padded side, whose head dim is a power of two (64, 128 or 256),
-/// so that an element's row and column are a shift and a mask (a 2D
-/// MDRangePolicy ran these copies several times slower than memory allows).
+/// over the padded side, whose row length is a power of two, so that an
+/// element's row and column are a shift and a mask (a 2D MDRangePolicy ran
+/// these copies several times slower than memory allows). Where both sides
+/// hold one value type, their rows are whole 16-byte chunks and both are
+/// 16-byte aligned, a thread moves a chunk instead of an element.
 template <class ExecSpace, class Src, class Dst>
 void copy_head_dim(const ExecSpace& space, const char* label, const Src& src, const Dst& dst) {
   using value_type = typename Dst::non_const_value_type;
+  using src_value_type = typename Src::non_const_value_type;
   const long rows = long(dst.extent(0)) * long(dst.extent(1)) * long(dst.extent(2));
   const long d_src = long(src.extent(3)), d_dst = long(dst.extent(3));
   const long padded = d_dst > d_src ? d_dst : d_src;
-  int shift = 0;
-  while ((long(1) << shift) < padded) ++shift;
-  if ((long(1) << shift) != padded)
-    throw std::logic_error("kfa: a padded head dim must be a power of two");
+  const long narrow = d_dst > d_src ? d_src : d_dst;
+  auto shift_of = [](long length) {
+    int shift = 0;
+    while ((long(1) << shift) < length) ++shift;
+    if ((long(1) << shift) != length)
+      throw std::logic_error("kfa: a padded head dim must be a power of two");
+    return shift;
+  };
+  constexpr long kChunk = long(sizeof(HeadDimChunk));
+  const bool chunks = std::is_same<value_type, src_value_type>::value &&
+                      (narrow * long(sizeof(value_type))) % kChunk == 0 &&
+                      (padded * long(sizeof(value_type))) % kChunk == 0 &&
+                      reinterpret_cast<std::uintptr_t>(src.data()) % kChunk == 0 &&
+                      reinterpret_cast<std::uintptr_t>(dst.data()) % kChunk == 0;
+  if (chunks) {
+    const long per_row = padded * long(sizeof(value_type)) / kChunk;
+    const long kept = narrow * long(sizeof(value_type)) / kChunk;
+    const int shift = shift_of(per_row);
+    const auto* from = reinterpret_cast<const HeadDimChunk*>(src.data());
+    auto* to = reinterpret_cast<HeadDimChunk*>(dst.data());
+    const bool pad = d_dst == padded;
+    Kokkos::parallel_for(
+        label, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<long>>(space, 0, rows << shift),
+        KOKKOS_LAMBDA(const long i) {
+          const long r = i >> shift, c = i & (per_row - 1);
+          if (pad) {
+            HeadDimChunk chunk = {{0u, 0u, 0u, 0u}};
+            if (c < kept) chunk = from[r * kept + c];
+            to[i] = chunk;
+          } else if (c < kept) {
+            to[r * kept + c] = from[i];
+          }
+        });
+    return;
+  }
+  const int shift = shift_of(padded);
   const auto* from = src.data();
   auto* to = dst.data();
   if (d_dst == padded) {  // pad: the destination's rows are 2^shift long

@@ -58,6 +58,19 @@ KOKKOS_FORCEINLINE_FUNCTION float fwd_variant_scores(float (&s)[MTiles][TilesS][
     // bias and are masked after.
     const float slope = variant.m_pipe.alibi_slope(b, h);
     const float base = float(row0 + seq.seqlen_k - seq.seqlen_q - col0);
+    // Without softcap the bias goes in the raw products' units (slope /
+    // scale) and the softmax applies the scale: one FMA per score. Scales
+    // far from 1 keep the natural units, where slope / scale could leave
+    // float's range.
+    const float scale = variant.m_variant_scale, magnitude = fabsf(scale);
+    if (!variant.m_pipe.softcap_on() && magnitude >= 0x1p-60f && magnitude <= 0x1p60f) {
+      const float raw_slope = slope / scale;
+      for_each_score<MTiles, TilesS>([&](int mt, int n, int e) {
+        const float distance = fabsf(base + float(mt * 16 + (e / 2) * 8 - n * 8 - (e & 1)));
+        s[mt][n][e] = fmaf(-raw_slope, distance, s[mt][n][e]);
+      });
+      return scale * kLog2e;
+    }
     for_each_score<MTiles, TilesS>([&](int mt, int n, int e) {
       float grad;
       const float distance = fabsf(base + float(mt * 16 + (e / 2) * 8 - n * 8 - (e & 1)));
