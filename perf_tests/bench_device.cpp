@@ -783,7 +783,8 @@ struct RelativeBias {
 
 /// Documents packed in one sequence: a key is visible to a query of the same
 /// document only; ids never decrease, so a tile whose id ranges do not meet
-/// is skipped.
+/// is skipped, and one inside a single document runs without the modifier
+/// (FlexAttention's full blocks).
 struct DocumentMask {
   Kokkos::View<const int**, Kokkos::LayoutRight, Kokkos::DefaultExecutionSpace::memory_space> doc;
 
@@ -794,6 +795,11 @@ struct DocumentMask {
   KOKKOS_INLINE_FUNCTION bool visible(int b, int, int row_begin, int row_end, int key_begin,
                                       int key_end) const {
     return doc(b, row_begin) <= doc(b, key_end - 1) && doc(b, key_begin) <= doc(b, row_end - 1);
+  }
+  KOKKOS_INLINE_FUNCTION bool unchanged(int b, int, int row_begin, int row_end, int key_begin,
+                                        int key_end) const {
+    return doc(b, row_begin) == doc(b, row_end - 1) && doc(b, key_begin) == doc(b, key_end - 1) &&
+           doc(b, row_begin) == doc(b, key_begin);
   }
 };
 

@@ -5,8 +5,8 @@
 # bench_variants.py, bench_device.py, compute_sanitizer.sh in one folder with
 # this script as run.sh, then on the GPU machine:
 #   OUT=<results> bash <folder>/run.sh
-# Steps, each skippable: the Cuda unit tests in 4 shards (TEST_FILTER,
-# TEST_TIMEOUT; SKIP_TESTS), the >2^31-element tests (SKIP_LARGE),
+# Steps, each skippable: the Cuda unit tests in TEST_SHARDS (4) shards
+# (TEST_FILTER, TEST_TIMEOUT; SKIP_TESTS), the >2^31-element tests (SKIP_LARGE),
 # bench_variants.py (VARIANT_FLAGS, VAR_TIMEOUT; SKIP_VARIANTS), the quick
 # dense table of the old and the new build (DENSE_DTYPES; SKIP_DENSE);
 # opt-in: FP32_VARIANTS=1 (fp32/fp64 softcap, dropout and window rows beside
@@ -29,11 +29,12 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu --format=csv
 for f in $C/*.xz; do [ -e "$f" ] && xz -dc "$f" > /tmp/bin/$(basename "$f" .xz) && chmod +x /tmp/bin/$(basename "$f" .xz); done
 ls -la /tmp/bin
 if [ -z "${SKIP_TESTS:-}" ] && [ -x /tmp/bin/kfa_unit_tests ]; then
-  echo "== unit tests, 4 shards"
+  shards=${TEST_SHARDS:-4}
+  echo "== unit tests, $shards shards"
   F="${TEST_FILTER:-*/0.*:*/1.*:*/2.*:*/3.*:*Cuda*:Varlen.*:KernelChoice.*:NonFinite.*}"
   t0=$SECONDS
-  for i in 0 1 2 3; do
-    GTEST_TOTAL_SHARDS=4 GTEST_SHARD_INDEX=$i timeout ${TEST_TIMEOUT:-300} /tmp/bin/kfa_unit_tests \
+  for ((i = 0; i < shards; ++i)); do
+    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout ${TEST_TIMEOUT:-300} /tmp/bin/kfa_unit_tests \
       --gtest_filter="$F" --gtest_brief=1 > $OUT/unit_tests_$i.log 2>&1 &
   done
   wait

@@ -20,7 +20,8 @@ struct TestScoreMod {
     kNonlinear = 4,     // temp(h)·s - 0.05·s², with score_grad
     kRecordTiles = 8,   // visible() marks tiles(row_begin, key_begin)
     kCountCalls = 16,   // operator() counts its calls in calls(0)
-    kHideAll = 32       // visible() is false everywhere
+    kHideAll = 32,      // visible() is false everywhere
+    kUnchanged = 64     // unchanged() is true on tiles inside one document (kDocument alone)
   };
   int modes = 0;
   Kokkos::View<const int**, MemorySpace> doc_q, doc_k;
@@ -58,6 +59,14 @@ struct TestScoreMod {
     }
     return true;
   }
+
+  KOKKOS_INLINE_FUNCTION bool unchanged(int b, int, int row_begin, int row_end, int key_begin,
+                                        int key_end) const {
+    if (!(modes & kUnchanged) || (modes & (kRelativeBias | kNonlinear))) return false;
+    if (!(modes & kDocument)) return true;
+    return doc_q(b, row_begin) == doc_q(b, row_end - 1) &&
+           doc_k(b, key_begin) == doc_k(b, key_end - 1) && doc_q(b, row_begin) == doc_k(b, key_begin);
+  }
 };
 
 namespace {
@@ -69,14 +78,17 @@ TYPED_TEST_SUITE(ScoreMod, AllConfigs);
 template <class Space>
 using Mod = TestScoreMod<typename Space::memory_space>;
 
-/// Documents of random lengths (1..max_len) covering `n` positions.
-inline std::vector<int> random_documents(int n, int max_len, std::mt19937_64& rng) {
+/// Documents of random lengths (1..max_len) covering `n` positions, or of
+/// the given `lengths` in turn.
+inline std::vector<int> random_documents(int n, int max_len, std::mt19937_64& rng,
+                                         const std::vector<int>& lengths = {}) {
   std::vector<int> ids(n);
   int doc = 0, left = 0;
   for (int i = 0; i < n; ++i) {
     if (left == 0) {
+      left = lengths.empty() ? 1 + static_cast<int>(rng() % max_len)
+                             : lengths[std::size_t(doc) % lengths.size()];
       ++doc;
-      left = 1 + static_cast<int>(rng() % max_len);
     }
     ids[i] = doc;
     --left;
@@ -94,7 +106,8 @@ struct ModSetup {
   Kokkos::View<int**, typename Space::memory_space> tiles;
   Kokkos::View<int*, typename Space::memory_space> calls;
 
-  ModSetup(int modes, const Shape& s, std::uint64_t seed) {
+  ModSetup(int modes, const Shape& s, std::uint64_t seed, int max_document = 40,
+           const std::vector<int>& lengths = {}) {
     std::mt19937_64 rng(seed);
     using mem = typename Space::memory_space;
     mod.modes = modes;
@@ -103,7 +116,7 @@ struct ModSetup {
     auto hq = Kokkos::create_mirror_view(dq);
     auto hk = Kokkos::create_mirror_view(dk);
     for (int b = 0; b < s.batch; ++b) {
-      doc_q.push_back(random_documents(s.seqlen_q, 40, rng));
+      doc_q.push_back(random_documents(s.seqlen_q, max_document, rng, lengths));
       doc_k.push_back(std::vector<int>(s.seqlen_k));
       const int docs = doc_q[b].empty() ? 1 : doc_q[b].back();
       for (int j = 0; j < s.seqlen_k; ++j)
@@ -196,6 +209,28 @@ TYPED_TEST(ScoreMod, CombinedWithBuiltInVariants) {
   check_variant<TypeParam>(s, opt, "mod-combined", setup.mod, setup.extras);
 }
 
+// Documents long enough for whole tiles inside one: the tiles the modifier
+// promises to leave unchanged run without it, alone and beside softcap (which
+// still applies there), dropout, a window and grouped-query heads.
+TYPED_TEST(ScoreMod, UnchangedTiles) {
+  using Space = typename TypeParam::space;
+  if (is_duplicate_config<TypeParam>()) GTEST_SKIP() << "half is float here";
+  const Shape s{2, 300, 300, 2, 64};
+  ModSetup<Space> setup(Mod<Space>::kDocument | Mod<Space>::kUnchanged, s,
+                        test_seed("unchanged"), 200);
+  kfa::AttentionOptions opt;
+  opt.causal = true;
+  check_variant<TypeParam>(s, opt, "unchanged", setup.mod, setup.extras);
+  const Shape g{1, 290, 257, 4, 48, 2};
+  ModSetup<Space> combined(Mod<Space>::kDocument | Mod<Space>::kUnchanged, g,
+                           test_seed("unchanged-combined"), 150);
+  opt.window_left = 170;
+  opt.softcap = 4;
+  opt.dropout_p = 0.15;
+  opt.dropout_seed = 11;
+  check_variant<TypeParam>(g, opt, "unchanged-combined", combined.mod, combined.extras);
+}
+
 // The block predicate skips fully masked tiles: the modifier is called once
 // per element of the tiles it lets through and never for the others, and a
 // predicate that hides everything gives empty rows (O = 0, lse = -inf) and
@@ -245,6 +280,37 @@ TYPED_TEST(ScoreMod, BlockPredicateSkipsTiles) {
   EXPECT_EQ(calls(0), expected_calls) << tiles_kept << " of " << tiles_total << " tiles kept";
   EXPECT_LT(tiles_kept, tiles_total);
   EXPECT_LE(max_abs_diff(to_host(o), c.o_ref), 64 * epsilon<T>() * std::max(1.0, max_abs(c.o_ref)));
+
+  // With unchanged(): no call on a tile inside one document either (longer
+  // documents, so that there are such tiles).
+  {
+    ModSetup<Space> whole(Mod<Space>::kDocument | Mod<Space>::kCountCalls |
+                              Mod<Space>::kUnchanged,
+                          s, test_seed("skip-unchanged"), 0, {150, 40, 66});
+    const Case cw = make_case<T>(s, {}, "skip-unchanged", whole.extras);
+    auto qw = to_device<T, Space>(cw.q, "q");
+    auto kw = to_device<T, Space>(cw.k, "k");
+    auto vw = to_device<T, Space>(cw.v, "v");
+    kfa::flash_attention_forward(Space(), qw, kw, vw, o, lse, opt, whole.mod);
+    auto whole_calls = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), whole.calls);
+    long expected = 0, unchanged_tiles = 0;
+    for (int r0 = 0; r0 < s.seqlen_q; r0 += bm)
+      for (int k0 = 0; k0 < s.seqlen_k; k0 += bn) {
+        const int r1 = std::min(s.seqlen_q, r0 + bm), k1 = std::min(s.seqlen_k, k0 + bn);
+        const auto& dq = whole.doc_q[0];
+        const auto& dk = whole.doc_k[0];
+        if (!(dq[r0] <= dk[k1 - 1] && dk[k0] <= dq[r1 - 1])) continue;
+        if (dq[r0] == dq[r1 - 1] && dk[k0] == dk[k1 - 1] && dq[r0] == dk[k0]) {
+          ++unchanged_tiles;
+          continue;
+        }
+        expected += long(r1 - r0) * (k1 - k0);
+      }
+    EXPECT_GT(unchanged_tiles, 0);
+    EXPECT_EQ(whole_calls(0), expected) << unchanged_tiles << " tiles unchanged";
+    EXPECT_LE(max_abs_diff(to_host(o), cw.o_ref),
+              64 * epsilon<T>() * std::max(1.0, max_abs(cw.o_ref)));
+  }
 
   setup.mod.modes = Mod<Space>::kHideAll | Mod<Space>::kCountCalls;
   Kokkos::deep_copy(setup.calls, 0);
@@ -493,6 +559,43 @@ TEST(ScoreModCuda, OnTheTensorCoreKernels) {
       EXPECT_LT(calls(0), 1024 * 1024 / 3) << "wgmma " << wgmma << " d " << d;
       EXPECT_LE(max_abs_diff(to_host(o), c.o_ref),
                 64 * epsilon<T>() * std::max(1.0, max_abs(c.o_ref)));
+
+      // Two documents: with unchanged() the tiles inside one run without
+      // the modifier, forward and backward, with the same results.
+      {
+        ModSetup<Space> whole(Mod<Space>::kDocument | Mod<Space>::kCountCalls, one,
+                              test_seed("fused-unchanged"), 0, {600, 424});
+        const Case cw = make_case<T>(one, {}, "fused-unchanged", whole.extras);
+        auto qw = to_device<T, Space>(cw.q, "q");
+        auto kw = to_device<T, Space>(cw.k, "k");
+        auto vw = to_device<T, Space>(cw.v, "v");
+        auto dow = to_device<T, Space>(cw.d_o, "d_o");
+        long counted[2] = {0, 0};
+        Tensor out[2][4];
+        for (const int with : {0, 1}) {
+          whole.mod.modes = Mod<Space>::kDocument | Mod<Space>::kCountCalls |
+                            (with ? int(Mod<Space>::kUnchanged) : 0);
+          Kokkos::deep_copy(whole.calls, 0);
+          kfa::flash_attention_forward(Space(), qw, kw, vw, o, lse, plain, whole.mod);
+          kfa::flash_attention_backward(Space(), qw, kw, vw, o, lse, dow, dq, dk, dv, plain,
+                                        whole.mod);
+          auto n = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), whole.calls);
+          counted[with] = n(0);
+          out[with][0] = to_host(o);
+          out[with][1] = to_host(dq);
+          out[with][2] = to_host(dk);
+          out[with][3] = to_host(dv);
+        }
+        EXPECT_LT(counted[1], counted[0]) << "wgmma " << wgmma << " d " << d;
+        EXPECT_LE(max_abs_diff(out[1][0], cw.o_ref),
+                  64 * epsilon<T>() * std::max(1.0, max_abs(cw.o_ref)));
+        // The same kernels without the calls: the same results up to the
+        // rounding of where the scale is applied.
+        for (int x = 0; x < 4; ++x)
+          EXPECT_LE(max_abs_diff(out[1][x], out[0][x]),
+                    8 * epsilon<T>() * std::max(1.0, max_abs(out[0][x])))
+              << "wgmma " << wgmma << " d " << d << " output " << x;
+      }
 
       skip.mod.modes = Mod<Space>::kHideAll | Mod<Space>::kCountCalls;
       Kokkos::deep_copy(skip.calls, 0);

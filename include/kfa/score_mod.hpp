@@ -27,6 +27,16 @@
 ///     then skips that tile in the forward and backward passes (FlexAttention's
 ///     block mask). It must not return false for a tile with a visible element.
 ///
+///   KOKKOS_FUNCTION bool unchanged(int batch, int head, int row_begin, int row_end,
+///                                  int key_begin, int key_end) const;
+///     Block predicate: true promises that operator() returns every score of
+///     the tile as it gets it (a mask that hides nothing there, a bias that
+///     is 0 there: FlexAttention's full blocks). kfa then skips the
+///     modifier's calls on that tile (the softcap, the causal / window mask
+///     and dropout still apply; add_grad is still called) and the tile runs
+///     as without a modifier. Asked only for tiles that visible() lets
+///     through; returning false is always correct.
+///
 ///   template <class Acc>
 ///   KOKKOS_FUNCTION Acc score_grad(int batch, int head, int i, int j, Acc score) const;
 ///     The derivative of the new score with respect to `score`, for the

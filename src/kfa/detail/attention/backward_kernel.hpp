@@ -91,7 +91,7 @@ struct BackwardTiles {
       const TileKeysT& sKt, const TileKeysT& sVt, const RowVec& s_lse,
       const RowVec& s_delta, const TileScores& sP, const TileScores& sdS, acc_t scale,
       bool needs_mask, const AttentionMask& mask, const Pipeline& pipeline,
-      const SequenceInfo& seq, int b, int h, int row, int key_begin) {
+      const SequenceInfo& seq, int b, int h, int row, int key_begin, bool modify) {
     using tag = typename Traits::backend_tag;
     acc_t* p = &sP(i, 0);
     acc_t* ds = &sdS(i, 0);
@@ -104,7 +104,7 @@ struct BackwardTiles {
         pipeline.template p_and_ds<GradOut>(seq, b, h, row, key_begin + j,
                                             needs_mask && mask.masked(row, key_begin + j),
                                             dropout_row, p[j] * scale, lse, delta, ds[j], p[j],
-                                            ds[j]);
+                                            ds[j], modify);
       });
     } else {
       Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, BlockN), [&](const int j) {
@@ -281,10 +281,12 @@ class FlashBackwardKVKernel {
         const bool needs_mask =
             VariantT::kScoreMod ||
             mask.tile_needs_mask(row_begin, row_begin + rows, key_begin, key_begin + kBlockN);
+        const bool modify =
+            !m_pipeline.unchanged(b, h, row_begin, row_begin + rows, key_begin, key_begin + cols);
         Kokkos::parallel_for(Kokkos::TeamThreadRange(member, kBlockM), [&](const int i) {
           tiles::template p_and_ds_row<true>(member, i, sQ, sdO, sKt, sVt, s_lse, s_delta, sP,
                                              sdS, m_scale, needs_mask, mask, m_pipeline, seq,
-                                             b, h, row_begin + i, key_begin);
+                                             b, h, row_begin + i, key_begin, modify);
         });
         // P and dS of the whole tile are visible: the key rows read them by column.
         member.team_barrier();
@@ -431,10 +433,12 @@ class FlashBackwardQKernel {
       const bool needs_mask =
           VariantT::kScoreMod ||
           mask.tile_needs_mask(row_begin, row_begin + rows, key_begin, key_begin + kBlockN);
+      const bool modify =
+          !m_pipeline.unchanged(b, h, row_begin, row_begin + rows, key_begin, key_begin + cols);
       Kokkos::parallel_for(Kokkos::TeamThreadRange(member, kBlockM), [&](const int i) {
         tiles::template p_and_ds_row<false>(member, i, sQ, sdO, sKt, sVt, s_lse, s_delta, sP,
                                             sdS, m_scale, needs_mask, mask, m_pipeline, seq, b,
-                                            h, row_begin + i, key_begin);
+                                            h, row_begin + i, key_begin, modify);
       });
       // Whole rows of dS are visible to every vector lane.
       member.team_barrier();

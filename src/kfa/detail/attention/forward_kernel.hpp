@@ -163,6 +163,9 @@ class FlashForwardKernel {
           VariantT::kScoreMod ||
           mask.tile_needs_mask(row_begin, row_begin + rows, key_begin, key_begin + kBlockN);
       const bool element_pass = needs_mask || m_pipeline.modifies_scores();
+      // False where the modifier leaves the tile unchanged: it is not called.
+      const bool modify =
+          !m_pipeline.unchanged(b, h, row_begin, row_begin + rows, key_begin, key_begin + cols);
       Kokkos::parallel_for(Kokkos::TeamThreadRange(member, kBlockM), [&](const int i) {
         acc_t* scores = &sP(i, 0);
         const int row = row_begin + i;
@@ -174,8 +177,8 @@ class FlashForwardKernel {
               scores[j] = math::neg_inf<acc_t>();
             } else if constexpr (VariantT::kModifiers || VariantT::kScoreMod) {
               acc_t unused;
-              scores[j] =
-                  m_pipeline.template score<false>(seq, b, h, row, key_begin + j, scores[j], unused);
+              scores[j] = m_pipeline.template score<false>(seq, b, h, row, key_begin + j,
+                                                           scores[j], unused, modify);
             }
           });
         }

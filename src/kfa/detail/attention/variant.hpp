@@ -67,6 +67,13 @@ struct score_mod_has_visible<
     Mod, std::void_t<decltype(std::declval<const Mod&>().visible(0, 0, 0, 0, 0, 0))>>
     : std::true_type {};
 
+template <class Mod, class = void>
+struct score_mod_has_unchanged : std::false_type {};
+template <class Mod>
+struct score_mod_has_unchanged<
+    Mod, std::void_t<decltype(std::declval<const Mod&>().unchanged(0, 0, 0, 0, 0, 0))>>
+    : std::true_type {};
+
 template <class Mod, class Acc, class = void>
 struct score_mod_has_grad : std::false_type {};
 template <class Mod, class Acc>
@@ -158,10 +165,13 @@ struct ScorePipeline {
 
   /// Score of element (i, j) of sequence b, head h from the scaled score s;
   /// `grad` receives d(result)/ds. Only for unmasked elements.
+  /// `modify` false: the modifier is left out (a tile it promised to leave
+  /// unchanged, see unchanged()).
   template <bool WithGrad>
   KOKKOS_FORCEINLINE_FUNCTION Acc score(const SequenceInfo& seq, int b, int h, int i, int j,
-                                        Acc s, Acc& grad) const {
-    return modified<WithGrad>(seq, b, h, i, j, softcapped<WithGrad>(s, grad), grad);
+                                        Acc s, Acc& grad, bool modify = true) const {
+    s = softcapped<WithGrad>(s, grad);
+    return modify ? modified<WithGrad>(seq, b, h, i, j, s, grad) : s;
   }
 
   /// The modifier step of score<WithGrad>: grad is multiplied by its
@@ -234,6 +244,23 @@ struct ScorePipeline {
     }
   }
 
+  /// True when the modifier's `unchanged` member promises that it returns
+  /// every score of the tile as it gets it (FlexAttention's full blocks):
+  /// the kernels then skip its calls there. Always true without a modifier.
+  KOKKOS_FORCEINLINE_FUNCTION bool unchanged([[maybe_unused]] int b, [[maybe_unused]] int h,
+                                             [[maybe_unused]] int row_begin,
+                                             [[maybe_unused]] int row_end,
+                                             [[maybe_unused]] int key_begin,
+                                             [[maybe_unused]] int key_end) const {
+    if constexpr (!kScoreMod) {
+      return true;
+    } else if constexpr (score_mod_has_unchanged<score_mod_type>::value) {
+      return m_mod.unchanged(b, h, row_begin, row_end, key_begin, key_end);
+    } else {
+      return false;
+    }
+  }
+
   /// The backward pass's P and dS of element (i, j) from its scaled score s,
   /// the row's lse and D, and dP = dO·v: P = exp(pipeline(s) - lse) (the
   /// dropped P with dropout, for dV), dS = P ∘ (dP∘Z/(1-p) - D) ∘ pipeline'.
@@ -241,12 +268,15 @@ struct ScorePipeline {
   /// GradOut a modifier with add_grad gets P ∘ (dP∘Z/(1-p) - D), dL/d(its
   /// result), of each element that has P > 0 (a kernel that computes an
   /// element twice passes GradOut = false in one of the passes).
+  /// `modify` as in score(); add_grad is called either way.
   template <bool GradOut = true>
   KOKKOS_FORCEINLINE_FUNCTION void p_and_ds(const SequenceInfo& seq, int b, int h, int i, int j,
                                             bool masked, std::uint64_t dropout_row, Acc s,
-                                            Acc lse, Acc delta, Acc dp, Acc& p, Acc& ds) const {
+                                            Acc lse, Acc delta, Acc dp, Acc& p, Acc& ds,
+                                            bool modify = true) const {
     Acc grad = 1, pj = 0;
-    if (!masked) pj = OnlineSoftmax<Acc>::probability(score<true>(seq, b, h, i, j, s, grad), lse);
+    if (!masked)
+      pj = OnlineSoftmax<Acc>::probability(score<true>(seq, b, h, i, j, s, grad, modify), lse);
     const Acc keep = dropout() ? keep_factor(dropout_row, j) : Acc(1);
     if constexpr (GradOut && kGradOut) {
       if (pj != Acc(0)) add_grad(b, h, i, j, pj * (dp * keep - delta));

@@ -195,15 +195,21 @@ class BackwardKernel {
     tile_product<ALayout::row_major, false>(rows_pad, kBlockN, m_head_dim, gdO.ptr, gdO.ld, t.sVt,
                                             kBlockN, t.sdS, kBlockN);
 
+    // A tile the modifier leaves unchanged takes the plain path unless
+    // softcap, dropout or the modifier's add_grad need each element.
+    const bool modify =
+        !m_pipeline.unchanged(b, h, row_begin, row_begin + rows, key_begin, key_begin + cols);
+    const bool per_element = (VariantT::kScoreMod && (modify || pipeline_t::kGradOut)) ||
+                             m_pipeline.softcap_on() || m_pipeline.dropout();
     const bool needs_mask =
-        VariantT::kScoreMod ||
+        (VariantT::kScoreMod && modify) ||
         mask.tile_needs_mask(row_begin, row_begin + rows, key_begin, key_begin + kBlockN);
     for (int i = 0; i < rows_pad; ++i) {
       acc_t* p = t.sS + std::size_t(i) * kBlockN;
       acc_t* ds = t.sdS + std::size_t(i) * kBlockN;
       const int row = row_begin + i;
       const acc_t lse = t.s_lse[i], delta = t.s_delta[i];
-      if constexpr (VariantT::kModifiers || VariantT::kScoreMod) {
+      if (per_element) {
         const std::uint64_t dropout_row =
             m_pipeline.dropout() ? m_pipeline.dropout_row(b, h, row) : 0;
         const acc_t row_lse =
@@ -211,7 +217,8 @@ class BackwardKernel {
         for (int j = 0; j < kBlockN; ++j) {
           const int key = key_begin + j;
           m_pipeline.p_and_ds(seq, b, h, row, key, needs_mask && mask.masked(row, key),
-                              dropout_row, p[j] * m_scale, row_lse, delta, ds[j], p[j], ds[j]);
+                              dropout_row, p[j] * m_scale, row_lse, delta, ds[j], p[j], ds[j],
+                              modify);
           ds[j] *= m_scale;
         }
       } else {

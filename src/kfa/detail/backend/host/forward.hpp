@@ -140,11 +140,17 @@ class ForwardKernel {
       tile_product<ALayout::row_major, false>(cols_pad, kBlockM - skip, m_head_dim, gK.ptr, gK.ld,
                                               sQt + skip, kBlockM, sSt + skip, kBlockM);
 
+      // A tile the modifier leaves unchanged takes the plain path unless
+      // the softcap is on.
+      const bool modify = !m_pipeline.unchanged(b, h, row_begin, row_begin + rows, key_begin,
+                                                key_begin + cols);
       const bool needs_mask =
-          VariantT::kScoreMod ||
+          (VariantT::kScoreMod && modify) ||
           mask.tile_needs_mask(row_begin, row_begin + rows, key_begin, key_begin + kBlockN);
-      if (needs_mask || m_pipeline.modifies_scores())
-        apply_mask_and_pipeline(mask, needs_mask, seq, b, h, row_begin, key_begin, cols, sSt);
+      const bool per_element = (VariantT::kScoreMod && modify) || m_pipeline.softcap_on();
+      if (needs_mask || per_element)
+        apply_mask_and_pipeline(mask, needs_mask, per_element, modify, seq, b, h, row_begin,
+                                key_begin, cols, sSt);
       softmax_update(sSt, cols, stats);
       if (m_pipeline.dropout()) {
         // The row sum (hence lse) takes the undropped P; P·V the dropped one.
@@ -214,23 +220,24 @@ class ForwardKernel {
     }
   }
 
-  /// Masked scores of Sᵀ become -inf; the others go through softcap and the
-  /// score modifier (the pipeline's order). The plain variant only masks,
-  /// with each key's visible row range so that the loop vectorises.
-  void apply_mask_and_pipeline(const AttentionMask& mask, bool needs_mask,
-                               const SequenceInfo& seq, int b, int h, int row_begin,
-                               int key_begin, int cols, acc_t* sSt) const {
+  /// Masked scores of Sᵀ become -inf; with `per_element` the others go
+  /// through softcap and (where `modify`) the score modifier, the
+  /// pipeline's order. Else it only masks, with each key's visible row range
+  /// so that the loop vectorises.
+  void apply_mask_and_pipeline(const AttentionMask& mask, bool needs_mask, bool per_element,
+                               bool modify, const SequenceInfo& seq, int b, int h,
+                               int row_begin, int key_begin, int cols, acc_t* sSt) const {
     for (int j = 0; j < cols; ++j) {
       acc_t* s = sSt + std::size_t(j) * kBlockM;
       const int key = key_begin + j;
-      if constexpr (VariantT::kModifiers || VariantT::kScoreMod) {
+      if (per_element) {
         for (int i = 0; i < kBlockM; ++i) {
           const int row = row_begin + i;
           if (needs_mask && mask.masked(row, key)) {
             s[i] = math::neg_inf<acc_t>();
           } else {
             acc_t unused;
-            s[i] = m_pipeline.template score<false>(seq, b, h, row, key, s[i], unused);
+            s[i] = m_pipeline.template score<false>(seq, b, h, row, key, s[i], unused, modify);
           }
         }
       } else {

@@ -186,10 +186,14 @@ class FlashBackwardExactFp32Kernel
       const bool needs_mask = sq.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin,
                                                      key_begin + kBlockN);
       // A variant: the modifier's block predicate may hide the whole tile.
-      [[maybe_unused]] bool visible = true;
-      if constexpr (kVariant)
+      // `modify` false: the modifier leaves the tile unchanged.
+      [[maybe_unused]] bool visible = true, modify = true;
+      if constexpr (kVariant) {
         visible = this->m_pipe.visible(b, h, row_begin, imin(row_begin + kBlockM, sq.seqlen_q),
                                        key_begin, imin(key_begin + kBlockN, sq.seqlen_k));
+        modify = !this->m_pipe.unchanged(b, h, row_begin, imin(row_begin + kBlockM, sq.seqlen_q),
+                                         key_begin, imin(key_begin + kBlockN, sq.seqlen_k));
+      }
       // kPitchP keeps both layouts' stores free of bank conflicts.
       unswitch_mask(needs_mask, [&](auto masked) {
 #pragma unroll
@@ -208,7 +212,7 @@ class FlashBackwardExactFp32Kernel
                                   (decltype(masked)::value && sq.mask.masked(query, key));
               this->m_pipe.p_and_ds(seq, b, h, query, key, hidden, dropout_row,
                                     st[i][j] * this->m_variant_scale, s_lse[col], s_delta[col],
-                                    dpt[i][j], p[i], ds[i]);
+                                    dpt[i][j], p[i], ds[i], modify);
             }
           } else {
 #pragma unroll

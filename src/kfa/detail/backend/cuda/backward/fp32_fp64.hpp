@@ -284,6 +284,9 @@ class FlashBackwardFp32Fp64Kernel
           const bool visible =
               pipe.visible(b, h, row_begin, imin(row_begin + kBlockM, sq.seqlen_q), key_begin,
                            imin(key_begin + kBlockN, sq.seqlen_k));
+          const bool modify =
+              !pipe.unchanged(b, h, row_begin, imin(row_begin + kBlockM, sq.seqlen_q), key_begin,
+                              imin(key_begin + kBlockN, sq.seqlen_k));
           const std::uint64_t head = pipe.dropout() ? pipe.dropout_head(b, h) : 0;
           for_owned(owns, [&](int n, int j, int col) {
             const int query = row_begin + col;
@@ -294,7 +297,7 @@ class FlashBackwardFp32Fp64Kernel
             pipe.p_and_ds(seq, b, h, query, key, masked,
                           pipe.dropout() ? pipe.dropout_row_of(head, query) : 0,
                           st[n][j] * this->m_variant_scale, s_lse[col], s_delta[col], dpt[n][j],
-                          p, ds);
+                          p, ds, modify);
             st[n][j] = p;
             dpt[n][j] = ds;
           });

@@ -150,6 +150,13 @@ KOKKOS_FORCEINLINE_FUNCTION void bwd_variant_p(
   const int parity = key0 & 1;
   const std::uint64_t dropout_head = pipe.dropout() ? pipe.dropout_head(b, h) : 0;
 
+  // A tile the modifier promises to leave unchanged skips its calls: a
+  // uniform branch, not a third copy of the element loop, which ptxas
+  // cannot fit in the head_dim 256 product-split kernel's registers.
+  [[maybe_unused]] const bool modify =
+      !(Pipe::kScoreMod && !Pipe::kAlibi) ||
+      !pipe.unchanged(b, h, row_begin, imin(row_end, seq.seqlen_q), key_begin,
+                      imin(key_end, seq.seqlen_k));
   auto elements = [&](auto softcap, auto dropout, auto call_test) {
     constexpr bool kSoftcap = decltype(softcap)::value, kDropout = decltype(dropout)::value;
 #pragma unroll
@@ -176,8 +183,8 @@ KOKKOS_FORCEINLINE_FUNCTION void bwd_variant_p(
         if constexpr (Pipe::kAlibi) {
           x -= slope * fabsf(base + float(c - 8 * r));
         } else if constexpr (Pipe::kScoreMod) {
-          if (!decltype(call_test)::value ||
-              !mask.masked(row_begin + col, key0 + 8 * r))
+          if (modify &&
+              (!decltype(call_test)::value || !mask.masked(row_begin + col, key0 + 8 * r)))
             x = pipe.template modified<true>(seq, b, h, row_begin + col, key0 + 8 * r, x, grad);
         }
         float p = cuda_mma::exp2_fast(fmaf(x, kLog2e, -lse * kLog2e));
@@ -203,7 +210,7 @@ KOKKOS_FORCEINLINE_FUNCTION void bwd_variant_p(
     }
   };
   auto with_test = [&](auto softcap, auto dropout) {
-    if (Pipe::kScoreMod && !Pipe::kAlibi && !inside)
+    if (Pipe::kScoreMod && !Pipe::kAlibi && !inside && modify)
       elements(softcap, dropout, std::true_type());
     else
       elements(softcap, dropout, std::false_type());

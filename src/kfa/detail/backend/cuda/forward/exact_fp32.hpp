@@ -185,10 +185,14 @@ class FlashForwardExactFp32Kernel
       const bool needs_mask =
           sq.mask.tile_needs_mask(row_begin, row_begin + kBlockM, key_begin, key_begin + kBlockN);
       // A variant: the modifier's block predicate may hide the whole tile.
-      [[maybe_unused]] bool visible = true;
-      if constexpr (kVariant)
+      // `modify` false: the modifier leaves the tile unchanged.
+      [[maybe_unused]] bool visible = true, modify = true;
+      if constexpr (kVariant) {
         visible = this->m_pipe.visible(b, h, row_begin, row_begin + rows, key_begin,
                                        imin(key_begin + kBlockN, seq.seqlen_k));
+        modify = !this->m_pipe.unchanged(b, h, row_begin, row_begin + rows, key_begin,
+                                         imin(key_begin + kBlockN, seq.seqlen_k));
+      }
       float alpha[kScoreRows];
 #pragma unroll
       for (int i = 0; i < kScoreRows; ++i) {
@@ -202,7 +206,7 @@ class FlashForwardExactFp32Kernel
             x = s[i][j] * this->m_variant_scale;
             if (row < seq.seqlen_q && col < seq.seqlen_k) {
               float grad;
-              x = this->m_pipe.template score<false>(seq, b, h, row, col, x, grad);
+              x = this->m_pipe.template score<false>(seq, b, h, row, col, x, grad, modify);
             }
             if (!visible) x = -INFINITY;
           } else {

@@ -262,6 +262,9 @@ class FlashForwardFp32Fp64Kernel
     const bool visible =
         this->m_pipe.visible(b, h, row_begin, imin(row_begin + kBlockM, seq.seqlen_q), key_begin,
                              imin(key_begin + kBlockN, seq.seqlen_k));
+    const bool modify =
+        !this->m_pipe.unchanged(b, h, row_begin, imin(row_begin + kBlockM, seq.seqlen_q),
+                                key_begin, imin(key_begin + kBlockN, seq.seqlen_k));
     const value_type to_base = kBase2 ? value_type(1.4426950408889634) : value_type(1);
     for_each_element<kTilesS>([&](int mt, int n, int j) {
       const int row = row0 + mt * Atom::kRows + (j / 2) * 8;
@@ -269,7 +272,7 @@ class FlashForwardFp32Fp64Kernel
       value_type x = s[mt][n][j] * this->m_variant_scale;
       if (row < seq.seqlen_q && col < seq.seqlen_k) {
         value_type grad;
-        x = this->m_pipe.template score<false>(seq, b, h, row, col, x, grad);
+        x = this->m_pipe.template score<false>(seq, b, h, row, col, x, grad, modify);
       }
       s[mt][n][j] = visible ? x * to_base : value_type(-INFINITY);
     });

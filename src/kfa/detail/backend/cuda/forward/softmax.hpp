@@ -34,7 +34,8 @@ KOKKOS_FORCEINLINE_FUNCTION void for_each_score(F&& f) {
 /// nowhere else); the mask is applied after it, as the options promise.
 /// The team's tile is rows [row_begin, +BlockM) x keys [key_begin,
 /// +BlockN): where the modifier's block predicate hides it, every score is
-/// -inf and the modifier is not called. Returns the scale, in log2 units,
+/// -inf and the modifier is not called; where its `unchanged` predicate
+/// holds, the modifier is not called either. Returns the scale, in log2 units,
 /// that the softmax applies next: log2(e), or, where the pipeline leaves
 /// the scores alone (dropout only), the softmax scale, which the scores
 /// then still need.
@@ -51,6 +52,20 @@ KOKKOS_FORCEINLINE_FUNCTION float fwd_variant_scores(float (&s)[MTiles][TilesS][
                               imin(key_begin + BlockN, seq.seqlen_k))) {
     for_each_score<MTiles, TilesS>([&](int mt, int n, int e) { s[mt][n][e] = -INFINITY; });
     return kLog2e;
+  }
+  using Pipe = std::decay_t<decltype(variant.m_pipe)>;
+  if constexpr (Pipe::kScoreMod && !Pipe::kAlibi) {
+    // A tile the modifier leaves unchanged: the softcap at most.
+    if (variant.m_pipe.unchanged(b, h, row_begin, imin(row_begin + BlockM, seq.seqlen_q),
+                                 key_begin, imin(key_begin + BlockN, seq.seqlen_k))) {
+      if (!variant.m_pipe.softcap_on()) return variant.m_variant_scale * kLog2e;
+      for_each_score<MTiles, TilesS>([&](int mt, int n, int e) {
+        float grad;
+        s[mt][n][e] =
+            variant.m_pipe.template softcapped<false>(s[mt][n][e] * variant.m_variant_scale, grad);
+      });
+      return kLog2e;
+    }
   }
   if constexpr (std::decay_t<decltype(variant.m_pipe)>::kAlibi) {
     // Distances from one integer per lane and a constant per element: no
