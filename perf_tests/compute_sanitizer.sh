@@ -41,7 +41,6 @@ for tool in ${tools//,/ }; do
   extra=()
   case "$tool" in
     racecheck) f="$race_filter"; extra=(--racecheck-report=hazard) ;;
-    initcheck) extra=(--track-unused-memory=no) ;;
   esac
   shards="${SHARDS:-0}"
   if [ "$shards" -gt 0 ]; then

@@ -74,7 +74,7 @@ fi
 if [ -n "${SANITIZE:-}" ] && [ -x /tmp/bin/kfa_unit_tests ]; then
   echo "== compute-sanitizer ${SANITIZE}"
   OUT=$OUT/sanitizer timeout ${SAN_TIMEOUT:-200} bash $C/compute_sanitizer.sh /tmp/bin/kfa_unit_tests "$SANITIZE"
-  tail -30 $OUT/sanitizer/*.log | grep -E "ERROR|Invalid|RACE|Hazard|SUMMARY|at 0x|by thread" | head -30
+  tail -n 30 $OUT/sanitizer/*.log | grep -E "ERROR|Invalid|RACE|Hazard|SUMMARY|at 0x|by thread" | head -30
 fi
 if [ -n "${HOST_BENCH:-}" ] && [ -d .device/carry/host ]; then
   echo "== host bench"

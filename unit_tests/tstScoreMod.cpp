@@ -352,8 +352,10 @@ void check_bias_gradient(const Shape& s, kfa::AttentionOptions opt, bool shared,
   using mem = typename Space::memory_space;
   opt.team_size = test_team_size<Space>();
   const int bb = shared ? 1 : s.batch, bh = shared ? 1 : s.heads;
-  Kokkos::View<float****, mem> bias("bias", bb, bh, s.seqlen_q, s.seqlen_k);
-  Kokkos::View<double****, mem> grad("grad", bb, bh, s.seqlen_q, s.seqlen_k);
+  // LayoutRight: the checks read the Views flat in that order (CUDA's
+  // default layout is LayoutLeft).
+  Kokkos::View<float****, Kokkos::LayoutRight, mem> bias("bias", bb, bh, s.seqlen_q, s.seqlen_k);
+  Kokkos::View<double****, Kokkos::LayoutRight, mem> grad("grad", bb, bh, s.seqlen_q, s.seqlen_k);
   auto host_bias = Kokkos::create_mirror_view(bias);
   std::mt19937_64 rng(test_seed("bias-grad" + tag + to_string(s)));
   std::uniform_real_distribution<float> dist(-2.f, 2.f);
@@ -442,8 +444,8 @@ TYPED_TEST(ScoreMod, GradientOfAnAdditiveBiasPacked) {
   int total_q = 0, total_k = 0;
   for (int b = 0; b < seqs; ++b) total_q += lq[b], total_k += lk[b];
   // Fixed-length twins of each sequence give the oracle.
-  Kokkos::View<float****, mem> bias("bias", seqs, heads, max_q, max_k);
-  Kokkos::View<double****, mem> grad("grad", seqs, heads, max_q, max_k);
+  Kokkos::View<float****, Kokkos::LayoutRight, mem> bias("bias", seqs, heads, max_q, max_k);
+  Kokkos::View<double****, Kokkos::LayoutRight, mem> grad("grad", seqs, heads, max_q, max_k);
   auto host_bias = Kokkos::create_mirror_view(bias);
   std::mt19937_64 rng(test_seed("bias-grad-packed"));
   std::uniform_real_distribution<float> dist(-2.f, 2.f);
