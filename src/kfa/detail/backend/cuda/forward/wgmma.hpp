@@ -472,9 +472,6 @@ class FlashForwardWgmmaKernel : public Fused16Forward,
                            sq.k_begin + (first_kv_block + j) * kBlockN, sq.view_b, full);
           };
           for (int n = 0;; ++n) {
-            // bar.sync is an aligned barrier: the warp meets it converged
-            // (lane 0 alone issues the copies).
-            __syncwarp();
             if (tile >= m_num_tiles) {
               named_barrier_sync(kTileBarrier, kTileThreads);
               break;
@@ -500,7 +497,6 @@ class FlashForwardWgmmaKernel : public Fused16Forward,
                 load_kv(this->m_map_v, true, 0);
               }
             }
-            __syncwarp();
             named_barrier_sync(kTileBarrier, kTileThreads);
             if (lane == 0) {
               tile_slot[(n + 1) & 1] = next;
