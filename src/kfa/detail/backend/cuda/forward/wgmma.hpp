@@ -443,7 +443,7 @@ class FlashForwardWgmmaKernel : public Fused16Forward,
       // the tile before, when the slot's last reader has passed it. The
       // producer issues a tile's Q, K_0, K_1 and V_0 (whose stages the
       // tile before released) before that tile's barrier, the rest after
-      // it. Every side waits at bar.sync, which racecheck follows (an
+      // it. Every side waits at barrier.sync, which racecheck follows (an
       // mbarrier or a bar.arrive it does not).
       volatile int* const tile_slot = reinterpret_cast<volatile int*>(
           reinterpret_cast<unsigned char*>(sQ) + (bars + 8 * (2 + 4 * kStages) - addr(sQ)));

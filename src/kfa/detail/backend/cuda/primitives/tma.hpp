@@ -154,12 +154,15 @@ __device__ inline void mbarrier_wait(std::uint32_t bar, std::uint32_t parity) {
 
 /// Named barrier `id` (1 to 15; __syncthreads is 0) of `threads` threads:
 /// sync waits for the phase to complete, arrive counts this warp's threads
-/// and goes on.
+/// and goes on. Warp-specialised kernels meet at these from different
+/// places in the code, which the .aligned forms (bar.sync, bar.arrive)
+/// forbid: every thread of the block would have to run the same
+/// instruction. So these are the unaligned forms.
 __device__ inline void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+  asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 __device__ inline void named_barrier_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+  asm volatile("barrier.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 /// Register reallocation within a block (every warp of a warpgroup runs
