@@ -517,6 +517,63 @@ TYPED_TEST(ScoreMod, GradientOfAnAdditiveBiasPacked) {
 // derivative, documents with window, softcap, dropout and grouped heads; the
 // block predicate skips tiles (fewer calls than scores) and, hiding
 // everything, gives empty rows and zero gradients without a single call.
+// The fused kernels narrow a tile's key (query) blocks with the block
+// predicate in ranges that double and then halve: the same blocks as a walk
+// block by block for a predicate exact on every range, and O(log) calls.
+TEST(ScoreModBlocks, TrimHiddenBlocksInLogarithmicCalls) {
+  std::mt19937_64 rng(test_seed("trim-hidden-blocks"));
+  for (int trial = 0; trial < 400; ++trial) {
+    const int n = 1 + int(rng() % 300);
+    // Shown blocks: none, one run (a document), or scattered ones.
+    std::vector<char> shown(n, 0);
+    const int kind = trial % 3;
+    if (kind == 1) {
+      const int a = int(rng() % n), len = 1 + int(rng() % 12);
+      for (int i = a; i < std::min(n, a + len); ++i) shown[i] = 1;
+    } else if (kind == 2) {
+      for (int i = 0; i < n; ++i) shown[i] = rng() % 17 == 0;
+    }
+    int calls = 0;
+    auto exact = [&](int lo, int hi) {
+      ++calls;
+      EXPECT_LT(lo, hi);
+      EXPECT_GE(lo, 0);
+      EXPECT_LE(hi, n);
+      for (int i = lo; i < hi; ++i)
+        if (shown[i]) return true;
+      return false;
+    };
+    const int first0 = int(rng() % n), end0 = first0 + 1 + int(rng() % (n - first0));
+    int first = first0, end = end0;
+    kfa::Impl::trim_hidden_blocks(exact, first, end);
+    int want_first = first0, want_end = end0;
+    while (want_first < want_end && !shown[want_first]) ++want_first;
+    while (want_end > want_first && !shown[want_end - 1]) --want_end;
+    if (want_first == want_end) {
+      EXPECT_EQ(first, end) << "n " << n << " trial " << trial;
+    } else {
+      EXPECT_EQ(first, want_first) << "n " << n << " trial " << trial;
+      EXPECT_EQ(end, want_end) << "n " << n << " trial " << trial;
+    }
+    int log2n = 0;
+    while ((1 << log2n) < n) ++log2n;
+    EXPECT_LE(calls, 4 * log2n + 4) << "n " << n << " trial " << trial;
+
+    // A predicate that passes every range of two or more blocks: the
+    // result keeps every shown block (never skips one), only fewer hidden.
+    auto coarse = [&](int lo, int hi) { return hi - lo > 1 || shown[lo]; };
+    first = first0;
+    end = end0;
+    kfa::Impl::trim_hidden_blocks(coarse, first, end);
+    EXPECT_LE(first0, first);
+    EXPECT_LE(end, end0);
+    if (want_first < want_end) {
+      EXPECT_LE(first, want_first);
+      EXPECT_GE(end, want_end);
+    }
+  }
+}
+
 TEST(ScoreModCuda, OnTheTensorCoreKernels) {
   using Space = Kokkos::Cuda;
   using T = kfa::bfloat16;

@@ -99,6 +99,33 @@ struct AttentionMask {
   }
 };
 
+/// [first, end) narrowed to its first and last blocks where shown(lo, hi)
+/// holds: a block predicate (a score modifier's `visible`) over blocks
+/// [lo, hi), false only when every element there is masked. It holds for
+/// any rectangle, so hidden runs are skipped in ranges that double and then
+/// halve: about 2·log2(blocks) calls per end instead of one per block (a
+/// document far from the sequence's start sits behind many hidden blocks,
+/// and the walk is serial latency on every tile). A predicate that passes a
+/// range but hides each of its blocks leaves masked blocks inside, which
+/// cost work, not correctness.
+template <class Shown>
+KOKKOS_INLINE_FUNCTION void trim_hidden_blocks(const Shown& shown, int& first, int& end) {
+  int step = 1;
+  while (first < end && !shown(first, imin(first + step, end))) {
+    first = imin(first + step, end);
+    step *= 2;
+  }
+  for (step /= 2; step >= 1 && first < end; step /= 2)
+    if (!shown(first, imin(first + step, end))) first = imin(first + step, end);
+  step = 1;
+  while (end > first && !shown(imax(end - step, first), end)) {
+    end = imax(end - step, first);
+    step *= 2;
+  }
+  for (step /= 2; step >= 1 && end > first; step /= 2)
+    if (!shown(imax(end - step, first), end)) end = imax(end - step, first);
+}
+
 }  // namespace Impl
 }  // namespace kfa
 

@@ -228,11 +228,11 @@ struct FusedVariantParams<VariantT, Acc, true> {
                                                    int row_begin, int row_end, int block_n,
                                                    int& first, int& end) const {
     if constexpr (score_mod_has_visible<typename VariantT::score_mod_type>::value) {
-      auto shown = [&](int block) {
-        return m_pipe.visible(b, h, row_begin, row_end, block * block_n,
-                              imin((block + 1) * block_n, mask.m_seqlen_k));
+      auto shown = [&](int lo, int hi) {
+        return m_pipe.visible(b, h, row_begin, row_end, lo * block_n,
+                              imin(hi * block_n, mask.m_seqlen_k));
       };
-      trim_blocks(shown, first, end);
+      trim_hidden_blocks(shown, first, end);
     }
   }
 
@@ -241,21 +241,14 @@ struct FusedVariantParams<VariantT, Acc, true> {
                                                      int key_begin, int key_end, int block_m,
                                                      int& first, int& end) const {
     if constexpr (score_mod_has_visible<typename VariantT::score_mod_type>::value) {
-      auto shown = [&](int block) {
-        return m_pipe.visible(b, h, block * block_m, imin((block + 1) * block_m, mask.m_seqlen_q),
-                              key_begin, key_end);
+      auto shown = [&](int lo, int hi) {
+        return m_pipe.visible(b, h, lo * block_m, imin(hi * block_m, mask.m_seqlen_q), key_begin,
+                              key_end);
       };
-      trim_blocks(shown, first, end);
+      trim_hidden_blocks(shown, first, end);
     }
   }
 
- private:
-  /// [first, end) narrowed to its first and last blocks where shown(block).
-  template <class Shown>
-  KOKKOS_FORCEINLINE_FUNCTION static void trim_blocks(const Shown& shown, int& first, int& end) {
-    while (first < end && !shown(first)) ++first;
-    while (end > first && !shown(end - 1)) --end;
-  }
 };
 
 /// What every tile shape of a fused kernel names: warps per team and
