@@ -73,6 +73,7 @@ for tool in ${tools//,/ }; do
       # Tests that catch CUDA errors would hide a report behind a pass: the
       # tool's own exit code (--error-exitcode) counts.
       # (timeout 0: no limit.)
+      began=$SECONDS
       timeout "$left" "$sanitizer" --tool "$tool" --error-exitcode 86 --print-limit 20 \
         "${extra[@]}" "$tests" --gtest_filter="$gtest_filter" > "$log" 2>&1
       rc=$?
@@ -90,7 +91,7 @@ for tool in ${tools//,/ }; do
          [[ "$report" =~ (SUMMARY:\ 0\ errors|\ 0\ hazards) ]]; then
         clean=clean
       fi
-      echo "$clean $name: exit $rc, ${report:-no summary}, $verdict" >> "$summary"
+      echo "$clean $name: exit $rc, ${report:-no summary}, $verdict, $((SECONDS - began)) s" >> "$summary"
     ) &
   done
   wait
