@@ -240,7 +240,7 @@ void expect_rule(const std::string& what, const Tensor& got, const Tensor& base,
   const double err = max_abs_diff(got, ref), err_base = max_abs_diff(base, ref);
   EXPECT_LE(err, allowed_error<T>(err_base, ref))
       << what << " error " << err << ", baseline's " << err_base;
-  EXPECT_LE(err_base, baseline_sanity_bound<T>(ref))
+  EXPECT_LE(err_base, baseline_sanity_bound<T>(max_abs(ref)))
       << what << " baseline error " << err_base << " is not plausible";
 }
 
