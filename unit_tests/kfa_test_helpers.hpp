@@ -461,8 +461,9 @@ inline double max_abs(const Tensor& a) {
 /// value type relative to `magnitude`: the output's, or for gradients the
 /// larger magnitude of the terms that cancel in them (gradient_magnitude).
 /// In float and double the floor grows with `terms`, the terms of the sums
-/// behind the result (head_dim + seqlen_k for dQ and dK, head_dim +
-/// seqlen_q for dV): two correct implementations that sum in other orders
+/// behind the result (2·head_dim + seqlen_k for dQ and dK: dP = dO·Vᵀ and
+/// D = rowsum(dO ∘ O), which cancel in dS, then dS·K; head_dim + seqlen_q
+/// for dV): two correct implementations that sum in other orders
 /// differ by about terms·eps·magnitude, and the 2x rule against a baseline
 /// a few units in the last place off would otherwise be decided by compiler
 /// flags. 16-bit types keep one ulp (their eps would make that floor
@@ -711,7 +712,7 @@ void check_variant(const Shape& s, kfa::AttentionOptions opt, const std::string&
   reference_backward<double, true>(c.q, c.k, c.v, c.o_ref, c.lse_ref, c.d_o, opt, dq_ref, dk_ref,
                                    dv_ref, extras);
   const double grad_magnitude = gradient_magnitude(c.q, c.k, c.v, c.d_o, opt);
-  const int sum_terms = c.q.ext.back() + c.k.ext[1];
+  const int sum_terms = 2 * c.q.ext.back() + c.k.ext[1];
   const int dv_terms = c.q.ext.back() + c.q.ext[1];
   Tensor o_t = c.o_ref;
   round_to<T>(o_t);
@@ -870,7 +871,7 @@ void check_varlen(VarlenShape vs, kfa::AttentionOptions opt, const std::string& 
   expect_forward_close<T>(what + " standard", to_host(o_std), to_host(lse_std), o_ref, lse_ref,
                           f, false);
   const double grad_magnitude = gradient_magnitude(q, k, v, d_o, opt);
-  const int sum_terms = D + vs.max_k;
+  const int sum_terms = 2 * D + vs.max_k;
   const int dv_terms = D + vs.max_q;
   for (int pass = 0; pass < 2; ++pass) {
     poison(dq);
