@@ -464,11 +464,10 @@ inline double max_abs(const Tensor& a) {
 /// behind the result (2·head_dim + seqlen_k for dQ: dP = dO·Vᵀ and D =
 /// rowsum(dO ∘ O), which cancel in dS, then dS·K; dK the same with the
 /// group's query rows for seqlen_k; head_dim + those rows for dV): two
-/// correct implementations that sum in other orders
-/// differ by about terms·eps·magnitude, and the 2x rule against a baseline
-/// a few units in the last place off would otherwise be decided by compiler
-/// flags. 16-bit types keep one ulp (their eps would make that floor
-/// vacuous).
+/// correct implementations that sum in other orders differ by about
+/// terms·eps·magnitude, and the 2x rule against a baseline a few units in
+/// the last place off would otherwise be decided by compiler flags. 16-bit
+/// types keep one ulp (their eps would make that floor vacuous).
 template <class T>
 double allowed_error(double baseline_error, double magnitude, int terms = 0) {
   const bool fp64 = std::is_same<T, double>::value, fp32 = std::is_same<T, float>::value;

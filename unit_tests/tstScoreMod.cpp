@@ -510,13 +510,6 @@ TYPED_TEST(ScoreMod, GradientOfAnAdditiveBiasPacked) {
       << type_name<T>() << " " << Space::name() << " packed dbias";
 }
 
-#ifdef KOKKOS_ENABLE_CUDA
-// Score modifiers on the 16-bit tensor-core kernels: the wgmma forward and
-// backward (on Hopper with sm_90a code), the mma.sync forward with wgmma off;
-// at the head dims whose backward takes them. A non-additive modifier with its
-// derivative, documents with window, softcap, dropout and grouped heads; the
-// block predicate skips tiles (fewer calls than scores) and, hiding
-// everything, gives empty rows and zero gradients without a single call.
 // The fused kernels narrow a tile's key (query) blocks with the block
 // predicate in ranges that double and then halve: the same blocks as a walk
 // block by block for a predicate exact on every range, and O(log) calls.
@@ -574,6 +567,13 @@ TEST(ScoreModBlocks, TrimHiddenBlocksInLogarithmicCalls) {
   }
 }
 
+#ifdef KOKKOS_ENABLE_CUDA
+// Score modifiers on the 16-bit tensor-core kernels: the wgmma forward and
+// backward (on Hopper with sm_90a code), the mma.sync forward with wgmma off;
+// at the head dims whose backward takes them. A non-additive modifier with its
+// derivative, documents with window, softcap, dropout and grouped heads; the
+// block predicate skips tiles (fewer calls than scores) and, hiding
+// everything, gives empty rows and zero gradients without a single call.
 TEST(ScoreModCuda, OnTheTensorCoreKernels) {
   using Space = Kokkos::Cuda;
   using T = kfa::bfloat16;
