@@ -463,7 +463,8 @@ inline double max_abs(const Tensor& a) {
 /// In float and double the floor grows with `terms`, the terms of the sums
 /// behind the result (2·head_dim + seqlen_k for dQ: dP = dO·Vᵀ and D =
 /// rowsum(dO ∘ O), which cancel in dS, then dS·K; dK the same with the
-/// group's query rows for seqlen_k; head_dim + those rows for dV): two
+/// group's query rows for seqlen_k; head_dim + those rows for dV;
+/// head_dim + seqlen_k for the forward's O and lse): two
 /// correct implementations that sum in other orders differ by about
 /// terms·eps·magnitude, and the 2x rule against a baseline a few units in
 /// the last place off would otherwise be decided by compiler flags. 16-bit
@@ -592,7 +593,8 @@ double forward_lse_bound(const ForwardMagnitudes& f, double max_lse) {
 
 /// Checks a forward's O and lse against the oracle: within the bounds
 /// above, and, for float and double with `twice_plain`, within
-/// FlashAttention's rule of twice the plain forward's error in T.
+/// FlashAttention's rule of twice the plain forward's error in T (with
+/// allowed_error's floor).
 template <class T>
 void expect_forward_close(const std::string& what, const Tensor& o, const Tensor& lse,
                           const Tensor& o_ref, const Tensor& lse_ref, const ForwardMagnitudes& f,
@@ -605,9 +607,14 @@ void expect_forward_close(const std::string& what, const Tensor& o, const Tensor
   EXPECT_LE(err_lse, bound_lse) << what << ": lse error " << err_lse << " (bound " << bound_lse
                                 << ")";
   if (twice_plain && f.plain_o >= 0) {
-    EXPECT_LE(err_o, allowed_error<T>(f.plain_o, o_ref))
+    // The floor counts the score's head_dim terms and the row's seqlen_k:
+    // on small shapes the plain forward's largest error is one sample of
+    // few, and a kernel summing in another order (vector lanes, the scale
+    // folded into Q) draws another, up to ~2.5x apart in float.
+    const int terms = f.head_dim + f.seqlen_k;
+    EXPECT_LE(err_o, allowed_error<T>(f.plain_o, max_abs(o_ref), terms))
         << what << ": O error " << err_o << ", the plain forward's " << f.plain_o;
-    EXPECT_LE(err_lse, allowed_error<Acc>(f.plain_lse, lse_ref))
+    EXPECT_LE(err_lse, allowed_error<Acc>(f.plain_lse, max_abs(lse_ref), terms))
         << what << ": lse error " << err_lse << ", the plain forward's " << f.plain_lse;
   }
 }
@@ -714,7 +721,7 @@ void check_variant(const Shape& s, kfa::AttentionOptions opt, const std::string&
   const double grad_magnitude = gradient_magnitude(c.q, c.k, c.v, c.d_o, opt);
   // dQ sums over keys; dK and dV over the queries of every head of a k/v head.
   const int group_rows = c.q.ext[1] * (c.q.ext[2] / c.k.ext[2]);
-  const int sum_terms = 2 * c.q.ext.back() + c.k.ext[1];
+  const int dq_terms = 2 * c.q.ext.back() + c.k.ext[1];
   const int dk_terms = 2 * c.q.ext.back() + group_rows;
   const int dv_terms = c.q.ext.back() + group_rows;
   Tensor o_t = c.o_ref;
@@ -734,7 +741,7 @@ void check_variant(const Shape& s, kfa::AttentionOptions opt, const std::string&
     }
     Space().fence();
     const std::string who = what + (pass == 0 ? " flash" : " standard");
-    expect_close<T>(who, "dq", to_host(dq), dq_plain, dq_ref, grad_magnitude, sum_terms);
+    expect_close<T>(who, "dq", to_host(dq), dq_plain, dq_ref, grad_magnitude, dq_terms);
     expect_close<T>(who, "dk", to_host(dk), dk_plain, dk_ref, grad_magnitude, dk_terms);
     expect_close<T>(who, "dv", to_host(dv), dv_plain, dv_ref, -1, dv_terms);
   }
@@ -874,7 +881,7 @@ void check_varlen(VarlenShape vs, kfa::AttentionOptions opt, const std::string& 
   expect_forward_close<T>(what + " standard", to_host(o_std), to_host(lse_std), o_ref, lse_ref,
                           f, false);
   const double grad_magnitude = gradient_magnitude(q, k, v, d_o, opt);
-  const int sum_terms = 2 * D + vs.max_k;
+  const int dq_terms = 2 * D + vs.max_k;
   const int dk_terms = 2 * D + vs.max_q * (H / Hkv);
   const int dv_terms = D + vs.max_q * (H / Hkv);
   for (int pass = 0; pass < 2; ++pass) {
@@ -892,7 +899,7 @@ void check_varlen(VarlenShape vs, kfa::AttentionOptions opt, const std::string& 
     }
     Space().fence();
     const std::string who = what + (pass == 0 ? " flash" : " standard");
-    expect_close<T>(who, "dq", to_host(dq), dq_plain, dq_ref, grad_magnitude, sum_terms);
+    expect_close<T>(who, "dq", to_host(dq), dq_plain, dq_ref, grad_magnitude, dq_terms);
     expect_close<T>(who, "dk", to_host(dk), dk_plain, dk_ref, grad_magnitude, dk_terms);
     expect_close<T>(who, "dv", to_host(dv), dv_plain, dv_ref, -1, dv_terms);
   }

@@ -149,31 +149,46 @@ TYPED_TEST(Variants, GroupedQueryAttention) {
 }
 
 #ifdef KOKKOS_ENABLE_CUDA
+// The CUDA tests below run every fused kernel family over many shapes; each
+// is split into parts (a parameter each) so that one part is one test
+// process of compute-sanitizer's racecheck, which runs ~100x slower.
+struct KernelPart {
+  bool wgmma;
+  int value;  // a head dim, or 0/1 for a switch, per test
+};
+std::string part_name(const ::testing::TestParamInfo<KernelPart>& info) {
+  return std::string(info.param.wgmma ? "wgmma_" : "mma_") + std::to_string(info.param.value);
+}
+
 // Grouped-query attention through every 16-bit tensor-core kernel, forward
 // and backward: wgmma (on Hopper with sm_90a code, the typed test's path
 // there; d 64/128), mma.sync in its large shape, and the TeamPolicy shape
-// (d 256, and variants: the portable backward).
-TEST(VariantsCuda, GroupedQueryAttentionInEveryTensorCoreKernel) {
+// (d 256, and variants: the portable backward). Part: wgmma on/off, opt-in
+// shared memory on/off.
+class GroupedQueryCuda : public ::testing::TestWithParam<KernelPart> {};
+TEST_P(GroupedQueryCuda, InEveryTensorCoreKernel) {
   using C16 = Config<Kokkos::Cuda, kfa::bfloat16>;
   using C16h = Config<Kokkos::Cuda, kfa::half, true>;
-  for (const bool wgmma : {true, false})
-    for (const bool opt_in : {true, false}) {
-      kfa::AttentionOptions opt = window(-1, -1, true), plain;
-      opt.kernel_policy.wgmma = plain.kernel_policy.wgmma = wgmma;
-      opt.kernel_policy.opt_in_shared_memory = plain.kernel_policy.opt_in_shared_memory = opt_in;
-      check_variant<C16>({2, 190, 333, 8, 64, 2}, opt, "gqa-kernels");
-      check_variant<C16h>({1, 129, 300, 6, 128, 3}, plain, "gqa-kernels");
-      check_variant<C16>({1, 257, 200, 4, 256, 1}, plain, "gqa-kernels");
-      // With a variant (the mma.sync forward leaves grouped heads with a
-      // variant to the portable kernel; its backward takes them).
-      kfa::AttentionOptions variant = opt;
-      variant.softcap = 4;
-      variant.dropout_p = 0.15;
-      variant.dropout_seed = 5;
-      check_variant<C16>({2, 190, 333, 8, 64, 2}, variant, "gqa-variant-kernels");
-      check_variant<C16h>({1, 129, 300, 6, 128, 3}, variant, "gqa-variant-kernels");
-    }
+  const bool wgmma = GetParam().wgmma, opt_in = GetParam().value != 0;
+  kfa::AttentionOptions opt = window(-1, -1, true), plain;
+  opt.kernel_policy.wgmma = plain.kernel_policy.wgmma = wgmma;
+  opt.kernel_policy.opt_in_shared_memory = plain.kernel_policy.opt_in_shared_memory = opt_in;
+  check_variant<C16>({2, 190, 333, 8, 64, 2}, opt, "gqa-kernels");
+  check_variant<C16h>({1, 129, 300, 6, 128, 3}, plain, "gqa-kernels");
+  check_variant<C16>({1, 257, 200, 4, 256, 1}, plain, "gqa-kernels");
+  // With a variant (the mma.sync forward leaves grouped heads with a
+  // variant to the portable kernel; its backward takes them).
+  kfa::AttentionOptions variant = opt;
+  variant.softcap = 4;
+  variant.dropout_p = 0.15;
+  variant.dropout_seed = 5;
+  check_variant<C16>({2, 190, 333, 8, 64, 2}, variant, "gqa-variant-kernels");
+  check_variant<C16h>({1, 129, 300, 6, 128, 3}, variant, "gqa-variant-kernels");
 }
+INSTANTIATE_TEST_SUITE_P(VariantsCuda, GroupedQueryCuda,
+                         ::testing::Values(KernelPart{true, 1}, KernelPart{true, 0},
+                                           KernelPart{false, 1}, KernelPart{false, 0}),
+                         part_name);
 
 // A variant on the split-TF32 fp32 kernels (Fp32Matmul::split_tf32), held to
 // that mode's own bound (FlashBackwardCuda.Fp32OnTensorCores): every output
@@ -200,14 +215,8 @@ void check_variant_split_tf32(const Shape& s, kfa::AttentionOptions opt, const s
   EXPECT_LE(max_abs_diff(flash.dv, dv_ref), 3e-5 * size) << what << " dv";
 }
 
-// Every built-in variant on the 16-bit tensor-core kernels: wgmma (on Hopper
-// with sm_90a code) and, with wgmma off, mma.sync, at each fused head dim, on
-// lengths that cut tiles and windows mid-block; on the exact fp32, the
-// split-tf32 (its own bound) and the fp64 kernels too, grouped-query heads
-// included. Forward and backward against the fp64 oracle.
-TEST(VariantsCuda, EveryVariantOnTheTensorCoreKernels) {
-  using Cb = Config<Kokkos::Cuda, kfa::bfloat16>;
-  using Ch = Config<Kokkos::Cuda, kfa::half, true>;
+// The built-in variants one at a time and all at once.
+std::vector<std::pair<std::string, kfa::AttentionOptions>> builtin_variant_cases() {
   std::vector<std::pair<std::string, kfa::AttentionOptions>> cases;
   cases.push_back({"window", window(40, 7)});
   cases.push_back({"causal-window", window(33, -1, true)});
@@ -223,54 +232,96 @@ TEST(VariantsCuda, EveryVariantOnTheTensorCoreKernels) {
   all.dropout_p = 0.1;
   all.dropout_seed = 77;
   cases.push_back({"combined", all});
-  for (const bool wgmma : {true, false})
-    for (const int d : {64, 128, 256})
-      for (auto [tag, opt] : cases) {
-        opt.kernel_policy.wgmma = wgmma;
-        const int heads = d == 256 ? 2 : 3;
-        check_variant<Cb>({2, 203, 157, 2 * heads, d, wgmma ? heads : 2 * heads}, opt,
-                          "fused-" + tag);
-        check_variant<Ch>({1, 131, 250, heads, d}, opt, "fused-" + tag);
-      }
-  for (const int d : {64, 128}) {
-    for (const auto& opt : {window(40, 7), window(33, -1, true), window(-1, 20)}) {
-      check_variant<Config<Kokkos::Cuda, float>>({2, 203, 157, 3, d}, opt, "fused-window");
-      check_variant<Config<Kokkos::Cuda, double>>({1, 131, 250, 2, d}, opt, "fused-window");
-    }
-    for (auto [tag, opt] : cases) {
-      check_variant<Config<Kokkos::Cuda, float>>({2, 203, 157, 3, d, 3}, opt, "fused-" + tag);
-      check_variant<Config<Kokkos::Cuda, double>>({1, 131, 250, 4, d, 2}, opt, "fused-" + tag);
-      check_variant_split_tf32({2, 203, 157, 4, d, 2}, opt, "fused-3xtf32-" + tag);
-    }
+  return cases;
+}
+
+// Every built-in variant on the 16-bit tensor-core kernels: wgmma (on Hopper
+// with sm_90a code) and, with wgmma off, mma.sync, at each fused head dim
+// (the part), on lengths that cut tiles and windows mid-block. Forward and
+// backward against the fp64 oracle.
+class EveryVariant16Cuda : public ::testing::TestWithParam<KernelPart> {};
+TEST_P(EveryVariant16Cuda, OnTheTensorCoreKernels) {
+  using Cb = Config<Kokkos::Cuda, kfa::bfloat16>;
+  using Ch = Config<Kokkos::Cuda, kfa::half, true>;
+  const bool wgmma = GetParam().wgmma;
+  const int d = GetParam().value;
+  for (auto [tag, opt] : builtin_variant_cases()) {
+    opt.kernel_policy.wgmma = wgmma;
+    const int heads = d == 256 ? 2 : 3;
+    check_variant<Cb>({2, 203, 157, 2 * heads, d, wgmma ? heads : 2 * heads}, opt,
+                      "fused-" + tag);
+    check_variant<Ch>({1, 131, 250, heads, d}, opt, "fused-" + tag);
   }
 }
+INSTANTIATE_TEST_SUITE_P(VariantsCuda, EveryVariant16Cuda,
+                         ::testing::Values(KernelPart{true, 64}, KernelPart{true, 128},
+                                           KernelPart{true, 256}, KernelPart{false, 64},
+                                           KernelPart{false, 128}, KernelPart{false, 256}),
+                         part_name);
+
+// The same on the exact fp32, the split-tf32 (its own bound) and the fp64
+// kernels, grouped-query heads included; part: the head dim.
+class EveryVariantFp32Fp64Cuda : public ::testing::TestWithParam<KernelPart> {};
+TEST_P(EveryVariantFp32Fp64Cuda, OnTheTensorCoreKernels) {
+  const int d = GetParam().value;
+  for (const auto& opt : {window(40, 7), window(33, -1, true), window(-1, 20)}) {
+    check_variant<Config<Kokkos::Cuda, float>>({2, 203, 157, 3, d}, opt, "fused-window");
+    check_variant<Config<Kokkos::Cuda, double>>({1, 131, 250, 2, d}, opt, "fused-window");
+  }
+  for (const auto& [tag, opt] : builtin_variant_cases()) {
+    check_variant<Config<Kokkos::Cuda, float>>({2, 203, 157, 3, d, 3}, opt, "fused-" + tag);
+    check_variant<Config<Kokkos::Cuda, double>>({1, 131, 250, 4, d, 2}, opt, "fused-" + tag);
+    check_variant_split_tf32({2, 203, 157, 4, d, 2}, opt, "fused-3xtf32-" + tag);
+  }
+}
+INSTANTIATE_TEST_SUITE_P(VariantsCuda, EveryVariantFp32Fp64Cuda,
+                         ::testing::Values(KernelPart{false, 64}, KernelPart{false, 128}),
+                         part_name);
 
 // Head dims without a kernel of their own run on the fused kernel of the
 // next compiled head dim on zero-padded copies (KernelChoice.
 // OddHeadDimsOnTheFusedKernels): dense, causal, windows, softcap and dropout,
 // grouped-query heads, forward and backward against the fp64 oracle, with
-// wgmma on and off; fp32 and fp64 up to 128.
-TEST(VariantsCuda, OddHeadDimsOnThePaddedFusedKernels) {
-  using Cb = Config<Kokkos::Cuda, kfa::bfloat16>;
-  using Ch = Config<Kokkos::Cuda, kfa::half, true>;
-  kfa::AttentionOptions causal = window(-1, -1, true), mixed = window(45, -1, true);
+// wgmma on and off (part: wgmma, head dim); fp32 and fp64 up to 128.
+kfa::AttentionOptions padded_mixed() {
+  kfa::AttentionOptions mixed = window(45, -1, true);
   mixed.softcap = 4;
   mixed.dropout_p = 0.15;
   mixed.dropout_seed = 5;
-  for (const bool wgmma : {true, false})
-    for (const int d : {8, 40, 80, 96, 112, 160, 200}) {
-      for (auto opt : {kfa::AttentionOptions{}, causal, mixed, window(30, 9)}) {
-        opt.kernel_policy.wgmma = wgmma;
-        check_variant<Cb>({2, 157, 203, 4, d, 2}, opt, "padded");
-        check_variant<Ch>({1, 203, 131, 3, d}, opt, "padded");
-      }
-    }
-  for (const int d : {24, 72, 100})
-    for (const auto& opt : {kfa::AttentionOptions{}, causal, window(40, 7)}) {
-      check_variant<Config<Kokkos::Cuda, float>>({2, 157, 203, 3, d}, opt, "padded");
-      check_variant<Config<Kokkos::Cuda, double>>({1, 131, 250, 2, d}, opt, "padded");
-    }
+  return mixed;
 }
+class OddHeadDim16Cuda : public ::testing::TestWithParam<KernelPart> {};
+TEST_P(OddHeadDim16Cuda, OnThePaddedFusedKernels) {
+  using Cb = Config<Kokkos::Cuda, kfa::bfloat16>;
+  using Ch = Config<Kokkos::Cuda, kfa::half, true>;
+  const int d = GetParam().value;
+  for (auto opt : {kfa::AttentionOptions{}, window(-1, -1, true), padded_mixed(), window(30, 9)}) {
+    opt.kernel_policy.wgmma = GetParam().wgmma;
+    check_variant<Cb>({2, 157, 203, 4, d, 2}, opt, "padded");
+    check_variant<Ch>({1, 203, 131, 3, d}, opt, "padded");
+  }
+}
+std::vector<KernelPart> odd_head_dim_parts() {
+  std::vector<KernelPart> parts;
+  for (const bool wgmma : {true, false})
+    for (const int d : {8, 40, 80, 96, 112, 160, 200}) parts.push_back({wgmma, d});
+  return parts;
+}
+INSTANTIATE_TEST_SUITE_P(VariantsCuda, OddHeadDim16Cuda,
+                         ::testing::ValuesIn(odd_head_dim_parts()), part_name);
+
+class OddHeadDimFp32Fp64Cuda : public ::testing::TestWithParam<KernelPart> {};
+TEST_P(OddHeadDimFp32Fp64Cuda, OnThePaddedFusedKernels) {
+  const int d = GetParam().value;
+  for (const auto& opt : {kfa::AttentionOptions{}, window(-1, -1, true), window(40, 7)}) {
+    check_variant<Config<Kokkos::Cuda, float>>({2, 157, 203, 3, d}, opt, "padded");
+    check_variant<Config<Kokkos::Cuda, double>>({1, 131, 250, 2, d}, opt, "padded");
+  }
+}
+INSTANTIATE_TEST_SUITE_P(VariantsCuda, OddHeadDimFp32Fp64Cuda,
+                         ::testing::Values(KernelPart{false, 24}, KernelPart{false, 72},
+                                           KernelPart{false, 100}),
+                         part_name);
 #endif
 
 // Sliding windows, alone and with causal, seqlen_q below, equal to and above

@@ -169,6 +169,9 @@ class FlashForwardKernel {
       Kokkos::parallel_for(Kokkos::TeamThreadRange(member, kBlockM), [&](const int i) {
         acc_t* scores = &sP(i, 0);
         const int row = row_begin + i;
+        // Read before the product: its vector loop ends in a warp barrier,
+        // which orders every lane's read before lane 0 writes row_max(i).
+        const acc_t m_old = row_max(i);
         row_times_tile_t<kBlockN, kHeadDim>(tag{}, member, &sQ(i, 0), &sKt(0, 0), kBlockNPad,
                                             scores);
         if (element_pass) {
@@ -187,7 +190,6 @@ class FlashForwardKernel {
             Kokkos::ThreadVectorRange(member, kBlockN),
             [&](const int j, acc_t& m) { m = scores[j] > m ? scores[j] : m; },
             Kokkos::Max<acc_t>(block_max));
-        const acc_t m_old = row_max(i);
         const acc_t m_new = block_max > m_old ? block_max : m_old;
         const acc_t shift = softmax::shift(m_new);
         acc_t block_sum = 0;

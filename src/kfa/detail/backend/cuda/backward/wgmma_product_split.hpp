@@ -313,7 +313,10 @@ class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward,
         for (int n = 0; n < kTilesS; ++n)
           *reinterpret_cast<float4*>(sdP + 4 * (128 * n + wtid)) =
               make_float4(sc[n][0], sc[n][1], sc[n][2], sc[n][3]);
-        named_barrier_arrive(1, 256);
+        // A sync, not an arrive, at barrier 1: this warpgroup has nothing to
+        // do before barrier 2 anyway, and racecheck follows only syncs (with
+        // an arrive it reports the dSᵀ tile's hand-off at barrier 2 as a race).
+        named_barrier_sync(1, 256);
         named_barrier_sync(2, 256);
 #pragma unroll
         for (int kk = 0; kk < kBlockM / 16; ++kk) get_frag(sdS, kk, frag[kk]);
@@ -354,8 +357,8 @@ class FlashBackwardWgmmaProductSplitKernel : public Fused16Backward,
           put_frag(sdS, kk, ds);
         }
         // The tile visible to warpgroup 1 and to both warpgroups' wgmma
-        // (warpgroup 1 waits at barrier 2 already: it arrived on barrier 1
-        // before this warpgroup passed it).
+        // (warpgroup 1 waits at barrier 2 already: it passed barrier 1 with
+        // this warpgroup).
         fence_proxy_async();
         named_barrier_sync(2, 256);
       }
