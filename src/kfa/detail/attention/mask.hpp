@@ -99,6 +99,29 @@ struct AttentionMask {
   }
 };
 
+/// `edge` moved `step` blocks toward `limit`, not past it.
+KOKKOS_INLINE_FUNCTION int step_toward(int edge, int step, int limit) {
+  return edge < limit ? imin(edge + step, limit) : imax(edge - step, limit);
+}
+
+/// One end of trim_hidden_blocks below: `edge` (the first block, or one
+/// past the last) moved toward `limit` (the other end) past the blocks
+/// `shown` hides, in runs that double while hidden and then halve.
+template <class Shown>
+KOKKOS_INLINE_FUNCTION int skip_hidden_blocks(const Shown& shown, int edge, int limit) {
+  int step = 1;
+  for (; edge != limit; step *= 2) {
+    const int to = step_toward(edge, step, limit);
+    if (shown(imin(edge, to), imax(edge, to))) break;
+    edge = to;
+  }
+  for (step /= 2; step >= 1 && edge != limit; step /= 2) {
+    const int to = step_toward(edge, step, limit);
+    if (!shown(imin(edge, to), imax(edge, to))) edge = to;
+  }
+  return edge;
+}
+
 /// [first, end) narrowed to its first and last blocks where shown(lo, hi)
 /// holds: a block predicate (a score modifier's `visible`) over blocks
 /// [lo, hi), false only when every element there is masked. It holds for
@@ -110,20 +133,8 @@ struct AttentionMask {
 /// cost work, not correctness.
 template <class Shown>
 KOKKOS_INLINE_FUNCTION void trim_hidden_blocks(const Shown& shown, int& first, int& end) {
-  int step = 1;
-  while (first < end && !shown(first, imin(first + step, end))) {
-    first = imin(first + step, end);
-    step *= 2;
-  }
-  for (step /= 2; step >= 1 && first < end; step /= 2)
-    if (!shown(first, imin(first + step, end))) first = imin(first + step, end);
-  step = 1;
-  while (end > first && !shown(imax(end - step, first), end)) {
-    end = imax(end - step, first);
-    step *= 2;
-  }
-  for (step /= 2; step >= 1 && end > first; step /= 2)
-    if (!shown(imax(end - step, first), end)) end = imax(end - step, first);
+  first = skip_hidden_blocks(shown, first, end);
+  end = skip_hidden_blocks(shown, end, first);
 }
 
 }  // namespace Impl
