@@ -495,6 +495,15 @@ inline double gradient_magnitude(const Tensor& q, const Tensor& k, const Tensor&
          std::max({1.0, max_abs(q), max_abs(k)});
 }
 
+/// allowed_error's terms for dQ, dK and dV: `keys` summed in dQ, the
+/// `group_rows` (query rows of every head of a k/v head) in dK and dV.
+struct GradientTerms {
+  int dq, dk, dv;
+};
+inline GradientTerms gradient_terms(int head_dim, int keys, int group_rows) {
+  return {2 * head_dim + keys, 2 * head_dim + group_rows, head_dim + group_rows};
+}
+
 /// The baseline of a comparison must itself be close to the oracle: a broken
 /// baseline would otherwise make the error rule vacuous. `size` and `terms`
 /// as for allowed_error: a correct plain gradient is off by up to about
@@ -719,11 +728,8 @@ void check_variant(const Shape& s, kfa::AttentionOptions opt, const std::string&
   reference_backward<double, true>(c.q, c.k, c.v, c.o_ref, c.lse_ref, c.d_o, opt, dq_ref, dk_ref,
                                    dv_ref, extras);
   const double grad_magnitude = gradient_magnitude(c.q, c.k, c.v, c.d_o, opt);
-  // dQ sums over keys; dK and dV over the queries of every head of a k/v head.
-  const int group_rows = c.q.ext[1] * (c.q.ext[2] / c.k.ext[2]);
-  const int dq_terms = 2 * c.q.ext.back() + c.k.ext[1];
-  const int dk_terms = 2 * c.q.ext.back() + group_rows;
-  const int dv_terms = c.q.ext.back() + group_rows;
+  const GradientTerms terms =
+      gradient_terms(c.q.ext.back(), c.k.ext[1], c.q.ext[1] * (c.q.ext[2] / c.k.ext[2]));
   Tensor o_t = c.o_ref;
   round_to<T>(o_t);
   reference_backward<T>(c.q, c.k, c.v, o_t, c.lse_ref, c.d_o, opt, dq_plain, dk_plain, dv_plain,
@@ -741,9 +747,9 @@ void check_variant(const Shape& s, kfa::AttentionOptions opt, const std::string&
     }
     Space().fence();
     const std::string who = what + (pass == 0 ? " flash" : " standard");
-    expect_close<T>(who, "dq", to_host(dq), dq_plain, dq_ref, grad_magnitude, dq_terms);
-    expect_close<T>(who, "dk", to_host(dk), dk_plain, dk_ref, grad_magnitude, dk_terms);
-    expect_close<T>(who, "dv", to_host(dv), dv_plain, dv_ref, -1, dv_terms);
+    expect_close<T>(who, "dq", to_host(dq), dq_plain, dq_ref, grad_magnitude, terms.dq);
+    expect_close<T>(who, "dk", to_host(dk), dk_plain, dk_ref, grad_magnitude, terms.dk);
+    expect_close<T>(who, "dv", to_host(dv), dv_plain, dv_ref, -1, terms.dv);
   }
 }
 
@@ -881,9 +887,7 @@ void check_varlen(VarlenShape vs, kfa::AttentionOptions opt, const std::string& 
   expect_forward_close<T>(what + " standard", to_host(o_std), to_host(lse_std), o_ref, lse_ref,
                           f, false);
   const double grad_magnitude = gradient_magnitude(q, k, v, d_o, opt);
-  const int dq_terms = 2 * D + vs.max_k;
-  const int dk_terms = 2 * D + vs.max_q * (H / Hkv);
-  const int dv_terms = D + vs.max_q * (H / Hkv);
+  const GradientTerms terms = gradient_terms(D, vs.max_k, vs.max_q * (H / Hkv));
   for (int pass = 0; pass < 2; ++pass) {
     poison(dq);
     poison(dk);
@@ -899,9 +903,9 @@ void check_varlen(VarlenShape vs, kfa::AttentionOptions opt, const std::string& 
     }
     Space().fence();
     const std::string who = what + (pass == 0 ? " flash" : " standard");
-    expect_close<T>(who, "dq", to_host(dq), dq_plain, dq_ref, grad_magnitude, dq_terms);
-    expect_close<T>(who, "dk", to_host(dk), dk_plain, dk_ref, grad_magnitude, dk_terms);
-    expect_close<T>(who, "dv", to_host(dv), dv_plain, dv_ref, -1, dv_terms);
+    expect_close<T>(who, "dq", to_host(dq), dq_plain, dq_ref, grad_magnitude, terms.dq);
+    expect_close<T>(who, "dk", to_host(dk), dk_plain, dk_ref, grad_magnitude, terms.dk);
+    expect_close<T>(who, "dv", to_host(dv), dv_plain, dv_ref, -1, terms.dv);
   }
 }
 
